@@ -1,0 +1,2 @@
+#![no_std]
+// Library target so the workspace can type-check this crate on the host.

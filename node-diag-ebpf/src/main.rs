@@ -1,0 +1,32 @@
+//! node-diag's kernel programs: tracepoints only (no kprobes), one module per hook family.
+//!
+//! - `sock`: `sock:inet_sock_set_state` tracks connects entering SYN_SENT in [`maps::FLOWS`];
+//!   `sock:inet_sk_error_report` turns a socket error into a verdict event.
+//! - `tcp`: `tcp:tcp_retransmit_skb` counts SYN retransmits per flow and reports a timeout
+//!   at the configured threshold; `tcp:tcp_receive_reset`/`tcp:tcp_send_reset` count resets.
+//! - `skb`: `skb:kfree_skb` aggregates every drop by reason/netns/device and remembers
+//!   which flow's SYN was dropped, so a timeout verdict carries its kernel evidence.
+//! - `icmp`: `icmp:icmp_send` remembers the ICMP errors this kernel generated per flow.
+//!
+//! Events reach user space only for verdicts ([`node_diag_common::Event`]); everything
+//! else is aggregated in maps. Field offsets and kernel struct offsets come from the
+//! read-only global `CONFIG`, filled by the agent from tracefs and BTF.
+#![no_std]
+#![no_main]
+
+mod icmp;
+mod maps;
+mod skb;
+mod sock;
+mod tcp;
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+// GPL-compatible: bpf_probe_read_kernel is a GPL-only helper.
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

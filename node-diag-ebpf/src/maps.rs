@@ -1,0 +1,207 @@
+//! Maps, the load-time configuration and the small readers every hook shares.
+
+use aya_ebpf::{
+    Global,
+    helpers::{bpf_ktime_get_ns, bpf_probe_read_kernel},
+    macros::map,
+    maps::{LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
+    programs::TracePointContext,
+};
+use node_diag_common::{
+    AF_INET, AF_INET6, Config, DROP_MAP_ENTRIES, DropInfo, DropKey, EVENTS_BYTES, Event,
+    FLOW_MAP_ENTRIES, FlowKey, FlowState, IcmpInfo, TupleOffsets, counter,
+};
+
+#[unsafe(no_mangle)]
+static CONFIG: Global<Config> = Global::new(unsafe { core::mem::zeroed() });
+
+#[map]
+pub static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_BYTES, 0);
+#[map]
+pub static FLOWS: LruHashMap<FlowKey, FlowState> =
+    LruHashMap::with_max_entries(FLOW_MAP_ENTRIES, 0);
+#[map]
+pub static SYN_DROPS: LruHashMap<FlowKey, DropInfo> =
+    LruHashMap::with_max_entries(FLOW_MAP_ENTRIES, 0);
+#[map]
+pub static ICMP_SENT: LruHashMap<FlowKey, IcmpInfo> =
+    LruHashMap::with_max_entries(FLOW_MAP_ENTRIES, 0);
+#[map]
+pub static DROPS: PerCpuHashMap<DropKey, u64> =
+    PerCpuHashMap::with_max_entries(DROP_MAP_ENTRIES, 0);
+#[map]
+pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);
+
+/// Reads one field of [`CONFIG`] without copying the whole struct onto the 512-byte stack.
+macro_rules! config {
+    ($($field:tt)+) => {
+        // SAFETY: CONFIG is a repr(transparent) Global<Config>, always initialised.
+        unsafe { core::ptr::read_volatile(&raw const (*$crate::maps::config_ptr()).$($field)+) }
+    };
+}
+pub(crate) use config;
+
+#[inline(always)]
+pub fn config_ptr() -> *const Config {
+    (&raw const CONFIG).cast()
+}
+
+#[inline(always)]
+pub fn now() -> u64 {
+    unsafe { bpf_ktime_get_ns() }
+}
+
+#[inline(always)]
+pub fn inc(index: u32) {
+    if let Some(p) = COUNTERS.get_ptr_mut(index) {
+        // Per-CPU slot: no other writer.
+        unsafe { *p += 1 };
+    }
+}
+
+#[inline(always)]
+pub fn field<T>(ctx: &TracePointContext, offset: u16) -> Option<T> {
+    unsafe { ctx.read_at::<T>(offset as usize) }.ok()
+}
+
+#[inline(always)]
+pub fn kread<T>(base: u64, offset: u32) -> Option<T> {
+    if base == 0 {
+        return None;
+    }
+    unsafe { bpf_probe_read_kernel((base + offset as u64) as *const T) }.ok()
+}
+
+/// The flow tuple of a sock-based tracepoint record (local end first).
+#[inline(always)]
+pub fn read_tuple(ctx: &TracePointContext, o: TupleOffsets) -> Option<FlowKey> {
+    let mut key = FlowKey {
+        saddr: [0; 16],
+        daddr: [0; 16],
+        sport: field(ctx, o.sport)?,
+        dport: field(ctx, o.dport)?,
+        family: field(ctx, o.family)?,
+        _pad: 0,
+    };
+    if key.family == AF_INET {
+        let s: [u8; 4] = field(ctx, o.saddr)?;
+        let d: [u8; 4] = field(ctx, o.daddr)?;
+        set_v4(&mut key.saddr, s);
+        set_v4(&mut key.daddr, d);
+    } else if key.family == AF_INET6 {
+        key.saddr = field(ctx, o.saddr_v6)?;
+        key.daddr = field(ctx, o.daddr_v6)?;
+    } else {
+        return None;
+    }
+    Some(key)
+}
+
+#[inline(always)]
+pub fn set_v4(dst: &mut [u8; 16], v4: [u8; 4]) {
+    dst[0] = v4[0];
+    dst[1] = v4[1];
+    dst[2] = v4[2];
+    dst[3] = v4[3];
+}
+
+/// Network namespace inode of a `struct net *`.
+#[inline(always)]
+fn net_inum(net: u64) -> u32 {
+    kread::<u32>(net, config!(net_inum)).unwrap_or(0)
+}
+
+/// Network namespace inode of a `struct sock *` (0 when BTF offsets are unknown).
+#[inline(always)]
+pub fn sock_netns(sk: u64) -> u32 {
+    if config!(btf_ok) == 0 {
+        return 0;
+    }
+    kread::<u64>(sk, config!(sk_net)).map_or(0, net_inum)
+}
+
+/// `(netns inode, ifindex)` of the device an skb is on, zeros when unknown.
+#[inline(always)]
+pub fn skb_dev(skb: u64) -> (u32, u32) {
+    if config!(btf_ok) == 0 {
+        return (0, 0);
+    }
+    let Some(dev) = kread::<u64>(skb, config!(skb_dev)) else {
+        return (0, 0);
+    };
+    if dev == 0 {
+        return (0, 0);
+    }
+    let ifindex = kread::<u32>(dev, config!(dev_ifindex)).unwrap_or(0);
+    let netns = kread::<u64>(dev, config!(dev_net)).map_or(0, net_inum);
+    (netns, ifindex)
+}
+
+pub const TCP_FLAG_SYN: u8 = 0x02;
+pub const TCP_FLAG_ACK: u8 = 0x10;
+const ETH_P_IP: u16 = 0x0800;
+const ETH_P_IPV6: u16 = 0x86DD;
+const IPPROTO_TCP: u8 = 6;
+
+/// The TCP flow of a packet (sender first) and its TCP flags, parsed from the skb's
+/// network header. IPv6 extension headers are not walked.
+#[inline(always)]
+pub fn skb_tcp_flow(skb: u64, protocol: u16) -> Option<(FlowKey, u8)> {
+    if config!(btf_ok) == 0 {
+        return None;
+    }
+    let head = kread::<u64>(skb, config!(skb_head))?;
+    let nh = kread::<u16>(skb, config!(skb_network_header))?;
+    if nh == 0xffff {
+        return None;
+    }
+    let ip = head + nh as u64;
+    let mut key = FlowKey::default();
+    let l4 = if protocol == ETH_P_IP {
+        let ver_ihl = kread::<u8>(ip, 0)?;
+        if ver_ihl >> 4 != 4 || kread::<u8>(ip, 9)? != IPPROTO_TCP {
+            return None;
+        }
+        key.family = AF_INET;
+        set_v4(&mut key.saddr, kread::<[u8; 4]>(ip, 12)?);
+        set_v4(&mut key.daddr, kread::<[u8; 4]>(ip, 16)?);
+        ip + ((ver_ihl & 0x0f) as u64) * 4
+    } else if protocol == ETH_P_IPV6 {
+        if kread::<u8>(ip, 6)? != IPPROTO_TCP {
+            return None;
+        }
+        key.family = AF_INET6;
+        key.saddr = kread::<[u8; 16]>(ip, 8)?;
+        key.daddr = kread::<[u8; 16]>(ip, 24)?;
+        ip + 40
+    } else {
+        return None;
+    };
+    key.sport = u16::from_be(kread::<u16>(l4, 0)?);
+    key.dport = u16::from_be(kread::<u16>(l4, 2)?);
+    let flags = kread::<u8>(l4, 13)?;
+    Some((key, flags))
+}
+
+/// Pushes a verdict for `key`, attaching whatever drop/ICMP evidence the maps hold.
+/// A failed reservation is counted, never silently lost.
+#[inline(always)]
+pub fn emit(kind: u32, error: u32, key: &FlowKey, netns: u32, syn_retrans: u32) {
+    let Some(mut entry) = EVENTS.reserve::<Event>(0) else {
+        inc(counter::EVENTS_LOST);
+        return;
+    };
+    let drop = unsafe { SYN_DROPS.get(key) }.copied().unwrap_or_default();
+    let icmp = unsafe { ICMP_SENT.get(key) }.copied().unwrap_or_default();
+    entry.write(Event {
+        ts_ns: now(),
+        kind,
+        error,
+        flow: *key,
+        netns,
+        syn_retrans,
+        drop,
+        icmp,
+    });
+    entry.submit(0);
+}
