@@ -1,0 +1,248 @@
+//! `node-diag run`: loads the programs, drains verdict events into the correlator,
+//! aggregates findings, keeps metrics in step with the kernel counters, serves HTTP, and
+//! shuts down cleanly on SIGINT/SIGTERM (dropping the `Ebpf` detaches every link).
+
+use std::{
+    io::Write as _,
+    net::SocketAddr,
+    os::unix::fs::MetadataExt as _,
+    path::PathBuf,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::{Duration, Instant, SystemTime},
+};
+
+use aya::maps::{MapData, PerCpuArray, PerCpuHashMap, RingBuf};
+use node_diag_common::{DropKey, MAP_COUNTERS, MAP_DROPS, MAP_EVENTS, counter};
+use tokio::{
+    signal::unix::{SignalKind, signal},
+    sync::mpsc,
+};
+use tracing::{info, warn};
+
+use crate::{
+    OutputFormat, caps,
+    correlate::{Context, correlate},
+    findings::{Finding, Store},
+    loader::{self, LoadError},
+    metrics::{KernelTotals, Metrics},
+    tracefs::DropReasons,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error(
+        "missing capabilities {0}: run as root, or grant CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN (the DaemonSet in deploy/ does)"
+    )]
+    Privileges(String),
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    #[error("eBPF map {0} is missing or has the wrong type: {1}")]
+    Map(&'static str, String),
+    #[error("cannot listen on {addr}: {source} (pick another address with --listen)")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("cannot write the ready file {path}: {source}")]
+    ReadyFile {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("I/O: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+pub struct RunOptions {
+    pub listen: SocketAddr,
+    pub format: OutputFormat,
+    pub ready_file: Option<PathBuf>,
+    pub syn_retries: u32,
+    pub repeat_interval: Duration,
+}
+
+/// State shared between the event loop and the HTTP handlers.
+pub struct Shared {
+    pub metrics: Mutex<Metrics>,
+    pub store: Mutex<Store>,
+    pub ready: AtomicBool,
+}
+
+const MAX_FINDINGS: usize = 4096;
+
+pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
+    let missing = caps::missing_for_agent(caps::effective());
+    if !missing.is_empty() {
+        return Err(AgentError::Privileges(missing.join(", ")));
+    }
+    let mut loaded = loader::load(&loader::Options {
+        syn_retrans_threshold: opts.syn_retries,
+    })?;
+    info!(
+        attached = ?loaded.attached,
+        degraded = loaded.degraded.len(),
+        btf = loaded.btf_ok,
+        tracefs = %loaded.tracefs.display(),
+        mounted_tracefs = loaded.mounted_tracefs,
+        drop_reasons = loaded.drop_reasons.len(),
+        "eBPF programs attached"
+    );
+
+    let ring = take_map(&mut loaded.ebpf, MAP_EVENTS, RingBuf::try_from)?;
+    let counters = take_map(
+        &mut loaded.ebpf,
+        MAP_COUNTERS,
+        PerCpuArray::<MapData, u64>::try_from,
+    )?;
+    let drops = take_map(
+        &mut loaded.ebpf,
+        MAP_DROPS,
+        PerCpuHashMap::<MapData, DropKey, u64>::try_from,
+    )?;
+
+    let shared = Arc::new(Shared {
+        metrics: Mutex::new(Metrics::new()),
+        store: Mutex::new(Store::new(opts.repeat_interval, MAX_FINDINGS)),
+        ready: AtomicBool::new(false),
+    });
+
+    let listener = tokio::net::TcpListener::bind(opts.listen)
+        .await
+        .map_err(|source| AgentError::Listen {
+            addr: opts.listen,
+            source,
+        })?;
+    let local = listener.local_addr()?;
+    let server = tokio::spawn({
+        let app = crate::http::router(shared.clone());
+        async move {
+            if let Err(e) = axum::serve(listener, app).await {
+                warn!(error = %e, "HTTP server stopped");
+            }
+        }
+    });
+
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let bad_records = Arc::new(AtomicU64::new(0));
+    let drainer = tokio::spawn(crate::events::drain(ring, tx, bad_records.clone()));
+
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sigint = signal(SignalKind::interrupt())?;
+
+    if let Some(path) = &opts.ready_file {
+        std::fs::write(path, format!("{local}\n")).map_err(|source| AgentError::ReadyFile {
+            path: path.clone(),
+            source,
+        })?;
+    }
+    shared.ready.store(true, Ordering::Relaxed);
+    info!(listen = %local, "ready");
+
+    let own_netns = std::fs::metadata("/proc/self/ns/net")
+        .map(|m| m.ino() as u32)
+        .unwrap_or(0);
+    let ifname =
+        move |netns: u32, ifindex: u32| (netns == own_netns).then(|| if_name(ifindex)).flatten();
+    let reasons = loaded.drop_reasons.clone();
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        tokio::select! {
+            ev = rx.recv() => {
+                let Some(ev) = ev else {
+                    warn!("event stream ended");
+                    break;
+                };
+                let ctx = Context { drop_reasons: &reasons, now: SystemTime::now(), ifname: &ifname };
+                if let Some(finding) = correlate(&ev, &ctx) {
+                    shared.metrics.lock().unwrap_or_else(|e| e.into_inner()).finding(&finding);
+                    let printed = shared.store.lock().unwrap_or_else(|e| e.into_inner()).record(finding, Instant::now());
+                    if let Some(f) = printed {
+                        print_finding(&f, opts.format);
+                    }
+                }
+            }
+            _ = tick.tick() => {
+                let totals = read_totals(&counters, &drops, &reasons, bad_records.load(Ordering::Relaxed));
+                shared.metrics.lock().unwrap_or_else(|e| e.into_inner()).sync_kernel(totals);
+            }
+            _ = sigterm.recv() => { info!("SIGTERM: shutting down"); break; }
+            _ = sigint.recv() => { info!("SIGINT: shutting down"); break; }
+        }
+    }
+
+    shared.ready.store(false, Ordering::Relaxed);
+    for f in shared
+        .store
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .unprinted()
+    {
+        print_finding(&f, opts.format);
+    }
+    drainer.abort();
+    server.abort();
+    if let Some(path) = &opts.ready_file {
+        let _ = std::fs::remove_file(path);
+    }
+    // Dropping the Ebpf detaches every tracepoint link and unloads the programs.
+    drop(loaded);
+    Ok(())
+}
+
+fn take_map<M>(
+    ebpf: &mut aya::Ebpf,
+    name: &'static str,
+    conv: impl FnOnce(aya::maps::Map) -> Result<M, aya::maps::MapError>,
+) -> Result<M, AgentError> {
+    let map = ebpf
+        .take_map(name)
+        .ok_or_else(|| AgentError::Map(name, "not in the object".into()))?;
+    conv(map).map_err(|e| AgentError::Map(name, e.to_string()))
+}
+
+fn read_totals(
+    counters: &PerCpuArray<MapData, u64>,
+    drops: &PerCpuHashMap<MapData, DropKey, u64>,
+    reasons: &DropReasons,
+    bad_records: u64,
+) -> KernelTotals {
+    let get = |idx: u32| -> u64 { counters.get(&idx, 0).map(|v| v.iter().sum()).unwrap_or(0) };
+    let mut totals = KernelTotals {
+        refused: get(counter::CONNECT_REFUSED),
+        timeout: get(counter::CONNECT_TIMEOUT),
+        unreachable: get(counter::CONNECT_UNREACHABLE),
+        rst_sent: get(counter::RST_SENT),
+        rst_received: get(counter::RST_RECEIVED),
+        events_lost: get(counter::EVENTS_LOST) + bad_records,
+        drops: Default::default(),
+    };
+    for (key, values) in drops.iter().flatten() {
+        *totals.drops.entry(reasons.name(key.reason)).or_default() += values.iter().sum::<u64>();
+    }
+    totals
+}
+
+fn print_finding(f: &Finding, format: OutputFormat) {
+    let line = match format {
+        OutputFormat::Json => serde_json::to_string(f).unwrap_or_default(),
+        OutputFormat::Text => f.one_line(),
+    };
+    let mut out = std::io::stdout().lock();
+    // A closed stdout must not stop the agent: findings stay on /findings.
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+fn if_name(ifindex: u32) -> Option<String> {
+    let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
+    // SAFETY: buf holds IF_NAMESIZE bytes as if_indextoname requires.
+    let p = unsafe { libc::if_indextoname(ifindex, buf.as_mut_ptr()) };
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: if_indextoname wrote a NUL-terminated name into buf.
+    let name = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
+    Some(name.to_string_lossy().into_owned())
+}

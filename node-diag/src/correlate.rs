@@ -1,0 +1,408 @@
+//! Correlation: turns one kernel verdict [`Event`] plus the evidence it carries (the SYN
+//! drop this kernel recorded for the flow, the ICMP error it generated) into a [`Finding`]
+//! naming the failing layer. Pure: fed synthetic events in the unit tests.
+
+use std::{
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    time::SystemTime,
+};
+
+use node_diag_common::{AF_INET, Event, FlowKey, event_kind};
+use serde_json::{Map, Value, json};
+
+use crate::{
+    findings::{Finding, Kind, Layer, Severity, rfc3339},
+    tracefs::DropReasons,
+};
+
+/// Drop reasons that mean a firewall rule on this node discarded the packet.
+const FIREWALL_REASONS: &[&str] = &[
+    "NETFILTER_DROP",
+    "BPF_CGROUP_EGRESS",
+    "TC_EGRESS",
+    "TC_INGRESS",
+];
+/// Drop reasons that mean this node could not route or resolve the next hop.
+const ROUTING_REASONS: &[&str] = &[
+    "IP_NOROUTE",
+    "IP_INNOROUTES",
+    "IP_OUTNOROUTES",
+    "IP_RPFILTER",
+    "NEIGH_CREATEFAIL",
+    "NEIGH_FAILED",
+    "NEIGH_QUEUEFULL",
+    "NEIGH_DEAD",
+];
+
+/// ICMP destination-unreachable codes sent by filters (RFC 1812 administratively prohibited).
+const ICMP_ADMIN_CODES: &[u32] = &[9, 10, 13];
+const ICMP_PORT_UNREACH: u32 = 3;
+
+pub fn errno_name(errno: u32) -> &'static str {
+    match errno {
+        32 => "EPIPE",
+        64 => "ENONET",
+        101 => "ENETUNREACH",
+        104 => "ECONNRESET",
+        110 => "ETIMEDOUT",
+        111 => "ECONNREFUSED",
+        112 => "EHOSTDOWN",
+        113 => "EHOSTUNREACH",
+        _ => "",
+    }
+}
+
+pub fn addr(flow: &FlowKey, bytes: &[u8; 16]) -> IpAddr {
+    if flow.family == AF_INET {
+        IpAddr::V4(Ipv4Addr::new(bytes[0], bytes[1], bytes[2], bytes[3]))
+    } else {
+        IpAddr::V6(Ipv6Addr::from(*bytes))
+    }
+}
+
+/// Context the correlator needs beyond the event.
+pub struct Context<'a> {
+    pub drop_reasons: &'a DropReasons,
+    pub now: SystemTime,
+    /// Resolves `(netns, ifindex)` to an interface name where the agent can see it.
+    pub ifname: &'a dyn Fn(u32, u32) -> Option<String>,
+}
+
+enum Evidence {
+    Firewall(String),
+    Routing(String),
+    None,
+}
+
+pub fn correlate(ev: &Event, ctx: &Context<'_>) -> Option<Finding> {
+    let flow = &ev.flow;
+    let src = addr(flow, &flow.saddr);
+    let dst = addr(flow, &flow.daddr);
+    let dport = flow.dport;
+    let mut evidence = Map::new();
+    if ev.error != 0 {
+        evidence.insert("errno".into(), json!(errno_name(ev.error)));
+    }
+    if ev.syn_retrans != 0 {
+        evidence.insert("syn_retransmits".into(), json!(ev.syn_retrans));
+    }
+    let drop_reason = (ev.drop.count > 0).then(|| ctx.drop_reasons.name(ev.drop.reason));
+    if let Some(reason) = &drop_reason {
+        evidence.insert("drop_reason".into(), json!(reason));
+        evidence.insert("syn_drops".into(), json!(ev.drop.count));
+        if ev.drop.netns != 0 {
+            evidence.insert("drop_netns".into(), json!(ev.drop.netns));
+        }
+        if ev.drop.ifindex != 0 {
+            evidence.insert("drop_ifindex".into(), json!(ev.drop.ifindex));
+            if let Some(name) = (ctx.ifname)(ev.drop.netns, ev.drop.ifindex) {
+                evidence.insert("drop_interface".into(), json!(name));
+            }
+        }
+    }
+    let icmp = (ev.icmp.last_ns != 0).then_some(ev.icmp);
+    if let Some(icmp) = icmp {
+        evidence.insert("icmp_sent_type".into(), json!(icmp.icmp_type));
+        evidence.insert("icmp_sent_code".into(), json!(icmp.icmp_code));
+        if icmp.netns != 0 {
+            evidence.insert("icmp_sent_netns".into(), json!(icmp.netns));
+        }
+    }
+    let classified = match (&drop_reason, icmp) {
+        (Some(r), _) if FIREWALL_REASONS.contains(&r.as_str()) => Evidence::Firewall(format!(
+            "a netfilter/eBPF filter on this node dropped its SYN ({r})"
+        )),
+        (_, Some(i)) if ICMP_ADMIN_CODES.contains(&i.icmp_code) => Evidence::Firewall(format!(
+            "this node answered it with ICMP administratively prohibited (code {})",
+            i.icmp_code
+        )),
+        (Some(r), _) if ROUTING_REASONS.contains(&r.as_str()) => {
+            Evidence::Routing(format!("the kernel dropped its SYN with {r}"))
+        }
+        (_, Some(i)) => Evidence::Routing(format!(
+            "this node answered it with ICMP destination unreachable code {}",
+            i.icmp_code
+        )),
+        _ => Evidence::None,
+    };
+
+    let (kind, layer, severity, summary, remediation) = match ev.kind {
+        event_kind::CONNECT_REFUSED => {
+            if let Some(i) = icmp.filter(|i| {
+                i.icmp_code == ICMP_PORT_UNREACH || ICMP_ADMIN_CODES.contains(&i.icmp_code)
+            }) {
+                (
+                    Kind::TcpRefused,
+                    Layer::Firewall,
+                    Severity::Warning,
+                    format!(
+                        "Connection to {dst}:{dport} was rejected by a firewall rule on this node (ICMP unreachable code {}), not by the application.",
+                        i.icmp_code
+                    ),
+                    "Find the REJECT rule for this port (`nft list ruleset`, `iptables-save`, NetworkPolicy) and allow the traffic.".to_string(),
+                )
+            } else {
+                (
+                    Kind::TcpRefused,
+                    Layer::Listener,
+                    Severity::Warning,
+                    format!(
+                        "Connection to {dst}:{dport} was refused: the packet arrived and the peer answered the SYN with a RST, so nothing listens on that port."
+                    ),
+                    format!(
+                        "Check the destination's listener (`ss -tlnp` in the pod): the app may be down, bound to 127.0.0.1, or the Service targetPort may not match {dport}."
+                    ),
+                )
+            }
+        }
+        event_kind::CONNECT_TIMEOUT => {
+            let (layer, summary, remediation) = match classified {
+                Evidence::Firewall(why) => (
+                    Layer::Firewall,
+                    format!("Connection to {dst}:{dport} is timing out: {why}."),
+                    format!(
+                        "Find the rule dropping tcp dport {dport} on this node (`nft list ruleset`, `iptables-save`, NetworkPolicy) and allow the traffic."
+                    ),
+                ),
+                Evidence::Routing(why) => (
+                    Layer::CniRouting,
+                    format!("Connection to {dst}:{dport} is timing out: {why}."),
+                    format!(
+                        "Check pod routing on the nodes (`ip route get {dst}`, neighbour tables, the CNI agent's health)."
+                    ),
+                ),
+                Evidence::None => (
+                    Layer::Unknown,
+                    format!(
+                        "Connection to {dst}:{dport} is timing out: its SYNs left this node and nothing came back, so they are dropped beyond it (a remote host firewall, a cloud security group, or the peer node's routing)."
+                    ),
+                    format!(
+                        "Check the destination node's firewall and routing for {dst}:{dport}, then cloud security groups / NACLs between the nodes; `tcpdump -ni any host {dst} and port {dport}` on the destination node shows whether the SYNs arrive."
+                    ),
+                ),
+            };
+            (Kind::TcpTimeout, layer, Severity::Critical, summary, remediation)
+        }
+        event_kind::CONNECT_UNREACHABLE => {
+            let errno = errno_name(ev.error);
+            match classified {
+                Evidence::Firewall(why) => (
+                    Kind::TcpUnreachable,
+                    Layer::Firewall,
+                    Severity::Critical,
+                    format!("Connection to {dst}:{dport} failed with {errno}: {why}."),
+                    format!(
+                        "Find the rule rejecting traffic to {dst}:{dport} (`nft list ruleset`, NetworkPolicy) and allow it."
+                    ),
+                ),
+                Evidence::Routing(why) => (
+                    Kind::TcpUnreachable,
+                    Layer::CniRouting,
+                    Severity::Critical,
+                    format!("Connection to {dst}:{dport} failed with {errno}: {why}."),
+                    format!(
+                        "Check the route to {dst} on every node on the path (`ip route get {dst}`) and the CNI agent's health."
+                    ),
+                ),
+                Evidence::None => (
+                    Kind::TcpUnreachable,
+                    Layer::CniRouting,
+                    Severity::Critical,
+                    format!(
+                        "Connection to {dst}:{dport} failed with {errno}: a router on the path reported the destination unreachable."
+                    ),
+                    format!(
+                        "Check the route to {dst} on every node on the path (`ip route get {dst}`) and the CNI agent's health."
+                    ),
+                ),
+            }
+        }
+        event_kind::ESTABLISHED_RESET => (
+            Kind::TcpReset,
+            Layer::Peer,
+            Severity::Warning,
+            format!(
+                "Established connection {src}:{} -> {dst}:{dport} was reset by the peer ({}).",
+                flow.sport,
+                errno_name(ev.error)
+            ),
+            "Check the peer application's logs for crashes, restarts or aborted requests; a middlebox idle timeout can also reset long-lived connections.".to_string(),
+        ),
+        _ => return None,
+    };
+
+    let now = rfc3339(ctx.now);
+    Some(Finding {
+        kind,
+        layer,
+        severity,
+        summary,
+        remediation,
+        evidence: with_sorted_keys(evidence),
+        src: Some(src.to_string()),
+        dst: Some(dst.to_string()),
+        dport: Some(dport),
+        sport: (flow.sport != 0).then_some(flow.sport),
+        netns: (ev.netns != 0).then_some(ev.netns),
+        count: 1,
+        first_seen: now.clone(),
+        last_seen: now,
+    })
+}
+
+fn with_sorted_keys(m: Map<String, Value>) -> Map<String, Value> {
+    let mut v: Vec<_> = m.into_iter().collect();
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v.into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tracefs::Format;
+    use node_diag_common::{DropInfo, IcmpInfo};
+
+    fn reasons() -> DropReasons {
+        DropReasons::from_format(&Format::parse(
+            "skb:kfree_skb",
+            r#"print fmt: "reason: %s", __print_symbolic(REC->reason, { 2, "NOT_SPECIFIED" }, { 12, "NETFILTER_DROP" }, { 88, "IP_INNOROUTES" }, { 58, "NEIGH_FAILED" })"#,
+        ))
+    }
+
+    fn event(kind: u32, error: u32) -> Event {
+        let mut flow = FlowKey {
+            sport: 40000,
+            dport: 8080,
+            family: AF_INET,
+            ..Default::default()
+        };
+        flow.saddr[..4].copy_from_slice(&[10, 244, 1, 7]);
+        flow.daddr[..4].copy_from_slice(&[10, 244, 2, 9]);
+        Event {
+            ts_ns: 1,
+            kind,
+            error,
+            flow,
+            netns: 4026532000,
+            ..Default::default()
+        }
+    }
+
+    fn run(ev: &Event) -> Option<Finding> {
+        let r = reasons();
+        let ifname = |_: u32, i: u32| (i == 3).then(|| "vpod0".to_string());
+        correlate(
+            ev,
+            &Context {
+                drop_reasons: &r,
+                now: SystemTime::UNIX_EPOCH,
+                ifname: &ifname,
+            },
+        )
+    }
+
+    #[test]
+    fn refused_is_the_listener() {
+        let f = run(&event(event_kind::CONNECT_REFUSED, 111)).unwrap();
+        assert_eq!((f.kind, f.layer), (Kind::TcpRefused, Layer::Listener));
+        assert_eq!(f.src.as_deref(), Some("10.244.1.7"));
+        assert_eq!(f.dst.as_deref(), Some("10.244.2.9"));
+        assert_eq!(
+            (f.dport, f.sport, f.netns),
+            (Some(8080), Some(40000), Some(4026532000))
+        );
+        assert_eq!(f.evidence["errno"], "ECONNREFUSED");
+        assert_eq!(f.first_seen, "1970-01-01T00:00:00.000Z");
+    }
+
+    #[test]
+    fn refused_by_local_reject_rule_is_the_firewall() {
+        let mut ev = event(event_kind::CONNECT_REFUSED, 111);
+        ev.icmp = IcmpInfo {
+            last_ns: 5,
+            icmp_type: 3,
+            icmp_code: 3,
+            netns: 1,
+            ifindex: 2,
+        };
+        assert_eq!(run(&ev).unwrap().layer, Layer::Firewall);
+    }
+
+    #[test]
+    fn timeout_with_netfilter_drop_is_the_firewall() {
+        let mut ev = event(event_kind::CONNECT_TIMEOUT, 0);
+        ev.syn_retrans = 2;
+        ev.drop = DropInfo {
+            last_ns: 9,
+            reason: 12,
+            count: 3,
+            netns: 77,
+            ifindex: 3,
+        };
+        let f = run(&ev).unwrap();
+        assert_eq!((f.kind, f.layer), (Kind::TcpTimeout, Layer::Firewall));
+        assert_eq!(f.severity, Severity::Critical);
+        assert_eq!(f.evidence["drop_reason"], "NETFILTER_DROP");
+        assert_eq!(f.evidence["syn_drops"], 3);
+        assert_eq!(f.evidence["drop_interface"], "vpod0");
+        assert_eq!(f.evidence["syn_retransmits"], 2);
+    }
+
+    #[test]
+    fn timeout_with_routing_drop_is_cni_routing() {
+        let mut ev = event(event_kind::CONNECT_TIMEOUT, 0);
+        ev.drop = DropInfo {
+            last_ns: 9,
+            reason: 58,
+            count: 1,
+            netns: 0,
+            ifindex: 0,
+        };
+        let f = run(&ev).unwrap();
+        assert_eq!(f.layer, Layer::CniRouting);
+        assert!(f.summary.contains("NEIGH_FAILED"));
+    }
+
+    #[test]
+    fn timeout_without_local_evidence_points_beyond_the_node() {
+        let f = run(&event(event_kind::CONNECT_TIMEOUT, 0)).unwrap();
+        assert_eq!(f.layer, Layer::Unknown);
+        assert!(f.summary.contains("cloud security group"));
+    }
+
+    #[test]
+    fn unreachable_is_cni_routing_unless_admin_prohibited() {
+        let f = run(&event(event_kind::CONNECT_UNREACHABLE, 113)).unwrap();
+        assert_eq!((f.kind, f.layer), (Kind::TcpUnreachable, Layer::CniRouting));
+        assert_eq!(f.evidence["errno"], "EHOSTUNREACH");
+        let mut ev = event(event_kind::CONNECT_UNREACHABLE, 113);
+        ev.icmp = IcmpInfo {
+            last_ns: 5,
+            icmp_type: 3,
+            icmp_code: 13,
+            netns: 1,
+            ifindex: 2,
+        };
+        assert_eq!(run(&ev).unwrap().layer, Layer::Firewall);
+    }
+
+    #[test]
+    fn established_reset_is_the_peer() {
+        let f = run(&event(event_kind::ESTABLISHED_RESET, 104)).unwrap();
+        assert_eq!((f.kind, f.layer), (Kind::TcpReset, Layer::Peer));
+        assert_eq!(f.evidence["errno"], "ECONNRESET");
+    }
+
+    #[test]
+    fn kernel_give_up_is_not_a_new_finding() {
+        assert!(run(&event(event_kind::CONNECT_GAVE_UP, 110)).is_none());
+    }
+
+    #[test]
+    fn ipv6_addresses_render() {
+        let mut ev = event(event_kind::CONNECT_REFUSED, 111);
+        ev.flow.family = node_diag_common::AF_INET6;
+        ev.flow.daddr = "fd00::2".parse::<Ipv6Addr>().unwrap().octets();
+        assert_eq!(run(&ev).unwrap().dst.as_deref(), Some("fd00::2"));
+    }
+}

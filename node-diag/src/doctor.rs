@@ -1,0 +1,224 @@
+//! `node-diag doctor`: which kernel features the agent can use on this node, what is
+//! missing, and a verdict. Read-only, except that it mounts tracefs when missing and
+//! permitted, as the agent itself would.
+
+use serde::Serialize;
+
+use crate::{
+    btf::Btf,
+    caps,
+    loader::{self, HOOKS},
+    tracefs::{self, Format},
+};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    Ok,
+    Warn,
+    Fail,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Check {
+    pub name: String,
+    pub status: Status,
+    pub detail: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub checks: Vec<Check>,
+    /// `ready`, `degraded` or `cannot_run`.
+    pub verdict: &'static str,
+    pub summary: String,
+}
+
+fn check(name: impl Into<String>, status: Status, detail: impl Into<String>) -> Check {
+    Check {
+        name: name.into(),
+        status,
+        detail: detail.into(),
+    }
+}
+
+pub fn run() -> Report {
+    let mut checks = Vec::new();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into());
+    checks.push(check("kernel", Status::Ok, format!("Linux {kernel}")));
+
+    let mask = caps::effective();
+    let held: Vec<_> = [
+        caps::CAP_BPF,
+        caps::CAP_PERFMON,
+        caps::CAP_NET_ADMIN,
+        caps::CAP_SYS_ADMIN,
+        caps::CAP_SYS_RESOURCE,
+    ]
+    .into_iter()
+    .filter(|c| caps::has(mask, *c))
+    .map(caps::name)
+    .collect();
+    let missing = caps::missing_for_agent(mask);
+    checks.push(if missing.is_empty() {
+        check(
+            "capabilities",
+            Status::Ok,
+            format!("held: {}", held.join(", ")),
+        )
+    } else {
+        check(
+            "capabilities",
+            Status::Fail,
+            format!(
+                "missing {}; run as root or grant CAP_BPF, CAP_PERFMON, CAP_NET_ADMIN (held: {})",
+                missing.join(", "),
+                if held.is_empty() {
+                    "none".to_string()
+                } else {
+                    held.join(", ")
+                }
+            ),
+        )
+    });
+
+    checks.push(
+        match Btf::from_sys_fs().and_then(|b| {
+            b.member_offset("sk_buff", "network_header")?;
+            b.path_offset("sock", "__sk_common.skc_net.net")?;
+            Ok(())
+        }) {
+            Ok(()) => check(
+                "btf",
+                Status::Ok,
+                format!("{} (struct offsets resolved)", crate::btf::VMLINUX),
+            ),
+            Err(e) => check(
+                "btf",
+                Status::Warn,
+                format!("{e}: netns/interface attribution and packet evidence disabled"),
+            ),
+        },
+    );
+
+    let root = match tracefs::find_mounted() {
+        Some(root) => {
+            checks.push(check(
+                "tracefs",
+                Status::Ok,
+                format!("mounted at {}", root.display()),
+            ));
+            Some(root)
+        }
+        None if caps::has(mask, caps::CAP_SYS_ADMIN) => match tracefs::ensure_mounted() {
+            Ok((root, _)) => {
+                checks.push(check(
+                    "tracefs",
+                    Status::Ok,
+                    format!(
+                        "was not mounted; mounted it at {} (the agent does the same)",
+                        root.display()
+                    ),
+                ));
+                Some(root)
+            }
+            Err(e) => {
+                checks.push(check("tracefs", Status::Fail, e.to_string()));
+                None
+            }
+        },
+        None => {
+            checks.push(check(
+                "tracefs",
+                Status::Fail,
+                "not mounted, and mounting it needs CAP_SYS_ADMIN: `mount -t tracefs nodev /sys/kernel/tracing`",
+            ));
+            None
+        }
+    };
+    for hook in HOOKS {
+        let name = format!("tracepoint {}:{}", hook.category, hook.name);
+        let Some(root) = &root else {
+            checks.push(check(name, Status::Fail, "tracefs unavailable"));
+            continue;
+        };
+        checks.push(
+            match Format::load(root, hook.category, hook.name)
+                .and_then(|f| loader::check_format(hook, &f))
+            {
+                Ok(()) => check(name, Status::Ok, format!("used for {}", hook.feature)),
+                Err(e) => check(name, Status::Warn, format!("{e}; lost: {}", hook.feature)),
+            },
+        );
+    }
+
+    let probe = |what: &str, r: Result<bool, String>, needed: &str| match r {
+        Ok(true) => check(what, Status::Ok, format!("supported ({needed})")),
+        Ok(false) => check(
+            what,
+            Status::Fail,
+            format!("not supported by this kernel ({needed})"),
+        ),
+        Err(e) => check(what, Status::Warn, format!("could not probe: {e}")),
+    };
+    checks.push(probe(
+        "tracepoint programs",
+        aya::sys::is_program_supported(aya::programs::ProgramType::TracePoint)
+            .map_err(|e| e.to_string()),
+        "every hook",
+    ));
+    checks.push(probe(
+        "ring buffer",
+        aya::sys::is_map_supported(aya::maps::MapType::RingBuf).map_err(|e| e.to_string()),
+        "verdict events",
+    ));
+    checks.push(probe(
+        "tc classifier",
+        aya::sys::is_program_supported(aya::programs::ProgramType::SchedClassifier)
+            .map_err(|e| e.to_string()),
+        "per-interface packet hooks",
+    ));
+
+    let fails = checks.iter().filter(|c| c.status == Status::Fail).count();
+    let warns = checks.iter().filter(|c| c.status == Status::Warn).count();
+    let (verdict, summary) = if fails > 0 {
+        (
+            "cannot_run",
+            format!("{fails} required feature(s) missing; the agent cannot run here"),
+        )
+    } else if warns > 0 {
+        (
+            "degraded",
+            format!("the agent runs with {warns} feature(s) degraded"),
+        )
+    } else {
+        (
+            "ready",
+            "every feature the agent uses is available".to_string(),
+        )
+    };
+    Report {
+        checks,
+        verdict,
+        summary,
+    }
+}
+
+impl Report {
+    pub fn text(&self) -> String {
+        let mut out = String::new();
+        let width = self.checks.iter().map(|c| c.name.len()).max().unwrap_or(0);
+        for c in &self.checks {
+            let mark = match c.status {
+                Status::Ok => "ok  ",
+                Status::Warn => "WARN",
+                Status::Fail => "FAIL",
+            };
+            out.push_str(&format!("{mark}  {:<width$}  {}\n", c.name, c.detail));
+        }
+        out.push_str(&format!("verdict: {} ({})\n", self.verdict, self.summary));
+        out
+    }
+}

@@ -1,0 +1,330 @@
+//! Findings: the agent's output contract. A finding names what failed, the layer it failed
+//! in, the kernel evidence and the fix. Repeats of the same finding (same kind, layer,
+//! flow minus the ephemeral source port, and netns) aggregate into one entry.
+
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant, SystemTime},
+};
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[expect(
+    clippy::enum_variant_names,
+    reason = "the names are the contract; MTU/PMTUD kinds join them later"
+)]
+pub enum Kind {
+    TcpRefused,
+    TcpTimeout,
+    TcpUnreachable,
+    TcpReset,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Layer {
+    Listener,
+    Firewall,
+    CniRouting,
+    Peer,
+    Unknown,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Severity {
+    Info,
+    Warning,
+    Critical,
+}
+
+macro_rules! names {
+    ($ty:ty { $($variant:ident => $name:literal),+ $(,)? }) => {
+        impl $ty {
+            /// The contract name, identical to the serde form.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $name),+
+                }
+            }
+        }
+        impl std::fmt::Display for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+names!(Kind {
+    TcpRefused => "tcp_refused",
+    TcpTimeout => "tcp_timeout",
+    TcpUnreachable => "tcp_unreachable",
+    TcpReset => "tcp_reset",
+});
+names!(Layer {
+    Listener => "listener",
+    Firewall => "firewall",
+    CniRouting => "cni_routing",
+    Peer => "peer",
+    Unknown => "unknown",
+});
+names!(Severity {
+    Info => "info",
+    Warning => "warning",
+    Critical => "critical",
+});
+
+/// One finding as printed, served on `/findings` and read back by `node-diag findings`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Finding {
+    pub kind: Kind,
+    pub layer: Layer,
+    pub severity: Severity,
+    pub summary: String,
+    pub remediation: String,
+    pub evidence: serde_json::Map<String, serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub src: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dst: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dport: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sport: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netns: Option<u32>,
+    pub count: u64,
+    pub first_seen: String,
+    pub last_seen: String,
+}
+
+pub fn rfc3339(t: SystemTime) -> String {
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+impl Finding {
+    /// The aggregation key: the source port changes with every attempt, so it is left out.
+    fn key(&self) -> Key {
+        Key {
+            kind: self.kind,
+            layer: self.layer,
+            src: self.src.clone(),
+            dst: self.dst.clone(),
+            dport: self.dport,
+            netns: self.netns,
+        }
+    }
+
+    /// The readable one-liner of the default output.
+    pub fn one_line(&self) -> String {
+        let flow = match (&self.src, &self.dst, self.dport) {
+            (Some(s), Some(d), Some(p)) => {
+                let sport = self.sport.map(|p| format!(":{p}")).unwrap_or_default();
+                format!(" {s}{sport} -> {d}:{p}")
+            }
+            _ => String::new(),
+        };
+        let repeat = if self.count > 1 {
+            format!(" (x{})", self.count)
+        } else {
+            String::new()
+        };
+        format!(
+            "{} {:<8} {} layer={}{}{}: {} Fix: {}",
+            self.last_seen,
+            self.severity.as_str().to_uppercase(),
+            self.kind,
+            self.layer,
+            flow,
+            repeat,
+            self.summary,
+            self.remediation
+        )
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Key {
+    kind: Kind,
+    layer: Layer,
+    src: Option<String>,
+    dst: Option<String>,
+    dport: Option<u16>,
+    netns: Option<u32>,
+}
+
+struct Entry {
+    finding: Finding,
+    printed_at: Instant,
+    printed_count: u64,
+}
+
+/// Aggregated findings, in first-seen order.
+pub struct Store {
+    entries: HashMap<Key, usize>,
+    list: Vec<Entry>,
+    repeat_interval: Duration,
+    max_entries: usize,
+}
+
+impl Store {
+    pub fn new(repeat_interval: Duration, max_entries: usize) -> Self {
+        Self {
+            entries: HashMap::new(),
+            list: Vec::new(),
+            repeat_interval,
+            max_entries,
+        }
+    }
+
+    /// Records an occurrence. Returns the aggregated finding when it should be printed:
+    /// the first time, and then at most once per repeat interval while it keeps recurring.
+    pub fn record(&mut self, mut finding: Finding, now: Instant) -> Option<Finding> {
+        let key = finding.key();
+        if let Some(&idx) = self.entries.get(&key) {
+            let entry = &mut self.list[idx];
+            let agg = &mut entry.finding;
+            agg.count += finding.count;
+            agg.last_seen = finding.last_seen;
+            agg.sport = finding.sport.or(agg.sport);
+            agg.evidence = finding.evidence;
+            if now.duration_since(entry.printed_at) >= self.repeat_interval {
+                entry.printed_at = now;
+                entry.printed_count = agg.count;
+                return Some(agg.clone());
+            }
+            return None;
+        }
+        if self.list.len() >= self.max_entries {
+            // Bounded memory: the oldest finding makes room.
+            let old = self.list.remove(0);
+            self.entries.remove(&old.finding.key());
+            for idx in self.entries.values_mut() {
+                *idx -= 1;
+            }
+        }
+        finding.count = finding.count.max(1);
+        self.entries.insert(key, self.list.len());
+        self.list.push(Entry {
+            finding: finding.clone(),
+            printed_at: now,
+            printed_count: finding.count,
+        });
+        Some(finding)
+    }
+
+    /// Findings whose count grew since they were last printed (flushed on shutdown).
+    pub fn unprinted(&mut self) -> Vec<Finding> {
+        self.list
+            .iter_mut()
+            .filter(|e| e.finding.count > e.printed_count)
+            .map(|e| {
+                e.printed_count = e.finding.count;
+                e.finding.clone()
+            })
+            .collect()
+    }
+
+    pub fn all(&self) -> Vec<Finding> {
+        self.list.iter().map(|e| e.finding.clone()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(sport: u16) -> Finding {
+        Finding {
+            kind: Kind::TcpRefused,
+            layer: Layer::Listener,
+            severity: Severity::Warning,
+            summary: "s".into(),
+            remediation: "r".into(),
+            evidence: Default::default(),
+            src: Some("10.0.0.1".into()),
+            dst: Some("10.0.0.2".into()),
+            dport: Some(80),
+            sport: Some(sport),
+            netns: Some(1),
+            count: 1,
+            first_seen: "t0".into(),
+            last_seen: "t0".into(),
+        }
+    }
+
+    #[test]
+    fn repeats_aggregate_and_are_rate_limited() {
+        let mut store = Store::new(Duration::from_secs(10), 100);
+        let t0 = Instant::now();
+        assert!(store.record(refused(1000), t0).is_some());
+        let mut again = refused(1001);
+        again.last_seen = "t1".into();
+        assert!(store.record(again, t0 + Duration::from_secs(1)).is_none());
+        let all = store.all();
+        assert_eq!(all.len(), 1);
+        assert_eq!(all[0].count, 2);
+        assert_eq!(all[0].first_seen, "t0");
+        assert_eq!(all[0].last_seen, "t1");
+        let printed = store
+            .record(refused(1002), t0 + Duration::from_secs(11))
+            .expect("printed again after the interval");
+        assert_eq!(printed.count, 3);
+        assert!(store.unprinted().is_empty());
+    }
+
+    #[test]
+    fn different_ports_are_different_findings_and_memory_is_bounded() {
+        let mut store = Store::new(Duration::from_secs(10), 2);
+        let now = Instant::now();
+        for port in [1, 2, 3] {
+            let mut f = refused(5);
+            f.dport = Some(port);
+            store.record(f, now);
+        }
+        let ports: Vec<_> = store.all().iter().map(|f| f.dport.unwrap()).collect();
+        assert_eq!(ports, vec![2, 3]);
+        let mut f = refused(5);
+        f.dport = Some(2);
+        store.record(f, now);
+        assert_eq!(store.all()[0].count, 2);
+    }
+
+    #[test]
+    fn json_contract_field_names() {
+        let v = serde_json::to_value(refused(7)).unwrap();
+        for k in [
+            "kind",
+            "layer",
+            "severity",
+            "summary",
+            "remediation",
+            "evidence",
+            "src",
+            "dst",
+            "dport",
+            "sport",
+            "netns",
+            "count",
+            "first_seen",
+            "last_seen",
+        ] {
+            assert!(v.get(k).is_some(), "missing {k}");
+        }
+        assert_eq!(v["kind"], "tcp_refused");
+        assert_eq!(v["layer"], "listener");
+        assert_eq!(v["severity"], "warning");
+        for layer in [
+            Layer::Listener,
+            Layer::Firewall,
+            Layer::CniRouting,
+            Layer::Peer,
+            Layer::Unknown,
+        ] {
+            assert_eq!(serde_json::to_value(layer).unwrap(), layer.as_str());
+        }
+    }
+}

@@ -1,0 +1,162 @@
+//! node-diag: eBPF network diagnostics for Kubernetes nodes.
+//!
+//! `run` loads the kernel programs (`loader`, fed by `tracefs` layouts and `btf` offsets),
+//! drains verdict events from the ring buffer (`events`), turns them into findings naming
+//! the failing layer (`correlate`), aggregates them (`findings`), mirrors the kernel
+//! counters into Prometheus metrics (`metrics`) and serves both over HTTP (`http`).
+//! `findings` tails a running agent (`client`); `doctor` reports what this kernel offers.
+
+mod agent;
+mod btf;
+mod caps;
+mod client;
+mod correlate;
+mod doctor;
+mod events;
+mod findings;
+mod http;
+mod loader;
+mod metrics;
+mod tracefs;
+
+use std::{net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+/// How findings and reports are printed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    /// One readable line per finding.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+#[derive(Parser)]
+#[command(
+    name = "node-diag",
+    version,
+    about = "eBPF network diagnostics for Kubernetes nodes",
+    long_about = "eBPF network diagnostics for Kubernetes nodes.\n\n\
+        Watches every TCP connect on this node in the kernel and, when one fails, says whether \
+        it was refused or timed out, and which layer failed it: the app's listener, a firewall, \
+        CNI routing or the peer, with the kernel evidence.",
+    after_help = "Examples:\n  node-diag run                      # run the agent (root), findings on stdout\n  node-diag run --format json --listen 0.0.0.0:9464\n  node-diag findings --follow        # tail a running agent's findings\n  node-diag doctor                   # what this kernel supports"
+)]
+struct Cli {
+    /// Log filter for stderr logs (e.g. info, debug, node_diag=trace).
+    #[arg(long, global = true, env = "NODE_DIAG_LOG", default_value = "info")]
+    log_level: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the agent: load the eBPF programs, print findings, serve /metrics and /findings.
+    Run(RunArgs),
+    /// Print the findings of a running agent.
+    Findings(FindingsArgs),
+    /// Check which kernel features the agent can use on this node.
+    Doctor(DoctorArgs),
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Address for the HTTP endpoints (/metrics, /findings, /healthz, /readyz).
+    #[arg(long, default_value = "127.0.0.1:9464", value_name = "ADDR")]
+    listen: SocketAddr,
+    /// Output format of findings on stdout.
+    #[arg(short = 'o', long = "format", value_enum, default_value = "text")]
+    format: OutputFormat,
+    /// File written (with the listen address) once every program is attached and the
+    /// HTTP endpoints are up; removed on exit.
+    #[arg(long, value_name = "PATH")]
+    ready_file: Option<PathBuf>,
+    /// SYN retransmits after which a connect is reported as timing out (2 ≈ 3 s).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=10), value_name = "N")]
+    syn_retries: u32,
+    /// Minimum seconds between repeated prints of the same aggregated finding.
+    #[arg(long, default_value_t = 10, value_name = "SECONDS")]
+    repeat_interval: u64,
+}
+
+#[derive(clap::Args)]
+struct FindingsArgs {
+    /// URL of the agent's HTTP endpoint.
+    #[arg(long, default_value = "http://127.0.0.1:9464", value_name = "URL")]
+    server: String,
+    /// Keep polling and print findings as they appear or grow.
+    #[arg(short, long)]
+    follow: bool,
+    /// Output format.
+    #[arg(short = 'o', long = "format", value_enum, default_value = "text")]
+    format: OutputFormat,
+}
+
+#[derive(clap::Args)]
+struct DoctorArgs {
+    /// Output format.
+    #[arg(short = 'o', long = "format", value_enum, default_value = "text")]
+    format: OutputFormat,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log_level)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    match dispatch(cli.command) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("node-diag: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
+    match command {
+        Command::Run(args) => {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()?;
+            rt.block_on(agent::run(agent::RunOptions {
+                listen: args.listen,
+                format: args.format,
+                ready_file: args.ready_file,
+                syn_retries: args.syn_retries,
+                repeat_interval: Duration::from_secs(args.repeat_interval),
+            }))?;
+            // Stop lingering blocking tasks instead of waiting for them.
+            rt.shutdown_timeout(Duration::from_millis(200));
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Findings(args) => {
+            client::run(
+                &args.server,
+                args.follow,
+                args.format,
+                Duration::from_secs(1),
+            )?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Doctor(args) => {
+            let report = doctor::run();
+            match args.format {
+                OutputFormat::Text => print!("{}", report.text()),
+                OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+            }
+            Ok(if report.verdict == "cannot_run" {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            })
+        }
+    }
+}
