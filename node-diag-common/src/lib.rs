@@ -23,11 +23,16 @@ pub const MAP_ICMP_SENT: &str = "ICMP_SENT";
 pub const MAP_DROPS: &str = "DROPS";
 /// Per-CPU array of `u64` counters indexed by the [`counter`] constants.
 pub const MAP_COUNTERS: &str = "COUNTERS";
+/// Hash map netns inode -> 1: the namespaces this node's agent reports for. Only consulted
+/// when [`Config::scope_enabled`] is set.
+pub const MAP_SCOPE: &str = "SCOPE";
 /// Read-only global holding [`Config`].
 pub const GLOBAL_CONFIG: &str = "CONFIG";
 
 /// Capacity of the flow-keyed LRU maps.
 pub const FLOW_MAP_ENTRIES: u32 = 16384;
+/// Capacity of the netns scope map (one entry per pod on the node, plus the host).
+pub const SCOPE_MAP_ENTRIES: u32 = 4096;
 /// Capacity of the drop aggregation map.
 pub const DROP_MAP_ENTRIES: u32 = 4096;
 /// Ring buffer size in bytes (a power of two, a multiple of the page size).
@@ -199,7 +204,9 @@ pub struct Config {
     pub icmp_daddr: u16,
     pub icmp_sport: u16,
     pub icmp_dport: u16,
-    pub _pad0: u16,
+    pub snd_reset_skaddr: u16,
+    pub snd_reset_skbaddr: u16,
+    pub _pad0: [u16; 3],
 
     /// Kernel struct offsets from BTF; all zero (and `btf_ok == 0`) when BTF is missing,
     /// in which case netns/ifindex attribution and packet parsing are skipped.
@@ -221,9 +228,11 @@ pub struct Config {
 
     /// SYN retransmits after which a connect is reported as timing out.
     pub syn_retrans_threshold: u32,
-    pub _pad1: u32,
+    /// Non-zero: sockets and packets whose netns is known and not in [`MAP_SCOPE`] are
+    /// ignored (tracepoints fire for every namespace on the kernel).
+    pub scope_enabled: u32,
 }
-const _: () = assert!(core::mem::size_of::<Config>() == 32 + 64 + 40 + 40);
+const _: () = assert!(core::mem::size_of::<Config>() == 32 + 64 + 48 + 40);
 
 impl FlowKey {
     pub const fn is_v4(&self) -> bool {

@@ -5,7 +5,7 @@
 use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
 use node_diag_common::IcmpInfo;
 
-use crate::maps::{ICMP_SENT, config, field, now, skb_dev, skb_tcp_flow};
+use crate::maps::{ICMP_SENT, config, field, in_scope, now, skb_dev, skb_tcp_flow};
 
 const ICMP_DEST_UNREACH: i32 = 3;
 const ETH_P_IP: u16 = 0x0800;
@@ -26,6 +26,9 @@ fn try_icmp_send(ctx: &TracePointContext) -> Option<()> {
     let skb = field::<u64>(ctx, config!(icmp_skbaddr))?;
     let (flow, _) = skb_tcp_flow(skb, ETH_P_IP)?;
     let (netns, ifindex) = skb_dev(skb);
+    if !in_scope(netns) {
+        return None;
+    }
     let info = IcmpInfo {
         last_ns: now(),
         icmp_type: icmp_type as u32,

@@ -4,12 +4,12 @@ use aya_ebpf::{
     Global,
     helpers::{bpf_ktime_get_ns, bpf_probe_read_kernel},
     macros::map,
-    maps::{LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
+    maps::{HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
     programs::TracePointContext,
 };
 use node_diag_common::{
     AF_INET, AF_INET6, Config, DROP_MAP_ENTRIES, DropInfo, DropKey, EVENTS_BYTES, Event,
-    FLOW_MAP_ENTRIES, FlowKey, FlowState, IcmpInfo, TupleOffsets, counter,
+    FLOW_MAP_ENTRIES, FlowKey, FlowState, IcmpInfo, SCOPE_MAP_ENTRIES, TupleOffsets, counter,
 };
 
 #[unsafe(no_mangle)]
@@ -29,6 +29,8 @@ pub static ICMP_SENT: LruHashMap<FlowKey, IcmpInfo> =
 #[map]
 pub static DROPS: PerCpuHashMap<DropKey, u64> =
     PerCpuHashMap::with_max_entries(DROP_MAP_ENTRIES, 0);
+#[map]
+pub static SCOPE: HashMap<u32, u32> = HashMap::with_max_entries(SCOPE_MAP_ENTRIES, 0);
 #[map]
 pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);
 
@@ -57,6 +59,17 @@ pub fn inc(index: u32) {
         // Per-CPU slot: no other writer.
         unsafe { *p += 1 };
     }
+}
+
+/// Whether this node reports for `netns` (unknown namespaces, 0, are never filtered out).
+#[inline(always)]
+pub fn in_scope(netns: u32) -> bool {
+    netns == 0 || config!(scope_enabled) == 0 || SCOPE.get_ptr(&netns).is_some()
+}
+
+#[inline(always)]
+pub fn scoped() -> bool {
+    config!(scope_enabled) != 0
 }
 
 #[inline(always)]

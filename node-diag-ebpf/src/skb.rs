@@ -5,7 +5,8 @@ use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
 use node_diag_common::{DropInfo, DropKey};
 
 use crate::maps::{
-    DROPS, SYN_DROPS, TCP_FLAG_ACK, TCP_FLAG_SYN, config, field, now, skb_dev, skb_tcp_flow,
+    DROPS, SYN_DROPS, TCP_FLAG_ACK, TCP_FLAG_SYN, config, field, in_scope, now, skb_dev,
+    skb_tcp_flow,
 };
 
 #[tracepoint]
@@ -19,6 +20,9 @@ fn try_kfree_skb(ctx: &TracePointContext) -> Option<()> {
     let reason = field::<u32>(ctx, config!(kfree_reason))?;
     let skb = field::<u64>(ctx, config!(kfree_skbaddr))?;
     let (netns, ifindex) = skb_dev(skb);
+    if !in_scope(netns) {
+        return None;
+    }
     let key = DropKey {
         reason,
         netns,

@@ -3,7 +3,7 @@
 use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
 use node_diag_common::{FlowState, IPPROTO_TCP, counter, event_kind, tcp_state};
 
-use crate::maps::{FLOWS, config, emit, field, inc, now, read_tuple, sock_netns};
+use crate::maps::{FLOWS, config, emit, field, in_scope, inc, now, read_tuple, scoped, sock_netns};
 
 const EPIPE: i32 = 32;
 const ENONET: i32 = 64;
@@ -36,9 +36,13 @@ fn try_set_state(ctx: &TracePointContext) -> Option<()> {
         return Some(());
     }
     let sk = field::<u64>(ctx, config!(set_state_skaddr))?;
+    let netns = sock_netns(sk);
+    if !in_scope(netns) {
+        return None;
+    }
     let state = FlowState {
         start_ns: now(),
-        netns: sock_netns(sk),
+        netns,
         state: tcp_state::SYN_SENT,
         syn_retrans: 0,
         reported: 0,
@@ -60,6 +64,11 @@ fn try_err_report(ctx: &TracePointContext) -> Option<()> {
     let error = field::<i32>(ctx, config!(err_report_error))?;
     let key = read_tuple(ctx, config!(err_report))?;
     let flow = FLOWS.get_ptr_mut(&key);
+    // In-scope sockets always have an entry (made at SYN_SENT or at the received reset);
+    // without one the socket belongs to a namespace of another node.
+    if flow.is_none() && scoped() {
+        return None;
+    }
     let connecting = match flow {
         Some(f) => (unsafe { (*f).state }) == tcp_state::SYN_SENT,
         None => false,

@@ -3,7 +3,9 @@
 use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
 use node_diag_common::{FlowState, counter, event_kind, tcp_state};
 
-use crate::maps::{FLOWS, config, emit, field, inc, now, read_tuple, sock_netns};
+use crate::maps::{
+    FLOWS, config, emit, field, in_scope, inc, now, read_tuple, skb_dev, sock_netns,
+};
 
 #[tracepoint]
 pub fn nd_retransmit(ctx: TracePointContext) -> u32 {
@@ -16,20 +18,25 @@ fn try_retransmit(ctx: &TracePointContext) -> Option<()> {
     if field::<i32>(ctx, config!(retrans_state))? as u32 != tcp_state::SYN_SENT {
         return None;
     }
-    inc(counter::SYN_RETRANSMITS);
     let key = read_tuple(ctx, config!(retrans))?;
     let Some(flow) = FLOWS.get_ptr_mut(&key) else {
         // Connect started before the agent: track it from its first retransmit.
         let sk = field::<u64>(ctx, config!(retrans_skaddr))?;
+        let netns = sock_netns(sk);
+        if !in_scope(netns) {
+            return None;
+        }
+        inc(counter::SYN_RETRANSMITS);
         let state = FlowState {
             start_ns: now(),
-            netns: sock_netns(sk),
+            netns,
             state: tcp_state::SYN_SENT,
             syn_retrans: 1,
             reported: 0,
         };
         return FLOWS.insert(&key, &state, 0).ok();
     };
+    inc(counter::SYN_RETRANSMITS);
     let threshold = config!(syn_retrans_threshold);
     let bit = 1 << event_kind::CONNECT_TIMEOUT;
     let (retrans, netns, fire) = unsafe {
@@ -57,15 +64,19 @@ pub fn nd_rcv_reset(ctx: TracePointContext) -> u32 {
 /// Counts the reset and makes sure the error report that follows it in `tcp_reset()`
 /// finds the socket's netns.
 fn try_rcv_reset(ctx: &TracePointContext) -> Option<()> {
+    let sk = field::<u64>(ctx, config!(rcv_reset_skaddr))?;
+    let netns = sock_netns(sk);
+    if !in_scope(netns) {
+        return None;
+    }
     inc(counter::RST_RECEIVED);
     let key = read_tuple(ctx, config!(rcv_reset))?;
     if FLOWS.get_ptr(&key).is_some() {
         return Some(());
     }
-    let sk = field::<u64>(ctx, config!(rcv_reset_skaddr))?;
     let state = FlowState {
         start_ns: now(),
-        netns: sock_netns(sk),
+        netns,
         state: tcp_state::ESTABLISHED,
         syn_retrans: 0,
         reported: 0,
@@ -74,7 +85,23 @@ fn try_rcv_reset(ctx: &TracePointContext) -> Option<()> {
 }
 
 #[tracepoint]
-pub fn nd_snd_reset(_ctx: TracePointContext) -> u32 {
-    inc(counter::RST_SENT);
-    0
+pub fn nd_snd_reset(ctx: TracePointContext) -> u32 {
+    match try_snd_reset(&ctx) {
+        Some(()) | None => 0,
+    }
+}
+
+/// Counts the reset, attributed through the socket or, for resets answering a packet no
+/// socket wanted (`skaddr` is NULL), through the device of the packet being answered.
+fn try_snd_reset(ctx: &TracePointContext) -> Option<()> {
+    let sk = field::<u64>(ctx, config!(snd_reset_skaddr))?;
+    let netns = if sk != 0 {
+        sock_netns(sk)
+    } else {
+        skb_dev(field::<u64>(ctx, config!(snd_reset_skbaddr))?).0
+    };
+    if in_scope(netns) {
+        inc(counter::RST_SENT);
+    }
+    Some(())
 }

@@ -14,8 +14,8 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-use aya::maps::{MapData, PerCpuArray, PerCpuHashMap, RingBuf};
-use node_diag_common::{DropKey, MAP_COUNTERS, MAP_DROPS, MAP_EVENTS, counter};
+use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf};
+use node_diag_common::{DropKey, MAP_COUNTERS, MAP_DROPS, MAP_EVENTS, MAP_SCOPE, counter};
 use tokio::{
     signal::unix::{SignalKind, signal},
     sync::mpsc,
@@ -61,6 +61,8 @@ pub struct RunOptions {
     pub ready_file: Option<PathBuf>,
     pub syn_retries: u32,
     pub repeat_interval: Duration,
+    /// Report for every network namespace on the kernel, not just this node's.
+    pub all_netns: bool,
 }
 
 /// State shared between the event loop and the HTTP handlers.
@@ -71,6 +73,8 @@ pub struct Shared {
 }
 
 const MAX_FINDINGS: usize = 4096;
+/// How often new pod namespaces are picked up.
+const SCOPE_REFRESH: Duration = Duration::from_secs(2);
 
 pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
     let missing = caps::missing_for_agent(caps::effective());
@@ -79,6 +83,7 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
     }
     let mut loaded = loader::load(&loader::Options {
         syn_retrans_threshold: opts.syn_retries,
+        scoped: !opts.all_netns,
     })?;
     info!(
         attached = ?loaded.attached,
@@ -101,6 +106,14 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
         MAP_DROPS,
         PerCpuHashMap::<MapData, DropKey, u64>::try_from,
     )?;
+    let mut scope_map = take_map(
+        &mut loaded.ebpf,
+        MAP_SCOPE,
+        BpfHashMap::<MapData, u32, u32>::try_from,
+    )?;
+    if !opts.all_netns {
+        refresh_scope(&mut scope_map);
+    }
 
     let shared = Arc::new(Shared {
         metrics: Mutex::new(Metrics::new()),
@@ -147,6 +160,8 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
         move |netns: u32, ifindex: u32| (netns == own_netns).then(|| if_name(ifindex)).flatten();
     let reasons = loaded.drop_reasons.clone();
     let mut tick = tokio::time::interval(Duration::from_millis(500));
+    let mut scope_tick = tokio::time::interval(SCOPE_REFRESH);
+    scope_tick.tick().await;
     loop {
         tokio::select! {
             ev = rx.recv() => {
@@ -167,6 +182,7 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
                 let totals = read_totals(&counters, &drops, &reasons, bad_records.load(Ordering::Relaxed));
                 shared.metrics.lock().unwrap_or_else(|e| e.into_inner()).sync_kernel(totals);
             }
+            _ = scope_tick.tick(), if !opts.all_netns => refresh_scope(&mut scope_map),
             _ = sigterm.recv() => { info!("SIGTERM: shutting down"); break; }
             _ = sigint.recv() => { info!("SIGINT: shutting down"); break; }
         }
@@ -189,6 +205,30 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
     // Dropping the Ebpf detaches every tracepoint link and unloads the programs.
     drop(loaded);
     Ok(())
+}
+
+/// Makes the kernel's scope map equal to this node's current set of namespaces.
+fn refresh_scope(map: &mut BpfHashMap<MapData, u32, u32>) {
+    let scope = match crate::netlink::local_scope() {
+        Ok(scope) => scope,
+        Err(e) => {
+            warn!(error = %e, "cannot list this node's network namespaces; keeping the previous scope");
+            return;
+        }
+    };
+    let stale: Vec<u32> = map
+        .keys()
+        .flatten()
+        .filter(|k| !scope.contains(k))
+        .collect();
+    for ns in stale {
+        let _ = map.remove(&ns);
+    }
+    for ns in &scope {
+        if let Err(e) = map.insert(ns, 1, 0) {
+            warn!(netns = ns, error = %e, "scope map full; namespace not watched");
+        }
+    }
 }
 
 fn take_map<M>(

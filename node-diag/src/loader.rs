@@ -116,6 +116,8 @@ pub struct Loaded {
 
 pub struct Options {
     pub syn_retrans_threshold: u32,
+    /// Report only for the namespaces in the scope map (see `netlink::local_scope`).
+    pub scoped: bool,
 }
 
 pub fn load(opts: &Options) -> Result<Loaded, LoadError> {
@@ -149,7 +151,11 @@ pub fn load(opts: &Options) -> Result<Loaded, LoadError> {
         }
     }
     let btf_ok = match Btf::from_sys_fs().and_then(|btf| fill_btf(&mut config, &btf)) {
-        Ok(()) => true,
+        Ok(()) => {
+            // Scoping needs each socket's netns, which needs the BTF offsets.
+            config.scope_enabled = u32::from(opts.scoped);
+            true
+        }
         Err(e) => {
             warn!(error = %e, "kernel BTF unusable: no netns/interface attribution or packet evidence");
             degraded.push(("btf".to_string(), e.to_string()));
@@ -236,6 +242,10 @@ fn fill_config(
         "nd_rcv_reset" => {
             c.rcv_reset = tuple(fmt)?;
             c.rcv_reset_skaddr = fmt.offset("skaddr")?;
+        }
+        "nd_snd_reset" => {
+            c.snd_reset_skaddr = fmt.offset("skaddr")?;
+            c.snd_reset_skbaddr = fmt.offset("skbaddr")?;
         }
         "nd_kfree_skb" => {
             c.kfree_skbaddr = fmt.offset("skbaddr")?;

@@ -17,6 +17,7 @@ mod findings;
 mod http;
 mod loader;
 mod metrics;
+mod netlink;
 mod tracefs;
 
 use std::{net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
@@ -76,6 +77,10 @@ struct RunArgs {
     /// SYN retransmits after which a connect is reported as timing out (2 ≈ 3 s).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=10), value_name = "N")]
     syn_retries: u32,
+    /// Report for every network namespace on this kernel. By default the agent reports for
+    /// its own namespace and the pod namespaces attached to it by veth.
+    #[arg(long)]
+    all_netns: bool,
     /// Minimum seconds between repeated prints of the same aggregated finding.
     #[arg(long, default_value_t = 10, value_name = "SECONDS")]
     repeat_interval: u64,
@@ -132,6 +137,7 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
                 ready_file: args.ready_file,
                 syn_retries: args.syn_retries,
                 repeat_interval: Duration::from_secs(args.repeat_interval),
+                all_netns: args.all_netns,
             }))?;
             // Stop lingering blocking tasks instead of waiting for them.
             rt.shutdown_timeout(Duration::from_millis(200));
