@@ -13,8 +13,9 @@
 
 /// Ring buffer of [`Event`]s.
 pub const MAP_EVENTS: &str = "EVENTS";
-/// LRU map [`FlowKey`] -> [`FlowState`]: TCP connections seen entering SYN_SENT or ESTABLISHED.
-pub const MAP_FLOWS: &str = "FLOWS";
+/// LRU map socket address (`u64`) -> [`FlowState`]: TCP sockets in SYN_SENT. Keyed by
+/// socket because the source port is not yet assigned when a socket enters SYN_SENT.
+pub const MAP_CONNECTS: &str = "CONNECTS";
 /// LRU map [`FlowKey`] -> [`DropInfo`]: the last interesting drop of a SYN of that flow.
 pub const MAP_SYN_DROPS: &str = "SYN_DROPS";
 /// LRU map [`FlowKey`] -> [`IcmpInfo`]: the last ICMP error this kernel generated for a flow.
@@ -94,6 +95,7 @@ pub struct FlowKey {
 }
 const _: () = assert!(core::mem::size_of::<FlowKey>() == 40);
 
+/// A connecting socket.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FlowState {
@@ -101,8 +103,10 @@ pub struct FlowState {
     pub start_ns: u64,
     /// Network namespace inode of the socket (0 when unknown).
     pub netns: u32,
-    /// Last TCP state seen ([`tcp_state`]).
-    pub state: u32,
+    /// Local port, host order, recorded when the socket closes: the kernel releases the
+    /// port before it reports the error.
+    pub sport: u16,
+    pub _pad: u16,
     pub syn_retrans: u32,
     /// Bit set of [`event_kind`] values already reported for this flow (bit = 1 << kind).
     pub reported: u32,
@@ -181,16 +185,12 @@ pub struct Config {
     pub flow_reasons: [u64; 4],
 
     pub set_state: TupleOffsets,
-    pub err_report: TupleOffsets,
-    pub rcv_reset: TupleOffsets,
     pub retrans: TupleOffsets,
 
     pub set_state_skaddr: u16,
     pub set_state_oldstate: u16,
     pub set_state_newstate: u16,
     pub set_state_protocol: u16,
-    pub err_report_error: u16,
-    pub err_report_protocol: u16,
     pub retrans_skaddr: u16,
     pub retrans_state: u16,
     pub rcv_reset_skaddr: u16,
@@ -206,13 +206,33 @@ pub struct Config {
     pub icmp_dport: u16,
     pub snd_reset_skaddr: u16,
     pub snd_reset_skbaddr: u16,
-    pub _pad0: [u16; 3],
+    pub _pad0: [u16; 5],
 
     /// Kernel struct offsets from BTF; all zero (and `btf_ok == 0`) when BTF is missing,
     /// in which case netns/ifindex attribution and packet parsing are skipped.
     pub btf_ok: u32,
     /// `struct sock` -> `struct net *` (through `__sk_common.skc_net.net`).
     pub sk_net: u32,
+    /// `struct sock` -> `sk_err` (int).
+    pub sk_err: u32,
+    /// `struct sock` -> `sk_err_soft` (int).
+    pub sk_err_soft: u32,
+    /// `struct sock` -> `sk_protocol` (u16).
+    pub sk_protocol: u32,
+    /// `struct sock` -> `__sk_common.skc_family` (u16).
+    pub sk_family: u32,
+    /// `struct sock` -> `__sk_common.skc_num` (local port, host order u16).
+    pub sk_num: u32,
+    /// `struct sock` -> `__sk_common.skc_dport` (remote port, network order u16).
+    pub sk_dport: u32,
+    /// `struct sock` -> `__sk_common.skc_rcv_saddr` (IPv4 local address).
+    pub sk_saddr: u32,
+    /// `struct sock` -> `__sk_common.skc_daddr` (IPv4 remote address).
+    pub sk_daddr: u32,
+    /// `struct sock` -> `__sk_common.skc_v6_rcv_saddr` (0: kernel without IPv6).
+    pub sk_v6_saddr: u32,
+    /// `struct sock` -> `__sk_common.skc_v6_daddr` (0: kernel without IPv6).
+    pub sk_v6_daddr: u32,
     /// `struct net` -> `ns.inum`.
     pub net_inum: u32,
     /// `struct sk_buff` -> `dev`.
@@ -232,7 +252,7 @@ pub struct Config {
     /// ignored (tracepoints fire for every namespace on the kernel).
     pub scope_enabled: u32,
 }
-const _: () = assert!(core::mem::size_of::<Config>() == 32 + 64 + 48 + 40);
+const _: () = assert!(core::mem::size_of::<Config>() == 32 + 32 + 48 + 80);
 
 impl FlowKey {
     pub const fn is_v4(&self) -> bool {

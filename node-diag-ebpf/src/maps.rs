@@ -18,8 +18,7 @@ static CONFIG: Global<Config> = Global::new(unsafe { core::mem::zeroed() });
 #[map]
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_BYTES, 0);
 #[map]
-pub static FLOWS: LruHashMap<FlowKey, FlowState> =
-    LruHashMap::with_max_entries(FLOW_MAP_ENTRIES, 0);
+pub static CONNECTS: LruHashMap<u64, FlowState> = LruHashMap::with_max_entries(FLOW_MAP_ENTRIES, 0);
 #[map]
 pub static SYN_DROPS: LruHashMap<FlowKey, DropInfo> =
     LruHashMap::with_max_entries(FLOW_MAP_ENTRIES, 0);
@@ -68,11 +67,6 @@ pub fn in_scope(netns: u32) -> bool {
 }
 
 #[inline(always)]
-pub fn scoped() -> bool {
-    config!(scope_enabled) != 0
-}
-
-#[inline(always)]
 pub fn field<T>(ctx: &TracePointContext, offset: u16) -> Option<T> {
     unsafe { ctx.read_at::<T>(offset as usize) }.ok()
 }
@@ -116,6 +110,29 @@ pub fn set_v4(dst: &mut [u8; 16], v4: [u8; 4]) {
     dst[1] = v4[1];
     dst[2] = v4[2];
     dst[3] = v4[3];
+}
+
+/// The flow tuple of a `struct sock *` (local end first), read at the BTF offsets.
+#[inline(always)]
+pub fn sock_tuple(sk: u64) -> Option<FlowKey> {
+    let mut key = FlowKey {
+        saddr: [0; 16],
+        daddr: [0; 16],
+        sport: kread::<u16>(sk, config!(sk_num))?,
+        dport: u16::from_be(kread::<u16>(sk, config!(sk_dport))?),
+        family: kread::<u16>(sk, config!(sk_family))?,
+        _pad: 0,
+    };
+    if key.family == AF_INET {
+        set_v4(&mut key.saddr, kread::<[u8; 4]>(sk, config!(sk_saddr))?);
+        set_v4(&mut key.daddr, kread::<[u8; 4]>(sk, config!(sk_daddr))?);
+    } else if key.family == AF_INET6 && config!(sk_v6_daddr) != 0 {
+        key.saddr = kread::<[u8; 16]>(sk, config!(sk_v6_saddr))?;
+        key.daddr = kread::<[u8; 16]>(sk, config!(sk_v6_daddr))?;
+    } else {
+        return None;
+    }
+    Some(key)
 }
 
 /// Network namespace inode of a `struct net *`.

@@ -4,7 +4,7 @@ use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
 use node_diag_common::{FlowState, counter, event_kind, tcp_state};
 
 use crate::maps::{
-    FLOWS, config, emit, field, in_scope, inc, now, read_tuple, skb_dev, sock_netns,
+    CONNECTS, config, emit, field, in_scope, inc, now, read_tuple, skb_dev, sock_netns,
 };
 
 #[tracepoint]
@@ -18,10 +18,9 @@ fn try_retransmit(ctx: &TracePointContext) -> Option<()> {
     if field::<i32>(ctx, config!(retrans_state))? as u32 != tcp_state::SYN_SENT {
         return None;
     }
-    let key = read_tuple(ctx, config!(retrans))?;
-    let Some(flow) = FLOWS.get_ptr_mut(&key) else {
+    let sk = field::<u64>(ctx, config!(retrans_skaddr))?;
+    let Some(connect) = CONNECTS.get_ptr_mut(&sk) else {
         // Connect started before the agent: track it from its first retransmit.
-        let sk = field::<u64>(ctx, config!(retrans_skaddr))?;
         let netns = sock_netns(sk);
         if !in_scope(netns) {
             return None;
@@ -30,25 +29,27 @@ fn try_retransmit(ctx: &TracePointContext) -> Option<()> {
         let state = FlowState {
             start_ns: now(),
             netns,
-            state: tcp_state::SYN_SENT,
+            sport: 0,
+            _pad: 0,
             syn_retrans: 1,
             reported: 0,
         };
-        return FLOWS.insert(&key, &state, 0).ok();
+        return CONNECTS.insert(&sk, &state, 0).ok();
     };
     inc(counter::SYN_RETRANSMITS);
     let threshold = config!(syn_retrans_threshold);
     let bit = 1 << event_kind::CONNECT_TIMEOUT;
     let (retrans, netns, fire) = unsafe {
-        (*flow).syn_retrans += 1;
-        let fire = (*flow).syn_retrans >= threshold && (*flow).reported & bit == 0;
+        (*connect).syn_retrans += 1;
+        let fire = (*connect).syn_retrans >= threshold && (*connect).reported & bit == 0;
         if fire {
-            (*flow).reported |= bit;
+            (*connect).reported |= bit;
         }
-        ((*flow).syn_retrans, (*flow).netns, fire)
+        ((*connect).syn_retrans, (*connect).netns, fire)
     };
     if fire {
         inc(counter::CONNECT_TIMEOUT);
+        let key = read_tuple(ctx, config!(retrans))?;
         emit(event_kind::CONNECT_TIMEOUT, 0, &key, netns, retrans);
     }
     Some(())
@@ -61,27 +62,12 @@ pub fn nd_rcv_reset(ctx: TracePointContext) -> u32 {
     }
 }
 
-/// Counts the reset and makes sure the error report that follows it in `tcp_reset()`
-/// finds the socket's netns.
 fn try_rcv_reset(ctx: &TracePointContext) -> Option<()> {
     let sk = field::<u64>(ctx, config!(rcv_reset_skaddr))?;
-    let netns = sock_netns(sk);
-    if !in_scope(netns) {
-        return None;
+    if in_scope(sock_netns(sk)) {
+        inc(counter::RST_RECEIVED);
     }
-    inc(counter::RST_RECEIVED);
-    let key = read_tuple(ctx, config!(rcv_reset))?;
-    if FLOWS.get_ptr(&key).is_some() {
-        return Some(());
-    }
-    let state = FlowState {
-        start_ns: now(),
-        netns,
-        state: tcp_state::ESTABLISHED,
-        syn_retrans: 0,
-        reported: 0,
-    };
-    FLOWS.insert(&key, &state, 0).ok()
+    Some(())
 }
 
 #[tracepoint]

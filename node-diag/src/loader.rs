@@ -5,7 +5,10 @@
 
 use std::path::PathBuf;
 
-use aya::{Ebpf, EbpfLoader, programs::TracePoint};
+use aya::{
+    Ebpf, EbpfLoader,
+    programs::{ProgramError, RawTracePoint, TracePoint},
+};
 use node_diag_common::{Config, GLOBAL_CONFIG, TupleOffsets};
 use tracing::{info, warn};
 
@@ -38,6 +41,14 @@ pub struct Hook {
     pub name: &'static str,
     /// What the agent loses without it, for the warning and `doctor`.
     pub feature: &'static str,
+    /// Attached as a raw tracepoint (arguments, not the record), which needs BTF offsets.
+    pub raw: bool,
+}
+
+impl Hook {
+    pub fn label(&self) -> String {
+        format!("{}:{}", self.category, self.name)
+    }
 }
 
 pub const HOOKS: &[Hook] = &[
@@ -46,42 +57,49 @@ pub const HOOKS: &[Hook] = &[
         category: "sock",
         name: "inet_sock_set_state",
         feature: "connect tracking (refused/timeout/unreachable verdicts)",
+        raw: false,
     },
     Hook {
         program: "nd_err_report",
         category: "sock",
         name: "inet_sk_error_report",
         feature: "refused/unreachable/reset verdicts",
+        raw: true,
     },
     Hook {
         program: "nd_retransmit",
         category: "tcp",
         name: "tcp_retransmit_skb",
         feature: "connect timeout verdicts",
+        raw: false,
     },
     Hook {
         program: "nd_rcv_reset",
         category: "tcp",
         name: "tcp_receive_reset",
         feature: "received reset counts",
+        raw: false,
     },
     Hook {
         program: "nd_snd_reset",
         category: "tcp",
         name: "tcp_send_reset",
         feature: "sent reset counts",
+        raw: false,
     },
     Hook {
         program: "nd_kfree_skb",
         category: "skb",
         name: "kfree_skb",
         feature: "drop counts and firewall/routing evidence",
+        raw: false,
     },
     Hook {
         program: "nd_icmp_send",
         category: "icmp",
         name: "icmp_send",
         feature: "ICMP unreachable evidence",
+        raw: false,
     },
 ];
 
@@ -138,8 +156,8 @@ pub fn load(opts: &Options) -> Result<Loaded, LoadError> {
         {
             Ok(()) => usable.push(hook),
             Err(e) => {
-                warn!(tracepoint = %format!("{}:{}", hook.category, hook.name), error = %e, lost = hook.feature, "tracepoint unusable; feature disabled");
-                degraded.push((format!("{}:{}", hook.category, hook.name), e.to_string()));
+                warn!(tracepoint = %hook.label(), error = %e, lost = hook.feature, "tracepoint unusable; feature disabled");
+                degraded.push((hook.label(), e.to_string()));
             }
         }
     }
@@ -168,23 +186,16 @@ pub fn load(opts: &Options) -> Result<Loaded, LoadError> {
         .load(EBPF_OBJECT)?;
     let mut attached = Vec::new();
     for hook in usable {
-        let program: &mut TracePoint = ebpf
-            .program_mut(hook.program)
-            .ok_or(LoadError::MissingProgram(hook.program))?
-            .try_into()
-            .map_err(|source| LoadError::Program {
-                program: hook.program,
-                source,
-            })?;
-        program.load().map_err(|source| LoadError::Program {
-            program: hook.program,
-            source,
-        })?;
-        match program.attach(hook.category, hook.name) {
-            Ok(_) => attached.push(hook.program),
+        if hook.raw && !btf_ok {
+            // Raw tracepoints read kernel structs: without BTF offsets they would read junk.
+            degraded.push((hook.label(), "needs kernel BTF".to_string()));
+            continue;
+        }
+        match attach(&mut ebpf, hook)? {
+            Ok(()) => attached.push(hook.program),
             Err(e) => {
                 warn!(program = hook.program, error = %e, lost = hook.feature, "attach failed; feature disabled");
-                degraded.push((format!("{}:{}", hook.category, hook.name), e.to_string()));
+                degraded.push((hook.label(), e.to_string()));
             }
         }
     }
@@ -200,6 +211,27 @@ pub fn load(opts: &Options) -> Result<Loaded, LoadError> {
         degraded,
         btf_ok,
     })
+}
+
+/// Loads and attaches one hook. The outer error means the object itself is broken; the
+/// inner one that this kernel refused the attachment (the feature degrades).
+fn attach(ebpf: &mut Ebpf, hook: &Hook) -> Result<Result<(), ProgramError>, LoadError> {
+    let program = ebpf
+        .program_mut(hook.program)
+        .ok_or(LoadError::MissingProgram(hook.program))?;
+    let wrap = |source| LoadError::Program {
+        program: hook.program,
+        source,
+    };
+    if hook.raw {
+        let program: &mut RawTracePoint = program.try_into().map_err(wrap)?;
+        program.load().map_err(wrap)?;
+        Ok(program.attach(hook.name).map(drop))
+    } else {
+        let program: &mut TracePoint = program.try_into().map_err(wrap)?;
+        program.load().map_err(wrap)?;
+        Ok(program.attach(hook.category, hook.name).map(drop))
+    }
 }
 
 fn tuple(fmt: &Format) -> Result<TupleOffsets, TracefsError> {
@@ -229,18 +261,14 @@ fn fill_config(
             c.set_state_newstate = fmt.offset("newstate")?;
             c.set_state_protocol = fmt.offset("protocol")?;
         }
-        "nd_err_report" => {
-            c.err_report = tuple(fmt)?;
-            c.err_report_error = fmt.offset("error")?;
-            c.err_report_protocol = fmt.offset("protocol")?;
-        }
+        // A raw tracepoint: it reads the socket at BTF offsets, not the record.
+        "nd_err_report" => {}
         "nd_retransmit" => {
             c.retrans = tuple(fmt)?;
             c.retrans_skaddr = fmt.offset("skaddr")?;
             c.retrans_state = fmt.offset("state")?;
         }
         "nd_rcv_reset" => {
-            c.rcv_reset = tuple(fmt)?;
             c.rcv_reset_skaddr = fmt.offset("skaddr")?;
         }
         "nd_snd_reset" => {
@@ -269,6 +297,21 @@ fn fill_config(
 
 fn fill_btf(c: &mut Config, btf: &Btf) -> Result<(), crate::btf::BtfError> {
     c.sk_net = btf.path_offset("sock", "__sk_common.skc_net.net")?;
+    c.sk_err = btf.member_offset("sock", "sk_err")?;
+    c.sk_err_soft = btf.member_offset("sock", "sk_err_soft")?;
+    c.sk_protocol = btf.member_offset("sock", "sk_protocol")?;
+    c.sk_family = btf.path_offset("sock", "__sk_common.skc_family")?;
+    c.sk_num = btf.path_offset("sock", "__sk_common.skc_num")?;
+    c.sk_dport = btf.path_offset("sock", "__sk_common.skc_dport")?;
+    c.sk_saddr = btf.path_offset("sock", "__sk_common.skc_rcv_saddr")?;
+    c.sk_daddr = btf.path_offset("sock", "__sk_common.skc_daddr")?;
+    // Kernels built without IPv6 have no v6 addresses in sock_common.
+    c.sk_v6_saddr = btf
+        .path_offset("sock", "__sk_common.skc_v6_rcv_saddr")
+        .unwrap_or(0);
+    c.sk_v6_daddr = btf
+        .path_offset("sock", "__sk_common.skc_v6_daddr")
+        .unwrap_or(0);
     c.net_inum = btf.path_offset("net", "ns.inum")?;
     c.skb_dev = btf.member_offset("sk_buff", "dev")?;
     c.skb_head = btf.member_offset("sk_buff", "head")?;
