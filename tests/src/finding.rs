@@ -1,0 +1,111 @@
+//! Reading the agent's findings (one JSON object per stdout line).
+//!
+//! The fields every finding carries: `kind`, `layer`, `severity`, `summary`,
+//! `remediation`, `evidence` (object), `src`, `dst`, `dport`, `sport`, `netns`,
+//! `count`, `first_seen`, `last_seen`.
+
+use std::net::Ipv4Addr;
+
+use serde_json::Value;
+
+/// A string field of a finding, or `""` when absent or not a string.
+pub fn field<'a>(finding: &'a Value, name: &str) -> &'a str {
+    finding[name].as_str().unwrap_or_default()
+}
+
+/// Whether the finding is about the connection `src` -> `dst`:`dport`.
+pub fn flow_is(finding: &Value, src: Ipv4Addr, dst: Ipv4Addr, dport: u16) -> bool {
+    field(finding, "src") == src.to_string()
+        && field(finding, "dst") == dst.to_string()
+        && finding["dport"].as_u64() == Some(u64::from(dport))
+}
+
+/// Whether `ip` is the finding's source or destination.
+pub fn involves(finding: &Value, ip: Ipv4Addr) -> bool {
+    let ip = ip.to_string();
+    field(finding, "src") == ip || field(finding, "dst") == ip
+}
+
+/// Panics unless `finding` has every field of the contract with its type.
+pub fn assert_shape(finding: &Value) {
+    let problems: Vec<String> = shape_problems(finding);
+    assert!(
+        problems.is_empty(),
+        "finding does not follow the contract ({}):\n{finding:#}",
+        problems.join("; ")
+    );
+}
+
+fn shape_problems(f: &Value) -> Vec<String> {
+    let mut problems = Vec::new();
+    if !f.is_object() {
+        return vec!["not a JSON object".to_owned()];
+    }
+    for name in [
+        "kind",
+        "layer",
+        "severity",
+        "summary",
+        "remediation",
+        "src",
+        "dst",
+    ] {
+        match f[name].as_str() {
+            Some(s) if !s.is_empty() => {}
+            _ => problems.push(format!("`{name}` is not a non-empty string")),
+        }
+    }
+    for name in ["dport", "sport", "count"] {
+        if f[name].as_u64().is_none() {
+            problems.push(format!("`{name}` is not an unsigned number"));
+        }
+    }
+    if f["count"].as_u64() == Some(0) {
+        problems.push("`count` is 0".to_owned());
+    }
+    if !f["evidence"].is_object() {
+        problems.push("`evidence` is not an object".to_owned());
+    }
+    for name in ["netns", "first_seen", "last_seen"] {
+        if f.get(name).is_none_or(Value::is_null) {
+            problems.push(format!("`{name}` is missing"));
+        }
+    }
+    problems
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn sample() -> Value {
+        json!({
+            "kind": "tcp_refused", "layer": "listener", "severity": "warning",
+            "summary": "s", "remediation": "r", "evidence": {},
+            "src": "10.244.1.7", "dst": "10.244.2.9", "dport": 8081, "sport": 40000,
+            "netns": 4026532000u64, "count": 1,
+            "first_seen": "2026-01-01T00:00:00Z", "last_seen": "2026-01-01T00:00:00Z",
+        })
+    }
+
+    #[test]
+    fn matches_flow() {
+        let f = sample();
+        let (a, b) = (Ipv4Addr::new(10, 244, 1, 7), Ipv4Addr::new(10, 244, 2, 9));
+        assert!(flow_is(&f, a, b, 8081));
+        assert!(!flow_is(&f, b, a, 8081));
+        assert!(!flow_is(&f, a, b, 8082));
+        assert!(involves(&f, b));
+        assert!(!involves(&f, Ipv4Addr::LOCALHOST));
+    }
+
+    #[test]
+    fn checks_shape() {
+        assert!(shape_problems(&sample()).is_empty());
+        let mut f = sample();
+        f["evidence"] = json!("text");
+        f.as_object_mut().unwrap().remove("last_seen");
+        assert_eq!(shape_problems(&f).len(), 2);
+    }
+}

@@ -1,0 +1,293 @@
+//! Two nodes, a vxlan overlay and one pod per node, in network namespaces.
+//!
+//! ```text
+//!  pod A (10.244.1.7/32)                                   pod B (10.244.2.9/32)
+//!   eth0 mtu 1450                                            eth0 mtu 1450
+//!     |  default via 169.254.1.1 onlink                        |
+//!   vpod0 169.254.1.1/32                                     vpod0 169.254.1.1/32
+//!  node A   vx0 10.200.0.1/32 (vxlan 42) ======= vx0 10.200.0.2/32   node B
+//!           ul0 192.168.77.1/24 ---- underlay veth ---- ul0 192.168.77.2/24
+//! ```
+//!
+//! Node A routes `10.244.1.7/32 dev vpod0` and `10.244.2.0/24 via 10.200.0.2
+//! dev vx0 onlink`; node B the mirror image. Both nodes forward.
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::time::{Duration, Instant};
+
+use crate::cmd;
+use crate::netns::Netns;
+
+/// Underlay veth on each node.
+pub const UNDERLAY_IF: &str = "ul0";
+/// Vxlan device on each node.
+pub const VXLAN_IF: &str = "vx0";
+/// Node side of the pod veth.
+pub const POD_HOST_IF: &str = "vpod0";
+/// Pod side of the pod veth.
+pub const POD_IF: &str = "eth0";
+/// Vxlan network identifier.
+pub const VXLAN_ID: u32 = 42;
+/// Vxlan UDP port.
+pub const VXLAN_PORT: u16 = 4789;
+/// MTU of the underlay veth (the vxlan gets 50 less from the kernel).
+pub const UNDERLAY_MTU: u32 = 1500;
+/// MTU of the pod veth, matching the overlay.
+pub const POD_MTU: u32 = 1450;
+
+/// The four namespaces and their addresses. Dropping it deletes the
+/// namespaces, which removes every device, route and nftables table in them.
+#[derive(Debug)]
+pub struct Topology {
+    /// Netns name of node A (where the agent runs).
+    pub node_a: String,
+    /// Netns name of node B.
+    pub node_b: String,
+    /// Netns name of the pod on node A.
+    pub pod_a: String,
+    /// Netns name of the pod on node B.
+    pub pod_b: String,
+    /// Node A's underlay address (on [`UNDERLAY_IF`], /24).
+    pub node_a_underlay: Ipv4Addr,
+    /// Node B's underlay address.
+    pub node_b_underlay: Ipv4Addr,
+    /// Node A's overlay address (on [`VXLAN_IF`], /32).
+    pub node_a_overlay: Ipv4Addr,
+    /// Node B's overlay address.
+    pub node_b_overlay: Ipv4Addr,
+    /// Pod A's address (on its [`POD_IF`], /32).
+    pub pod_a_ip: Ipv4Addr,
+    /// Pod B's address.
+    pub pod_b_ip: Ipv4Addr,
+    /// Node-side address of each pod veth, the pods' default gateway.
+    pub pod_gateway: Ipv4Addr,
+    // Declared last: dropped after the names above, deletes the namespaces.
+    namespaces: Vec<Netns>,
+}
+
+struct NodeSide<'a> {
+    node: &'a str,
+    pod: &'a str,
+    underlay: Ipv4Addr,
+    peer_underlay: Ipv4Addr,
+    overlay: Ipv4Addr,
+    peer_overlay: Ipv4Addr,
+    pod_ip: Ipv4Addr,
+    peer_pod_cidr: &'a str,
+}
+
+impl Default for Topology {
+    fn default() -> Topology {
+        Topology::new()
+    }
+}
+
+impl Topology {
+    /// Builds the topology and checks that pod A can ping pod B through the
+    /// overlay. Panics (after cleaning up) when any step fails.
+    pub fn new() -> Topology {
+        crate::require_root();
+        let base = crate::unique_name();
+        let names = ["na", "nb", "pa", "pb"].map(|suffix| format!("{base}-{suffix}"));
+        let namespaces: Vec<Netns> = names.iter().map(|n| Netns::create(n)).collect();
+        let [node_a, node_b, pod_a, pod_b] = names;
+
+        let topo = Topology {
+            node_a,
+            node_b,
+            pod_a,
+            pod_b,
+            node_a_underlay: Ipv4Addr::new(192, 168, 77, 1),
+            node_b_underlay: Ipv4Addr::new(192, 168, 77, 2),
+            node_a_overlay: Ipv4Addr::new(10, 200, 0, 1),
+            node_b_overlay: Ipv4Addr::new(10, 200, 0, 2),
+            pod_a_ip: Ipv4Addr::new(10, 244, 1, 7),
+            pod_b_ip: Ipv4Addr::new(10, 244, 2, 9),
+            pod_gateway: Ipv4Addr::new(169, 254, 1, 1),
+            namespaces,
+        };
+
+        cmd::run(&[
+            "ip",
+            "-n",
+            &topo.node_a,
+            "link",
+            "add",
+            UNDERLAY_IF,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            UNDERLAY_IF,
+            "netns",
+            &topo.node_b,
+        ]);
+        topo.setup_node(&NodeSide {
+            node: &topo.node_a,
+            pod: &topo.pod_a,
+            underlay: topo.node_a_underlay,
+            peer_underlay: topo.node_b_underlay,
+            overlay: topo.node_a_overlay,
+            peer_overlay: topo.node_b_overlay,
+            pod_ip: topo.pod_a_ip,
+            peer_pod_cidr: "10.244.2.0/24",
+        });
+        topo.setup_node(&NodeSide {
+            node: &topo.node_b,
+            pod: &topo.pod_b,
+            underlay: topo.node_b_underlay,
+            peer_underlay: topo.node_a_underlay,
+            overlay: topo.node_b_overlay,
+            peer_overlay: topo.node_a_overlay,
+            pod_ip: topo.pod_b_ip,
+            peer_pod_cidr: "10.244.1.0/24",
+        });
+
+        let (from, to) = (topo.pod_a.clone(), topo.pod_b_ip);
+        assert!(
+            topo.ping_until(&from, to, Duration::from_secs(5)),
+            "topology {}: pod A cannot ping pod B {to} through the overlay",
+            topo.node_a
+        );
+        topo
+    }
+
+    fn setup_node(&self, s: &NodeSide<'_>) {
+        let ip = |args: &[&str]| {
+            let mut argv = vec!["ip", "-n", s.node];
+            argv.extend_from_slice(args);
+            cmd::run(&argv);
+        };
+        let underlay_cidr = format!("{}/24", s.underlay);
+        let underlay_mtu = UNDERLAY_MTU.to_string();
+        let pod_mtu = POD_MTU.to_string();
+        let (local, remote) = (s.underlay.to_string(), s.peer_underlay.to_string());
+        let vni = VXLAN_ID.to_string();
+        let vx_port = VXLAN_PORT.to_string();
+        let overlay_cidr = format!("{}/32", s.overlay);
+        let gateway_cidr = format!("{}/32", self.pod_gateway);
+        let pod_cidr = format!("{}/32", s.pod_ip);
+        let gateway = self.pod_gateway.to_string();
+        let peer_overlay = s.peer_overlay.to_string();
+
+        // Underlay.
+        ip(&["addr", "add", &underlay_cidr, "dev", UNDERLAY_IF]);
+        ip(&["link", "set", UNDERLAY_IF, "mtu", &underlay_mtu, "up"]);
+        // Overlay: the kernel derives the vxlan MTU (1450) from `dev`.
+        ip(&[
+            "link",
+            "add",
+            VXLAN_IF,
+            "type",
+            "vxlan",
+            "id",
+            &vni,
+            "local",
+            &local,
+            "remote",
+            &remote,
+            "dstport",
+            &vx_port,
+            "dev",
+            UNDERLAY_IF,
+        ]);
+        ip(&["addr", "add", &overlay_cidr, "dev", VXLAN_IF]);
+        ip(&["link", "set", VXLAN_IF, "up"]);
+        // Pod veth.
+        ip(&[
+            "link",
+            "add",
+            POD_HOST_IF,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            POD_IF,
+            "netns",
+            s.pod,
+        ]);
+        ip(&["addr", "add", &gateway_cidr, "dev", POD_HOST_IF]);
+        ip(&["link", "set", POD_HOST_IF, "mtu", &pod_mtu, "up"]);
+        let pod_ip = |args: &[&str]| {
+            let mut argv = vec!["ip", "-n", s.pod];
+            argv.extend_from_slice(args);
+            cmd::run(&argv);
+        };
+        pod_ip(&["addr", "add", &pod_cidr, "dev", POD_IF]);
+        pod_ip(&["link", "set", POD_IF, "mtu", &pod_mtu, "up"]);
+        pod_ip(&[
+            "route", "add", "default", "via", &gateway, "dev", POD_IF, "onlink",
+        ]);
+        // Node routes: own pod on the veth, peer pods over the overlay.
+        ip(&["route", "add", &pod_cidr, "dev", POD_HOST_IF]);
+        ip(&[
+            "route",
+            "add",
+            s.peer_pod_cidr,
+            "via",
+            &peer_overlay,
+            "dev",
+            VXLAN_IF,
+            "onlink",
+        ]);
+        cmd::run_in(s.node, &["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+    }
+
+    /// All four namespace names: node A, node B, pod A, pod B.
+    pub fn netns_names(&self) -> Vec<String> {
+        self.namespaces
+            .iter()
+            .map(|n| n.name().to_owned())
+            .collect()
+    }
+
+    /// Pod A's address with `port`.
+    pub fn pod_a_addr(&self, port: u16) -> SocketAddr {
+        SocketAddr::V4(SocketAddrV4::new(self.pod_a_ip, port))
+    }
+
+    /// Pod B's address with `port`.
+    pub fn pod_b_addr(&self, port: u16) -> SocketAddr {
+        SocketAddr::V4(SocketAddrV4::new(self.pod_b_ip, port))
+    }
+
+    /// Drops forwarded TCP to `dport` in node namespace `node` (nftables
+    /// table `inet ndtest`, forward hook), as a misconfigured firewall would.
+    /// The table goes with the namespace.
+    pub fn drop_forwarded_tcp(&self, node: &str, dport: u16) {
+        cmd::run_in(node, &["nft", "add table inet ndtest"]);
+        // nft 1.0.6 reserves `fwd`, hence the chain name.
+        cmd::run_in(
+            node,
+            &[
+                "nft",
+                "add chain inet ndtest ndfwd { type filter hook forward priority 0; policy accept; }",
+            ],
+        );
+        let rule = format!("add rule inet ndtest ndfwd tcp dport {dport} drop");
+        cmd::run_in(node, &["nft", &rule]);
+    }
+
+    /// Deletes node `node`'s route to its pod `pod_ip` (`/32 dev vpod0`), the
+    /// CNI fault of a node that lost a pod route.
+    pub fn delete_pod_route(&self, node: &str, pod_ip: Ipv4Addr) {
+        let cidr = format!("{pod_ip}/32");
+        cmd::run(&["ip", "-n", node, "route", "del", &cidr, "dev", POD_HOST_IF]);
+    }
+
+    /// Pings `to` from namespace `from` (one echo, 1 s wait) until it answers
+    /// or `timeout` passes; the first echo may be lost to neighbour resolution.
+    pub fn ping_until(&self, from: &str, to: Ipv4Addr, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let to = to.to_string();
+        loop {
+            let out = cmd::try_run_in(from, &["ping", "-n", "-q", "-c", "1", "-W", "1", &to]);
+            if out.status.success() {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+        }
+    }
+}

@@ -1,0 +1,362 @@
+//! End-to-end scenarios: the real agent in node A, real faults made in the
+//! namespaces, and assertions on its findings (kind, layer, flow) and metrics.
+//!
+//! Root, `NODE_DIAG_BIN` set (or `cargo xtask test`), one test at a time:
+//! `cargo test -p node-diag-tests --test scenarios -- --test-threads=1`.
+
+use std::net::Ipv4Addr;
+use std::process::Command;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use node_diag_tests::finding::{assert_shape, field, flow_is, involves};
+use node_diag_tests::process::run_with_timeout;
+use node_diag_tests::{
+    Agent, ConnectOutcome, ServerMode, TcpServer, Topology, cmd, node_diag_bin, tcp_connect,
+    tcp_request,
+};
+use serde_json::Value;
+
+/// Loading and attaching the eBPF programs (debug build included).
+const READY: Duration = Duration::from_secs(30);
+/// One step of client traffic that should succeed or fail quickly.
+const STEP: Duration = Duration::from_secs(3);
+
+const REFUSED: &str = r#"node_diag_tcp_connect_failures_total{reason="refused"}"#;
+const TIMEOUT: &str = r#"node_diag_tcp_connect_failures_total{reason="timeout"}"#;
+const UNREACHABLE: &str = r#"node_diag_tcp_connect_failures_total{reason="unreachable"}"#;
+const RESETS_RECEIVED: &str = r#"node_diag_tcp_resets_total{direction="received"}"#;
+
+fn ready_agent(topo: &Topology) -> Agent<'_> {
+    let mut agent = Agent::start(topo);
+    agent.wait_ready(READY);
+    agent
+}
+
+/// Matches findings of `kind` (any of `kinds`) and `layer` about
+/// `src` -> `dst`:`dport`.
+fn finding_on_flow<'a>(
+    kinds: &'a [&'a str],
+    layer: &'a str,
+    (src, dst, dport): (Ipv4Addr, Ipv4Addr, u16),
+) -> impl Fn(&Value) -> bool + 'a {
+    move |f| {
+        kinds.contains(&field(f, "kind"))
+            && field(f, "layer") == layer
+            && flow_is(f, src, dst, dport)
+    }
+}
+
+/// The time left of `budget` counted from `start`.
+fn left(start: Instant, budget: Duration) -> Duration {
+    budget.saturating_sub(start.elapsed())
+}
+
+/// Connects from `netns` to `addr` on a background thread.
+fn connect_in_background(
+    netns: &str,
+    addr: std::net::SocketAddr,
+    timeout: Duration,
+) -> thread::JoinHandle<ConnectOutcome> {
+    let ns = netns.to_owned();
+    thread::spawn(move || tcp_connect(&ns, addr, timeout))
+}
+
+#[test]
+fn healthy_traffic_makes_no_finding() {
+    let topo = Topology::new();
+    let agent = ready_agent(&topo);
+    let server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(8080), ServerMode::Echo);
+
+    for i in 0..20 {
+        let msg = format!("request {i}");
+        let reply = tcp_request(&topo.pod_a, server.addr(), msg.as_bytes(), STEP)
+            .unwrap_or_else(|e| panic!("healthy request {i} failed: {e}"));
+        assert_eq!(reply, msg.as_bytes(), "echo of request {i}");
+    }
+    assert_eq!(server.accepted(), 20);
+
+    let pods = (topo.pod_a_ip, topo.pod_b_ip);
+    agent.expect_no_finding(
+        |f| field(f, "kind").starts_with("tcp_") && (involves(f, pods.0) || involves(f, pods.1)),
+        Duration::from_secs(4),
+    );
+    assert_eq!(
+        agent.stdout_garbage(),
+        Vec::<String>::new(),
+        "stdout is JSON lines only"
+    );
+}
+
+#[test]
+fn refused_connect_is_a_listener_problem() {
+    let topo = Topology::new();
+    let agent = ready_agent(&topo);
+    let before = agent.counter(REFUSED);
+
+    let outcome = tcp_connect(&topo.pod_a, topo.pod_b_addr(8081), STEP);
+    assert!(matches!(outcome, ConnectOutcome::Refused), "{outcome:?}");
+
+    let flow = (topo.pod_a_ip, topo.pod_b_ip, 8081);
+    let finding = agent.wait_finding(
+        finding_on_flow(&["tcp_refused"], "listener", flow),
+        Duration::from_secs(1),
+    );
+    assert_shape(&finding);
+    agent.wait_counter_at_least(REFUSED, before + 1.0, STEP);
+
+    let severity = field(&finding, "severity");
+    let by_kind = format!(
+        r#"node_diag_findings_total{{kind="tcp_refused",layer="listener",severity="{severity}"}}"#
+    );
+    agent.wait_counter_at_least(&by_kind, 1.0, STEP);
+
+    let served = agent.findings_endpoint();
+    assert!(
+        served
+            .iter()
+            .any(finding_on_flow(&["tcp_refused"], "listener", flow)),
+        "GET /findings lacks the refused flow: {served:#?}"
+    );
+    assert_eq!(
+        agent.stdout_garbage(),
+        Vec::<String>::new(),
+        "stdout is JSON lines only"
+    );
+}
+
+#[test]
+fn forward_drop_timeout_is_a_firewall_problem() {
+    let topo = Topology::new();
+    let agent = ready_agent(&topo);
+    let server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(8082), ServerMode::Echo);
+    topo.drop_forwarded_tcp(&topo.node_a, 8082);
+    let before = agent.counter(TIMEOUT);
+
+    let start = Instant::now();
+    let client = connect_in_background(&topo.pod_a, server.addr(), Duration::from_secs(6));
+    let flow = (topo.pod_a_ip, topo.pod_b_ip, 8082);
+    let finding = agent.try_wait_finding(
+        finding_on_flow(&["tcp_timeout"], "firewall", flow),
+        left(start, Duration::from_secs(5)),
+    );
+    let outcome = client.join().expect("client thread");
+    let finding = finding.unwrap_or_else(|| {
+        panic!(
+            "no tcp_timeout/firewall finding within 5 s of the connect (client: {outcome:?})\n{}",
+            agent.diagnostics()
+        )
+    });
+    assert_shape(&finding);
+    assert_eq!(
+        finding["evidence"]["drop_reason"], "NETFILTER_DROP",
+        "evidence of the firewall drop: {finding:#}"
+    );
+    assert!(matches!(outcome, ConnectOutcome::TimedOut), "{outcome:?}");
+    assert_eq!(server.accepted(), 0, "the SYN must never reach the server");
+    agent.wait_counter_at_least(TIMEOUT, before + 1.0, STEP);
+}
+
+#[test]
+fn reset_by_peer_is_reported_as_reset_not_refused() {
+    let topo = Topology::new();
+    let agent = ready_agent(&topo);
+    let server = TcpServer::start(
+        &topo.pod_b,
+        topo.pod_b_addr(8083),
+        ServerMode::ResetAfterFirstByte,
+    );
+    let before = agent.counter(RESETS_RECEIVED);
+
+    let err = tcp_request(&topo.pod_a, server.addr(), b"x", STEP)
+        .expect_err("the server aborts the connection");
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
+
+    let flow = (topo.pod_a_ip, topo.pod_b_ip, 8083);
+    let finding = agent.wait_finding(
+        finding_on_flow(&["tcp_reset"], "peer", flow),
+        Duration::from_secs(2),
+    );
+    assert_shape(&finding);
+    agent.wait_counter_at_least(RESETS_RECEIVED, before + 1.0, STEP);
+    agent.expect_no_finding(
+        |f| field(f, "kind") == "tcp_refused" && f["dport"].as_u64() == Some(8083),
+        Duration::from_secs(1),
+    );
+}
+
+#[test]
+fn missing_pod_route_is_a_cni_routing_problem() {
+    let topo = Topology::new();
+    let agent = ready_agent(&topo);
+    topo.delete_pod_route(&topo.node_b, topo.pod_b_ip);
+    let (unreachable_before, timeout_before) = (agent.counter(UNREACHABLE), agent.counter(TIMEOUT));
+
+    let start = Instant::now();
+    let client = connect_in_background(&topo.pod_a, topo.pod_b_addr(8084), Duration::from_secs(6));
+    let flow = (topo.pod_a_ip, topo.pod_b_ip, 8084);
+    let finding = agent.try_wait_finding(
+        finding_on_flow(&["tcp_unreachable", "tcp_timeout"], "cni_routing", flow),
+        left(start, Duration::from_secs(6)),
+    );
+    let outcome = client.join().expect("client thread");
+    let finding = finding.unwrap_or_else(|| {
+        panic!(
+            "no tcp_unreachable/tcp_timeout cni_routing finding within 6 s of the connect \
+             (client: {outcome:?})\n{}",
+            agent.diagnostics()
+        )
+    });
+    assert_shape(&finding);
+    assert!(
+        matches!(
+            outcome,
+            ConnectOutcome::Unreachable(_) | ConnectOutcome::TimedOut
+        ),
+        "{outcome:?}"
+    );
+    if field(&finding, "kind") == "tcp_unreachable" {
+        agent.wait_counter_at_least(UNREACHABLE, unreachable_before + 1.0, STEP);
+    } else {
+        agent.wait_counter_at_least(TIMEOUT, timeout_before + 1.0, STEP);
+    }
+}
+
+/// Ids of loaded eBPF programs whose name starts with `nd_`.
+fn nd_program_ids() -> Vec<u64> {
+    let out = cmd::run(&["bpftool", "prog", "show", "--json"]);
+    let progs: Value = serde_json::from_str(&out)
+        .unwrap_or_else(|e| panic!("bpftool prog show --json: {e}\n{out}"));
+    progs
+        .as_array()
+        .expect("bpftool prints an array")
+        .iter()
+        .filter(|p| p["name"].as_str().is_some_and(|n| n.starts_with("nd_")))
+        .filter_map(|p| p["id"].as_u64())
+        .collect()
+}
+
+#[test]
+fn sigterm_exits_cleanly_and_detaches() {
+    let topo = Topology::new();
+    // Programs of another agent on this machine (a developer's) are not ours.
+    let foreign = nd_program_ids();
+    let mut agent = ready_agent(&topo);
+    let ours: Vec<u64> = nd_program_ids()
+        .into_iter()
+        .filter(|id| !foreign.contains(id))
+        .collect();
+    assert!(
+        !ours.is_empty(),
+        "a ready agent shows no `nd_` program in `bpftool prog show`\n{}",
+        agent.diagnostics()
+    );
+    let build_info = format!(
+        r#"node_diag_build_info{{version="{}"}}"#,
+        env!("CARGO_PKG_VERSION")
+    );
+    assert_eq!(agent.metric(&build_info), Some(1.0), "{build_info}");
+
+    let (status, elapsed) = agent.terminate();
+    assert!(
+        status.success(),
+        "exit after SIGTERM: {status}\n{}",
+        agent.diagnostics()
+    );
+    assert!(
+        elapsed <= Duration::from_secs(2),
+        "took {elapsed:?} to exit after SIGTERM"
+    );
+
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let left_over: Vec<u64> = nd_program_ids()
+            .into_iter()
+            .filter(|id| ours.contains(id))
+            .collect();
+        if left_over.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "programs {left_over:?} still loaded 3 s after exit"
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+    let qdiscs = cmd::run_in(&topo.node_a, &["tc", "qdisc", "show"]);
+    assert!(
+        !qdiscs.contains("clsact"),
+        "clsact qdisc left in node A:\n{qdiscs}"
+    );
+}
+
+#[test]
+fn unprivileged_run_fails_with_one_clear_line() {
+    let bin = node_diag_bin();
+    let run = run_with_timeout(
+        Command::new("setpriv")
+            .args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "--inh-caps=-all",
+                "--bounding-set=-all",
+                "--",
+            ])
+            .arg(&bin)
+            .arg("run"),
+        Duration::from_secs(10),
+    );
+    let status = run
+        .status
+        .unwrap_or_else(|| panic!("still running after 10 s as nobody: {run:?}"));
+    assert!(!status.success(), "succeeded without privileges: {run:?}");
+    let lines: Vec<&str> = run
+        .stderr
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .collect();
+    assert_eq!(lines.len(), 1, "stderr must be one line:\n{}", run.stderr);
+    assert!(
+        lines[0].starts_with("node-diag: "),
+        "stderr: {:?}",
+        lines[0]
+    );
+    assert!(!run.stderr.contains("panicked"), "{}", run.stderr);
+}
+
+#[test]
+fn cli_help_and_usage_errors() {
+    let bin = node_diag_bin();
+    let help = |args: &[&str], must_mention: &[&str]| {
+        let run = run_with_timeout(Command::new(&bin).args(args), STEP);
+        assert_eq!(
+            run.code(),
+            Some(0),
+            "`node-diag {}`: {run:?}",
+            args.join(" ")
+        );
+        for word in must_mention {
+            assert!(
+                run.stdout.contains(word),
+                "`node-diag {}` does not mention {word}:\n{}",
+                args.join(" "),
+                run.stdout
+            );
+        }
+    };
+    help(&["--help"], &["run", "findings", "doctor", "--help"]);
+    help(
+        &["run", "--help"],
+        &["--listen", "--format", "--ready-file", "--syn-retries"],
+    );
+    help(
+        &["findings", "--help"],
+        &["--server", "--follow", "--format"],
+    );
+    help(&["doctor", "--help"], &["--format"]);
+
+    let run = run_with_timeout(Command::new(&bin).args(["run", "--bogus"]), STEP);
+    assert_eq!(run.code(), Some(2), "`node-diag run --bogus`: {run:?}");
+    assert!(run.stderr.contains("--bogus"), "{}", run.stderr);
+}
