@@ -1,0 +1,298 @@
+//! `cargo xtask prereqs`: what this machine needs to build (and test) node-diag.
+//!
+//! Each step prints exactly one line, `[prereqs] <what>: <state>`. Missing pieces that
+//! can be installed are installed; the rest fail with the command that fixes them.
+
+use std::{
+    fmt::Display,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::cmd;
+
+/// LLVM major version of the nightly rustc; bpf-linker must be built against the same.
+const LLVM_MAJOR: u32 = 22;
+/// Debian packages bpf-linker's LLVM 22 build links against.
+const LLVM_PACKAGES: &[&str] = &[
+    "llvm-22-dev",
+    "libpolly-22-dev",
+    "libzstd-dev",
+    "zlib1g-dev",
+];
+/// Tools the integration tests drive: (binary, Debian package).
+const TEST_TOOLS: &[(&str, &str)] = &[
+    ("ip", "iproute2"),
+    ("nft", "nftables"),
+    ("bpftool", "bpftool"),
+    ("ping", "iputils-ping"),
+];
+
+/// Which groups of prerequisites to check.
+#[derive(Debug, Clone, Copy)]
+pub struct Tools {
+    /// Also the tools the integration tests drive.
+    pub test_tools: bool,
+}
+
+impl Tools {
+    /// What building the agent needs.
+    pub const BUILD: Self = Self { test_tools: false };
+    /// What building and testing needs.
+    pub const TEST: Self = Self { test_tools: true };
+}
+
+/// Checks every prerequisite in order, installing what it can.
+pub fn ensure(tools: Tools) -> Result<()> {
+    let mut apt = Apt::default();
+    nightly_toolchain()?;
+    rust_src()?;
+    bpf_linker(&mut apt)?;
+    if tools.test_tools {
+        test_tools(&mut apt)?;
+    }
+    Ok(())
+}
+
+fn say(step: &str, state: impl Display) {
+    println!("[prereqs] {step}: {state}");
+}
+
+fn rustup() -> Command {
+    cmd::command("rustup")
+}
+
+/// (a) The nightly toolchain, which builds the eBPF crate with `-Z build-std=core`.
+fn nightly_toolchain() -> Result<()> {
+    let list = cmd::output(rustup().args(["toolchain", "list"]))
+        .context("rustup is required to find the nightly toolchain")?;
+    if has_nightly(&list) {
+        say("nightly toolchain", "present");
+        return Ok(());
+    }
+    say("nightly toolchain", "missing");
+    bail!(
+        "no `nightly` toolchain in `rustup toolchain list`; install it with \
+         `rustup toolchain install nightly --profile minimal --component rust-src`"
+    )
+}
+
+/// Whether `rustup toolchain list` output has the `nightly` channel (not a dated one).
+fn has_nightly(list: &str) -> bool {
+    list.lines()
+        .filter_map(|line| line.split_whitespace().next())
+        .any(|name| {
+            name == "nightly"
+                || name
+                    .strip_prefix("nightly-")
+                    .is_some_and(|rest| !rest.starts_with(|c: char| c.is_ascii_digit()))
+        })
+}
+
+/// (b) `rust-src` for nightly, which `-Z build-std` compiles `core` from.
+fn rust_src() -> Result<()> {
+    const STEP: &str = "rust-src for nightly";
+    let installed =
+        cmd::output(rustup().args(["component", "list", "--toolchain", "nightly", "--installed"]))?;
+    if has_component(&installed, "rust-src") {
+        say(STEP, "present");
+        return Ok(());
+    }
+    say(STEP, "installing");
+    cmd::run(rustup().args(["component", "add", "rust-src", "--toolchain", "nightly"]))
+}
+
+/// Whether `rustup component list --installed` output lists `component`.
+fn has_component(installed: &str, component: &str) -> bool {
+    installed.lines().any(|line| {
+        let name = line.trim();
+        name == component
+            || name
+                .strip_prefix(component)
+                .is_some_and(|rest| rest.starts_with('-'))
+    })
+}
+
+/// (c) `bpf-linker`, built against Debian's LLVM 22 (the default build wants a newer LLVM).
+fn bpf_linker(apt: &mut Apt) -> Result<()> {
+    const STEP: &str = "bpf-linker";
+    if let Some(path) = find_bpf_linker() {
+        match bpf_linker_version(&path) {
+            Ok(version) => {
+                say(
+                    STEP,
+                    format_args!("present ({version}, {})", path.display()),
+                );
+                return Ok(());
+            }
+            Err(err) => {
+                say(STEP, format_args!("broken ({err:#}), reinstalling"));
+                return install_bpf_linker(apt, true);
+            }
+        }
+    }
+    say(STEP, format_args!("installing (against LLVM {LLVM_MAJOR})"));
+    install_bpf_linker(apt, false)
+}
+
+/// `bpf-linker` on `PATH`, else in cargo's bin directory.
+fn find_bpf_linker() -> Option<PathBuf> {
+    which::which("bpf-linker").ok().or_else(|| {
+        cmd::cargo_bin_dir()
+            .map(|dir| dir.join("bpf-linker"))
+            .filter(|path| path.is_file())
+    })
+}
+
+fn bpf_linker_version(path: &Path) -> Result<String> {
+    let out = cmd::output(cmd::command(path).arg("--version"))?;
+    Ok(out.trim().to_owned())
+}
+
+fn install_bpf_linker(apt: &mut Apt, force: bool) -> Result<()> {
+    apt.ensure(&format!("LLVM {LLVM_MAJOR} packages"), LLVM_PACKAGES)?;
+    let mut install = cmd::cargo();
+    install
+        .env("LLVM_PREFIX", format!("/usr/lib/llvm-{LLVM_MAJOR}"))
+        .args([
+            "install",
+            "bpf-linker",
+            "--no-default-features",
+            "--features",
+        ])
+        .arg(format!("llvm-{LLVM_MAJOR}"));
+    if force {
+        install.arg("--force");
+    }
+    cmd::run(&mut install)?;
+    if find_bpf_linker().is_none() {
+        bail!(
+            "`cargo install bpf-linker` succeeded but bpf-linker is neither on PATH nor in cargo's bin directory"
+        );
+    }
+    Ok(())
+}
+
+/// (d) The tools the integration tests drive.
+fn test_tools(apt: &mut Apt) -> Result<()> {
+    let mut missing = Vec::new();
+    for &(tool, package) in TEST_TOOLS {
+        let step = format!("{tool} ({package})");
+        match find_system_tool(tool) {
+            Some(path) => say(&step, format_args!("present ({})", path.display())),
+            None => {
+                say(&step, "installing");
+                missing.push(package);
+            }
+        }
+    }
+    apt.install(&missing)
+}
+
+/// `tool` on `PATH`, else in the sbin directories a non-root `PATH` often lacks.
+fn find_system_tool(tool: &str) -> Option<PathBuf> {
+    which::which(tool).ok().or_else(|| {
+        ["/usr/sbin", "/sbin"]
+            .iter()
+            .map(|dir| Path::new(dir).join(tool))
+            .find(|path| path.is_file())
+    })
+}
+
+/// Debian packages through dpkg-query and apt-get; runs `apt-get update` at most once.
+#[derive(Default)]
+struct Apt {
+    updated: bool,
+}
+
+impl Apt {
+    /// Installs whichever of `packages` are not installed, announcing it as `step`.
+    fn ensure(&mut self, step: &str, packages: &[&str]) -> Result<()> {
+        let missing = packages
+            .iter()
+            .copied()
+            .filter_map(|package| match is_installed(package) {
+                Ok(true) => None,
+                Ok(false) => Some(Ok(package)),
+                Err(err) => Some(Err(err)),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        if missing.is_empty() {
+            say(step, "present");
+            return Ok(());
+        }
+        say(step, format_args!("installing {}", missing.join(" ")));
+        self.install(&missing)
+    }
+
+    /// `apt-get install -y packages` as root; otherwise fails with the exact command.
+    fn install(&mut self, packages: &[&str]) -> Result<()> {
+        if packages.is_empty() {
+            return Ok(());
+        }
+        if !cmd::is_root() {
+            bail!(
+                "missing Debian packages; as root run: apt-get update && apt-get install -y {}",
+                packages.join(" ")
+            );
+        }
+        if !self.updated {
+            cmd::run(cmd::command("apt-get").arg("update"))?;
+            self.updated = true;
+        }
+        cmd::run(
+            cmd::command("apt-get")
+                .env("DEBIAN_FRONTEND", "noninteractive")
+                .args(["install", "-y"])
+                .args(packages),
+        )
+    }
+}
+
+/// Whether dpkg reports `package` as installed.
+fn is_installed(package: &str) -> Result<bool> {
+    let mut query = cmd::command("dpkg-query");
+    query.args(["-W", "-f=${Status}", package]);
+    let line = cmd::display(&query);
+    let out = query.output().with_context(|| {
+        format!("failed to spawn `{line}` (installing the LLVM packages needs Debian's dpkg)")
+    })?;
+    // dpkg-query exits 1 for a package it has never seen: that is "not installed".
+    Ok(out.status.success()
+        && String::from_utf8_lossy(&out.stdout).trim() == "install ok installed")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nightly_channel_is_found() {
+        let list = "stable-x86_64-unknown-linux-gnu (active, default)\n\
+                    nightly-x86_64-unknown-linux-gnu\n";
+        assert!(has_nightly(list));
+    }
+
+    #[test]
+    fn dated_nightly_is_not_the_nightly_channel() {
+        let list = "stable-x86_64-unknown-linux-gnu (default)\n\
+                    nightly-2026-05-19-x86_64-unknown-linux-gnu\n";
+        assert!(!has_nightly(list));
+        assert!(!has_nightly("no installed toolchains\n"));
+    }
+
+    #[test]
+    fn components_match_with_or_without_target() {
+        let installed =
+            "cargo-x86_64-unknown-linux-gnu\nrust-src\nrustc-x86_64-unknown-linux-gnu\n";
+        assert!(has_component(installed, "rust-src"));
+        assert!(has_component(installed, "rustc"));
+        assert!(!has_component(installed, "rustfmt"));
+        assert!(!has_component(
+            "rust-std-x86_64-unknown-linux-gnu\n",
+            "rust-src"
+        ));
+    }
+}

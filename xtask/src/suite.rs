@@ -1,0 +1,206 @@
+//! `cargo xtask test`: the whole suite, in order, stopping at the first failing step.
+//!
+//! fmt, clippy, build, unit tests, then the integration tests, which load the real eBPF
+//! programs and so need root. As root they run through `cargo test`; otherwise they are
+//! built as the invoking user and their binaries run through `sudo -E`, which keeps the
+//! target directory owned by that user.
+
+use std::{
+    io::BufReader,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+};
+
+use anyhow::{Context as _, Result, bail};
+use cargo_metadata::{Artifact, Message};
+
+use crate::{agent, cmd, prereqs};
+
+/// The integration-test package.
+const TESTS_PACKAGE: &str = "node-diag-tests";
+/// The eBPF package; it only builds for BPF targets, through the agent's build script.
+const EBPF_PACKAGE: &str = "node-diag-ebpf";
+/// Tells the integration tests which agent binary to drive.
+const BIN_ENV: &str = "NODE_DIAG_BIN";
+
+/// Options of `cargo xtask test`.
+pub struct Options {
+    /// Stop after the unit tests.
+    pub skip_integration: bool,
+    /// Only the integration tests whose name contains this.
+    pub filter: Option<String>,
+}
+
+pub fn run(options: &Options) -> Result<()> {
+    // Fail before the long steps if the integration tests could not get root anyway.
+    let privilege = if options.skip_integration {
+        None
+    } else {
+        Some(cmd::Privilege::acquire(
+            "the integration tests (they load eBPF programs)",
+            "run `cargo xtask test` as root, or add --skip-integration",
+        )?)
+    };
+    prereqs::ensure(prereqs::Tools::TEST)?;
+
+    step("fmt", cargo(&["fmt", "--all", "--", "--check"]))?;
+    step(
+        "clippy",
+        cargo(&[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--exclude",
+            EBPF_PACKAGE,
+            "--",
+            "-D",
+            "warnings",
+        ]),
+    )?;
+    step("build", cargo(&["build", "-p", agent::PACKAGE]))?;
+    step(
+        "unit tests",
+        cargo(&[
+            "test",
+            "--workspace",
+            "--exclude",
+            EBPF_PACKAGE,
+            "--exclude",
+            TESTS_PACKAGE,
+        ]),
+    )?;
+
+    match privilege {
+        None => println!("[test] integration tests: skipped (--skip-integration)"),
+        Some(privilege) => integration(&privilege, options.filter.as_deref())?,
+    }
+    println!("[test] all steps passed");
+    Ok(())
+}
+
+/// Announces `cmd` as step `name`, runs it, and names the step if it fails.
+fn step(name: &str, mut cmd: Command) -> Result<()> {
+    println!("[test] {name}: {}", cmd::display(&cmd));
+    cmd::run(&mut cmd).with_context(|| format!("test step `{name}` failed"))
+}
+
+fn cargo(args: &[&str]) -> Command {
+    let mut cargo = cmd::cargo();
+    cargo.args(args);
+    cargo
+}
+
+/// The privileged integration tests, one test at a time (they share the kernel).
+fn integration(privilege: &cmd::Privilege, filter: Option<&str>) -> Result<()> {
+    const STEP: &str = "integration tests";
+    let agent = agent::binary(false)?;
+    let harness_args = harness_args(filter);
+    match privilege {
+        cmd::Privilege::Root => {
+            let mut test = cargo(&["test", "-p", TESTS_PACKAGE, "--"]);
+            test.args(&harness_args).env(BIN_ENV, &agent);
+            println!(
+                "[test] {STEP}: {BIN_ENV}={} {}",
+                agent.display(),
+                cmd::display(&test)
+            );
+            cmd::run(&mut test).with_context(|| format!("test step `{STEP}` failed"))
+        }
+        cmd::Privilege::Sudo(_) => {
+            let (manifest_dir, binaries) = build_test_binaries()
+                .with_context(|| format!("test step `{STEP}` failed to build"))?;
+            for binary in binaries {
+                let mut test = privilege.command(&binary);
+                test.args(&harness_args)
+                    .current_dir(&manifest_dir)
+                    .env("CARGO_MANIFEST_DIR", &manifest_dir)
+                    .env(BIN_ENV, &agent);
+                println!(
+                    "[test] {STEP}: {BIN_ENV}={} {}",
+                    agent.display(),
+                    cmd::display(&test)
+                );
+                cmd::run(&mut test).with_context(|| format!("test step `{STEP}` failed"))?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Arguments for the libtest harness: one thread, then the optional name filter.
+fn harness_args(filter: Option<&str>) -> Vec<&str> {
+    let mut args = vec!["--test-threads=1"];
+    args.extend(filter);
+    args
+}
+
+/// Builds the integration tests without running them; returns the package directory
+/// (the tests' working directory under `cargo test`) and the test executables.
+fn build_test_binaries() -> Result<(PathBuf, Vec<PathBuf>)> {
+    let mut build = cargo(&[
+        "test",
+        "-p",
+        TESTS_PACKAGE,
+        "--no-run",
+        "--message-format=json-render-diagnostics",
+    ]);
+    build.stdout(Stdio::piped());
+    let line = cmd::display(&build);
+    println!("[test] integration tests (build): {line}");
+    let mut child = build
+        .spawn()
+        .with_context(|| format!("failed to spawn `{line}`"))?;
+    let stdout = child
+        .stdout
+        .take()
+        .context("cargo's stdout was not piped")?;
+    let mut binaries = Vec::new();
+    let mut manifest_dir = None;
+    for message in Message::parse_stream(BufReader::new(stdout)) {
+        let message = message.with_context(|| format!("failed to read the output of `{line}`"))?;
+        if let Message::CompilerArtifact(artifact) = message
+            && let Some(executable) = test_executable(&artifact)
+        {
+            manifest_dir = manifest_dir.or_else(|| {
+                Path::new(artifact.manifest_path.as_std_path())
+                    .parent()
+                    .map(Path::to_path_buf)
+            });
+            binaries.push(executable);
+        }
+    }
+    let status = child
+        .wait()
+        .with_context(|| format!("failed to wait for `{line}`"))?;
+    if !status.success() {
+        bail!("`{line}` failed ({status})");
+    }
+    match manifest_dir {
+        Some(dir) if !binaries.is_empty() => Ok((dir, binaries)),
+        _ => bail!("`{line}` built no test executable"),
+    }
+}
+
+/// The executable of `artifact` if it is a test target (only the package under test
+/// builds with the test profile).
+fn test_executable(artifact: &Artifact) -> Option<PathBuf> {
+    let executable = artifact.executable.as_ref()?;
+    artifact
+        .profile
+        .test
+        .then(|| executable.clone().into_std_path_buf())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn harness_args_put_the_filter_last() {
+        assert_eq!(harness_args(None), ["--test-threads=1"]);
+        assert_eq!(
+            harness_args(Some("refused")),
+            ["--test-threads=1", "refused"]
+        );
+    }
+}
