@@ -11,7 +11,7 @@ use node_diag_common::{AF_INET, Event, FlowKey, event_kind};
 use serde_json::{Map, Value, json};
 
 use crate::{
-    findings::{Finding, Kind, Layer, Severity, rfc3339},
+    findings::{Finding, Kind, Layer, Severity},
     tracefs::DropReasons,
 };
 
@@ -231,23 +231,14 @@ pub fn correlate(ev: &Event, ctx: &Context<'_>) -> Option<Finding> {
         _ => return None,
     };
 
-    let now = rfc3339(ctx.now);
-    Some(Finding {
-        kind,
-        layer,
-        severity,
-        summary,
-        remediation,
-        evidence: with_sorted_keys(evidence),
-        src: Some(src.to_string()),
-        dst: Some(dst.to_string()),
-        dport: Some(dport),
-        sport: (flow.sport != 0).then_some(flow.sport),
-        netns: (ev.netns != 0).then_some(ev.netns),
-        count: 1,
-        first_seen: now.clone(),
-        last_seen: now,
-    })
+    let mut finding = Finding::new(kind, layer, severity, summary, remediation, ctx.now);
+    finding.evidence = with_sorted_keys(evidence);
+    finding.src = Some(src.to_string());
+    finding.dst = Some(dst.to_string());
+    finding.dport = Some(dport);
+    finding.sport = (flow.sport != 0).then_some(flow.sport);
+    finding.netns = (ev.netns != 0).then_some(ev.netns);
+    Some(finding)
 }
 
 fn with_sorted_keys(m: Map<String, Value>) -> Map<String, Value> {

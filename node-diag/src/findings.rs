@@ -11,15 +11,15 @@ use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-#[expect(
-    clippy::enum_variant_names,
-    reason = "the names are the contract; MTU/PMTUD kinds join them later"
-)]
 pub enum Kind {
     TcpRefused,
     TcpTimeout,
     TcpUnreachable,
     TcpReset,
+    OverlayMtuMismatch,
+    DfOversizeDrop,
+    PmtudBlackhole,
+    PmtudDisabled,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -29,7 +29,19 @@ pub enum Layer {
     Firewall,
     CniRouting,
     Peer,
+    OverlayMtu,
+    IcmpFiltered,
+    HostSysctl,
     Unknown,
+}
+
+/// Whether the condition behind a finding still holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    #[default]
+    Active,
+    Resolved,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -63,13 +75,24 @@ names!(Kind {
     TcpTimeout => "tcp_timeout",
     TcpUnreachable => "tcp_unreachable",
     TcpReset => "tcp_reset",
+    OverlayMtuMismatch => "overlay_mtu_mismatch",
+    DfOversizeDrop => "df_oversize_drop",
+    PmtudBlackhole => "pmtud_blackhole",
+    PmtudDisabled => "pmtud_disabled",
 });
 names!(Layer {
     Listener => "listener",
     Firewall => "firewall",
     CniRouting => "cni_routing",
     Peer => "peer",
+    OverlayMtu => "overlay_mtu",
+    IcmpFiltered => "icmp_filtered",
+    HostSysctl => "host_sysctl",
     Unknown => "unknown",
+});
+names!(Status {
+    Active => "active",
+    Resolved => "resolved",
 });
 names!(Severity {
     Info => "info",
@@ -96,9 +119,17 @@ pub struct Finding {
     pub sport: Option<u16>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub netns: Option<u32>,
+    /// The interface an interface-level finding (MTU, oversize drops) is about.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interface: Option<String>,
     pub count: u64,
     pub first_seen: String,
     pub last_seen: String,
+    /// `resolved` once the condition went away (see [`Store::resolve_missing`]).
+    #[serde(default)]
+    pub status: Status,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolved_at: Option<String>,
 }
 
 pub fn rfc3339(t: SystemTime) -> String {
@@ -106,6 +137,37 @@ pub fn rfc3339(t: SystemTime) -> String {
 }
 
 impl Finding {
+    /// A finding seen once, now, with no flow or interface attached yet.
+    pub fn new(
+        kind: Kind,
+        layer: Layer,
+        severity: Severity,
+        summary: String,
+        remediation: String,
+        now: SystemTime,
+    ) -> Self {
+        let now = rfc3339(now);
+        Self {
+            kind,
+            layer,
+            severity,
+            summary,
+            remediation,
+            evidence: Default::default(),
+            src: None,
+            dst: None,
+            dport: None,
+            sport: None,
+            netns: None,
+            interface: None,
+            count: 1,
+            first_seen: now.clone(),
+            last_seen: now,
+            status: Status::Active,
+            resolved_at: None,
+        }
+    }
+
     /// The aggregation key: the source port changes with every attempt, so it is left out.
     fn key(&self) -> Key {
         Key {
@@ -115,6 +177,7 @@ impl Finding {
             dst: self.dst.clone(),
             dport: self.dport,
             netns: self.netns,
+            interface: self.interface.clone(),
         }
     }
 
@@ -154,6 +217,7 @@ struct Key {
     dst: Option<String>,
     dport: Option<u16>,
     netns: Option<u32>,
+    interface: Option<String>,
 }
 
 struct Entry {
@@ -238,22 +302,22 @@ mod tests {
     use super::*;
 
     fn refused(sport: u16) -> Finding {
-        Finding {
-            kind: Kind::TcpRefused,
-            layer: Layer::Listener,
-            severity: Severity::Warning,
-            summary: "s".into(),
-            remediation: "r".into(),
-            evidence: Default::default(),
-            src: Some("10.0.0.1".into()),
-            dst: Some("10.0.0.2".into()),
-            dport: Some(80),
-            sport: Some(sport),
-            netns: Some(1),
-            count: 1,
-            first_seen: "t0".into(),
-            last_seen: "t0".into(),
-        }
+        let mut f = Finding::new(
+            Kind::TcpRefused,
+            Layer::Listener,
+            Severity::Warning,
+            "s".into(),
+            "r".into(),
+            SystemTime::UNIX_EPOCH,
+        );
+        f.src = Some("10.0.0.1".into());
+        f.dst = Some("10.0.0.2".into());
+        f.dport = Some(80);
+        f.sport = Some(sport);
+        f.netns = Some(1);
+        f.first_seen = "t0".into();
+        f.last_seen = "t0".into();
+        f
     }
 
     #[test]
