@@ -7,6 +7,12 @@
 //! - `skb`: `skb:kfree_skb` aggregates every drop by reason/netns/device and remembers
 //!   which flow's SYN was dropped, so a timeout verdict carries its kernel evidence.
 //! - `icmp`: `icmp:icmp_send` remembers the ICMP errors this kernel generated per flow.
+//! - `tc`: a TC ingress classifier on the node's interfaces remembers ICMP frag-needed /
+//!   packet-too-big received per flow.
+//!
+//! `skb` also records DF packets dropped as too big (`PKT_TOO_BIG`) per flow and egress
+//! device, and frag-needed dropped by netfilter; `tcp` counts full-size retransmits per
+//! socket. Together they make the PMTUD black-hole verdict.
 //!
 //! Events reach user space only for verdicts ([`node_diag_common::Event`]); everything
 //! else is aggregated in maps. Field offsets and kernel struct offsets come from the
@@ -18,6 +24,7 @@ mod icmp;
 mod maps;
 mod skb;
 mod sock;
+mod tc;
 mod tcp;
 
 #[cfg(not(test))]

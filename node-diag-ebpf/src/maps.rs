@@ -9,7 +9,8 @@ use aya_ebpf::{
 };
 use node_diag_common::{
     AF_INET, AF_INET6, Config, DROP_MAP_ENTRIES, DropInfo, DropKey, EVENTS_BYTES, Event,
-    FLOW_MAP_ENTRIES, FlowKey, FlowState, IcmpInfo, SCOPE_MAP_ENTRIES, TupleOffsets, counter,
+    FLOW_MAP_ENTRIES, FlowKey, FlowState, IcmpInfo, RetransState, SCOPE_MAP_ENTRIES, TupleOffsets,
+    counter,
 };
 
 #[unsafe(no_mangle)]
@@ -28,6 +29,23 @@ pub static ICMP_SENT: LruHashMap<FlowKey, IcmpInfo> =
 #[map]
 pub static DROPS: PerCpuHashMap<DropKey, u64> =
     PerCpuHashMap::with_max_entries(DROP_MAP_ENTRIES, 0);
+#[map]
+pub static OVERSIZE_BY_DEV: PerCpuHashMap<DropKey, u64> =
+    PerCpuHashMap::with_max_entries(DROP_MAP_ENTRIES, 0);
+#[map]
+pub static OVERSIZE: LruHashMap<FlowKey, DropInfo> =
+    LruHashMap::with_max_entries(FLOW_MAP_ENTRIES, 0);
+#[map]
+pub static ICMP_RCVD: LruHashMap<FlowKey, IcmpInfo> =
+    LruHashMap::with_max_entries(FLOW_MAP_ENTRIES, 0);
+#[map]
+pub static FRAG_DROPPED: LruHashMap<FlowKey, DropInfo> =
+    LruHashMap::with_max_entries(FLOW_MAP_ENTRIES, 0);
+#[map]
+pub static RETRANS: LruHashMap<u64, RetransState> =
+    LruHashMap::with_max_entries(FLOW_MAP_ENTRIES, 0);
+#[map]
+pub static L3_OFFSET: HashMap<u32, u32> = HashMap::with_max_entries(SCOPE_MAP_ENTRIES, 0);
 #[map]
 pub static SCOPE: HashMap<u32, u32> = HashMap::with_max_entries(SCOPE_MAP_ENTRIES, 0);
 #[map]
@@ -169,14 +187,30 @@ pub fn skb_dev(skb: u64) -> (u32, u32) {
 
 pub const TCP_FLAG_SYN: u8 = 0x02;
 pub const TCP_FLAG_ACK: u8 = 0x10;
-const ETH_P_IP: u16 = 0x0800;
-const ETH_P_IPV6: u16 = 0x86DD;
-const IPPROTO_TCP: u8 = 6;
+pub const ETH_P_IP: u16 = 0x0800;
+pub const ETH_P_IPV6: u16 = 0x86DD;
+pub const IPPROTO_TCP: u8 = 6;
+pub const IPPROTO_UDP: u8 = 17;
+pub const IPPROTO_ICMP: u8 = 1;
+pub const IPPROTO_ICMPV6: u8 = 58;
 
-/// The TCP flow of a packet (sender first) and its TCP flags, parsed from the skb's
-/// network header. IPv6 extension headers are not walked.
+/// What [`skb_flow`] found at the network header of an skb.
+pub struct Packet {
+    /// Sender first; ports only for TCP/UDP.
+    pub flow: FlowKey,
+    pub l4proto: u8,
+    /// TCP flags, or the ICMP type.
+    pub flags: u8,
+    /// ICMP code (0 otherwise).
+    pub code: u8,
+    /// Address of the transport header.
+    pub l4: u64,
+}
+
+/// Parses the IP header (and ports) at the skb's network header. IPv6 extension headers
+/// are not walked.
 #[inline(always)]
-pub fn skb_tcp_flow(skb: u64, protocol: u16) -> Option<(FlowKey, u8)> {
+pub fn skb_flow(skb: u64, protocol: u16) -> Option<Packet> {
     if config!(btf_ok) == 0 {
         return None;
     }
@@ -185,53 +219,118 @@ pub fn skb_tcp_flow(skb: u64, protocol: u16) -> Option<(FlowKey, u8)> {
     if nh == 0xffff {
         return None;
     }
-    let ip = head + nh as u64;
-    let mut key = FlowKey::default();
-    let l4 = if protocol == ETH_P_IP {
+    ip_flow(head + nh as u64, protocol)
+}
+
+/// Parses an IPv4/IPv6 header at kernel address `ip`.
+#[inline(always)]
+pub fn ip_flow(ip: u64, protocol: u16) -> Option<Packet> {
+    let mut flow = FlowKey::default();
+    let (l4, l4proto) = if protocol == ETH_P_IP {
         let ver_ihl = kread::<u8>(ip, 0)?;
-        if ver_ihl >> 4 != 4 || kread::<u8>(ip, 9)? != IPPROTO_TCP {
+        if ver_ihl >> 4 != 4 {
             return None;
         }
-        key.family = AF_INET;
-        set_v4(&mut key.saddr, kread::<[u8; 4]>(ip, 12)?);
-        set_v4(&mut key.daddr, kread::<[u8; 4]>(ip, 16)?);
-        ip + ((ver_ihl & 0x0f) as u64) * 4
+        flow.family = AF_INET;
+        set_v4(&mut flow.saddr, kread::<[u8; 4]>(ip, 12)?);
+        set_v4(&mut flow.daddr, kread::<[u8; 4]>(ip, 16)?);
+        (ip + ((ver_ihl & 0x0f) as u64) * 4, kread::<u8>(ip, 9)?)
     } else if protocol == ETH_P_IPV6 {
-        if kread::<u8>(ip, 6)? != IPPROTO_TCP {
-            return None;
-        }
-        key.family = AF_INET6;
-        key.saddr = kread::<[u8; 16]>(ip, 8)?;
-        key.daddr = kread::<[u8; 16]>(ip, 24)?;
-        ip + 40
+        flow.family = AF_INET6;
+        flow.saddr = kread::<[u8; 16]>(ip, 8)?;
+        flow.daddr = kread::<[u8; 16]>(ip, 24)?;
+        (ip + 40, kread::<u8>(ip, 6)?)
     } else {
         return None;
     };
-    key.sport = u16::from_be(kread::<u16>(l4, 0)?);
-    key.dport = u16::from_be(kread::<u16>(l4, 2)?);
-    let flags = kread::<u8>(l4, 13)?;
-    Some((key, flags))
+    let (mut flags, mut code) = (0, 0);
+    if l4proto == IPPROTO_TCP || l4proto == IPPROTO_UDP {
+        flow.sport = u16::from_be(kread::<u16>(l4, 0)?);
+        flow.dport = u16::from_be(kread::<u16>(l4, 2)?);
+        if l4proto == IPPROTO_TCP {
+            flags = kread::<u8>(l4, 13)?;
+        }
+    } else if l4proto == IPPROTO_ICMP || l4proto == IPPROTO_ICMPV6 {
+        flags = kread::<u8>(l4, 0)?;
+        code = kread::<u8>(l4, 1)?;
+    }
+    Some(Packet {
+        flow,
+        l4proto,
+        flags,
+        code,
+        l4,
+    })
 }
 
-/// Pushes a verdict for `key`, attaching whatever drop/ICMP evidence the maps hold.
+/// The TCP flow of a packet (sender first) and its TCP flags.
+#[inline(always)]
+pub fn skb_tcp_flow(skb: u64, protocol: u16) -> Option<(FlowKey, u8)> {
+    let p = skb_flow(skb, protocol)?;
+    (p.l4proto == IPPROTO_TCP).then_some((p.flow, p.flags))
+}
+
+/// Whether an ICMP(v6) type/code is "fragmentation needed" / "packet too big".
+#[inline(always)]
+pub fn is_frag_needed(l4proto: u8, icmp_type: u8, code: u8) -> bool {
+    (l4proto == IPPROTO_ICMP && icmp_type == 3 && code == 4)
+        || (l4proto == IPPROTO_ICMPV6 && icmp_type == 2)
+}
+
+/// Optional extras of a verdict.
+#[derive(Default)]
+pub struct Extra {
+    pub drop: DropInfo,
+    pub mtu: u32,
+    pub len: u32,
+}
+
+/// Pushes a verdict for `key`, attaching the ICMP evidence the maps hold for the flow.
 /// A failed reservation is counted, never silently lost.
 #[inline(always)]
-pub fn emit(kind: u32, error: u32, key: &FlowKey, netns: u32, syn_retrans: u32) {
+pub fn emit(kind: u32, error: u32, key: &FlowKey, netns: u32, retrans: u32, extra: Extra) {
     let Some(mut entry) = EVENTS.reserve::<Event>(0) else {
         inc(counter::EVENTS_LOST);
         return;
     };
-    let drop = unsafe { SYN_DROPS.get(key) }.copied().unwrap_or_default();
     let icmp = unsafe { ICMP_SENT.get(key) }.copied().unwrap_or_default();
+    let icmp_rcvd = unsafe { ICMP_RCVD.get(key) }.copied().unwrap_or_default();
+    let frag_dropped = unsafe { FRAG_DROPPED.get(key) }
+        .copied()
+        .unwrap_or_default();
     entry.write(Event {
         ts_ns: now(),
         kind,
         error,
         flow: *key,
         netns,
-        syn_retrans,
-        drop,
+        retrans,
+        drop: extra.drop,
         icmp,
+        icmp_rcvd,
+        frag_dropped,
+        mtu: extra.mtu,
+        len: extra.len,
     });
     entry.submit(0);
+}
+
+/// The SYN drop recorded for a connecting flow, as verdict evidence.
+#[inline(always)]
+pub fn syn_drop(key: &FlowKey) -> Extra {
+    Extra {
+        drop: unsafe { SYN_DROPS.get(key) }.copied().unwrap_or_default(),
+        ..Extra::default()
+    }
+}
+
+/// Adds one to a per-CPU hash map counter.
+#[inline(always)]
+pub fn bump(map: &PerCpuHashMap<DropKey, u64>, key: &DropKey) {
+    match map.get_ptr_mut(key) {
+        Some(count) => unsafe { *count += 1 },
+        None => {
+            let _ = map.insert(key, &1, 0);
+        }
+    }
 }

@@ -2,11 +2,12 @@
 //! reason the agent asked for are remembered per flow as timeout evidence.
 
 use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
-use node_diag_common::{DropInfo, DropKey};
+use node_diag_common::{DropInfo, DropKey, counter, event_kind};
 
 use crate::maps::{
-    DROPS, SYN_DROPS, TCP_FLAG_ACK, TCP_FLAG_SYN, config, field, in_scope, now, skb_dev,
-    skb_tcp_flow,
+    DROPS, Extra, FRAG_DROPPED, OVERSIZE, OVERSIZE_BY_DEV, SYN_DROPS, TCP_FLAG_ACK, TCP_FLAG_SYN,
+    bump, config, emit, field, in_scope, inc, ip_flow, is_frag_needed, kread, now, skb_dev,
+    skb_flow, skb_tcp_flow,
 };
 
 #[tracepoint]
@@ -29,16 +30,16 @@ fn try_kfree_skb(ctx: &TracePointContext) -> Option<()> {
         ifindex,
         _pad: 0,
     };
-    match DROPS.get_ptr_mut(&key) {
-        Some(count) => unsafe { *count += 1 },
-        None => {
-            let _ = DROPS.insert(&key, &1, 0);
-        }
+    bump(&DROPS, &key);
+    let protocol = field::<u16>(ctx, config!(kfree_protocol))?;
+    if reason == config!(reason_pkt_too_big) {
+        oversize(skb, protocol, netns);
+    } else if reason == config!(reason_netfilter_drop) {
+        frag_needed_dropped(skb, protocol, netns, ifindex);
     }
     if !flow_reason(reason) {
         return Some(());
     }
-    let protocol = field::<u16>(ctx, config!(kfree_protocol))?;
     let (flow, flags) = skb_tcp_flow(skb, protocol)?;
     if flags & TCP_FLAG_SYN == 0 || flags & TCP_FLAG_ACK != 0 {
         return None;
@@ -69,4 +70,75 @@ fn flow_reason(reason: u32) -> bool {
         _ => config!(flow_reasons[3]),
     };
     word & (1u64 << (reason % 64)) != 0
+}
+
+/// A DF packet dropped for exceeding its route's MTU (the forwarding path, where no
+/// socket is involved): counted per egress device, and the flow's first one reported.
+#[inline(always)]
+fn oversize(skb: u64, protocol: u16, netns: u32) -> Option<()> {
+    inc(counter::DF_OVERSIZE_DROPS);
+    let refdst = kread::<u64>(skb, config!(skb_refdst))? & !1;
+    let dev = kread::<u64>(refdst, config!(dst_dev))?;
+    let egress = kread::<u32>(dev, config!(dev_ifindex)).unwrap_or(0);
+    let mtu = kread::<u32>(dev, config!(dev_mtu)).unwrap_or(0);
+    bump(
+        &OVERSIZE_BY_DEV,
+        &DropKey {
+            reason: 0,
+            // Forwarding: the egress device lives in the same namespace as the input one.
+            netns,
+            ifindex: egress,
+            _pad: 0,
+        },
+    );
+    let packet = skb_flow(skb, protocol)?;
+    let len = kread::<u32>(skb, config!(skb_len)).unwrap_or(0);
+    let prev = unsafe { OVERSIZE.get(&packet.flow) }.copied();
+    let info = DropInfo {
+        last_ns: now(),
+        reason: config!(reason_pkt_too_big),
+        count: prev.map_or(1, |p| p.count + 1),
+        netns,
+        ifindex: egress,
+    };
+    OVERSIZE.insert(&packet.flow, &info, 0).ok()?;
+    if prev.is_none() {
+        emit(
+            event_kind::DF_OVERSIZE,
+            0,
+            &packet.flow,
+            netns,
+            0,
+            Extra {
+                drop: info,
+                mtu,
+                len,
+            },
+        );
+    }
+    Some(())
+}
+
+/// Netfilter dropped an ICMP frag-needed / packet-too-big: remember the flow it was about
+/// (the quoted original packet), so a stalled sender can be told why PMTUD failed.
+#[inline(always)]
+fn frag_needed_dropped(skb: u64, protocol: u16, netns: u32, ifindex: u32) -> Option<()> {
+    let packet = skb_flow(skb, protocol)?;
+    if !is_frag_needed(packet.l4proto, packet.flags, packet.code) {
+        return None;
+    }
+    let inner = ip_flow(packet.l4 + 8, protocol)?;
+    inc(counter::ICMP_FRAG_DROPPED);
+    let count = match unsafe { FRAG_DROPPED.get(&inner.flow) } {
+        Some(prev) => prev.count + 1,
+        None => 1,
+    };
+    let info = DropInfo {
+        last_ns: now(),
+        reason: config!(reason_netfilter_drop),
+        count,
+        netns,
+        ifindex,
+    };
+    FRAG_DROPPED.insert(&inner.flow, &info, 0).ok()
 }

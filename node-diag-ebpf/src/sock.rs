@@ -13,8 +13,8 @@ use aya_ebpf::{
 use node_diag_common::{FlowState, IPPROTO_TCP, counter, event_kind, tcp_state};
 
 use crate::maps::{
-    CONNECTS, ICMP_SENT, config, emit, field, in_scope, inc, kread, now, read_tuple, sock_netns,
-    sock_tuple,
+    CONNECTS, Extra, ICMP_SENT, config, emit, field, in_scope, inc, kread, now, read_tuple,
+    sock_netns, sock_tuple, syn_drop,
 };
 
 /// How recent a generated ICMP error must be to explain a connect failure.
@@ -86,7 +86,14 @@ fn try_set_state(ctx: &TracePointContext) -> Option<()> {
         return None;
     }
     inc(counter::ESTABLISHED_RESET);
-    emit(event_kind::ESTABLISHED_RESET, error as u32, &key, netns, 0);
+    emit(
+        event_kind::ESTABLISHED_RESET,
+        error as u32,
+        &key,
+        netns,
+        0,
+        Extra::default(),
+    );
     Some(())
 }
 
@@ -142,7 +149,7 @@ fn try_err_report(ctx: &RawTracePointContext) -> Option<()> {
     if counter != u32::MAX {
         inc(counter);
     }
-    emit(kind, error as u32, &key, netns, syn_retrans);
+    emit(kind, error as u32, &key, netns, syn_retrans, syn_drop(&key));
     Some(())
 }
 

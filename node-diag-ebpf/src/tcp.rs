@@ -1,10 +1,12 @@
-//! `tcp:*` tracepoints: SYN retransmits (timeout verdicts) and reset accounting.
+//! `tcp:*` tracepoints: SYN retransmits (timeout verdicts), full-size data retransmits
+//! (PMTUD stalls) and reset accounting.
 
 use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
-use node_diag_common::{FlowState, counter, event_kind, tcp_state};
+use node_diag_common::{FlowState, RetransState, counter, event_kind, tcp_state};
 
 use crate::maps::{
-    CONNECTS, config, emit, field, in_scope, inc, now, read_tuple, skb_dev, sock_netns,
+    CONNECTS, Extra, RETRANS, config, emit, field, in_scope, inc, kread, now, read_tuple, skb_dev,
+    sock_netns, syn_drop,
 };
 
 #[tracepoint]
@@ -15,10 +17,11 @@ pub fn nd_retransmit(ctx: TracePointContext) -> u32 {
 }
 
 fn try_retransmit(ctx: &TracePointContext) -> Option<()> {
-    if field::<i32>(ctx, config!(retrans_state))? as u32 != tcp_state::SYN_SENT {
-        return None;
-    }
+    let state = field::<i32>(ctx, config!(retrans_state))? as u32;
     let sk = field::<u64>(ctx, config!(retrans_skaddr))?;
+    if state != tcp_state::SYN_SENT {
+        return data_retransmit(ctx, sk);
+    }
     let Some(connect) = CONNECTS.get_ptr_mut(&sk) else {
         // Connect started before the agent: track it from its first retransmit.
         let netns = sock_netns(sk);
@@ -50,7 +53,80 @@ fn try_retransmit(ctx: &TracePointContext) -> Option<()> {
     if fire {
         inc(counter::CONNECT_TIMEOUT);
         let key = read_tuple(ctx, config!(retrans))?;
-        emit(event_kind::CONNECT_TIMEOUT, 0, &key, netns, retrans);
+        emit(
+            event_kind::CONNECT_TIMEOUT,
+            0,
+            &key,
+            netns,
+            retrans,
+            syn_drop(&key),
+        );
+    }
+    Some(())
+}
+
+/// Tracks retransmits of full-size data segments: a run of them with nothing smaller
+/// getting through is what a PMTUD black hole looks like from the sender.
+fn data_retransmit(ctx: &TracePointContext, sk: u64) -> Option<()> {
+    if config!(btf_ok) == 0 {
+        return None;
+    }
+    let skb = field::<u64>(ctx, config!(retrans_skbaddr))?;
+    // The write-queue skb holds payload only, possibly several MSS when segmentation is
+    // offloaded; at least one MSS is a full-size segment.
+    let len = kread::<u32>(skb, config!(skb_len))?;
+    let mss = kread::<u32>(sk, config!(tcp_mss_cache))?;
+    let now = now();
+    let Some(state) = RETRANS.get_ptr_mut(&sk) else {
+        if len < mss {
+            return None;
+        }
+        let netns = sock_netns(sk);
+        if !in_scope(netns) {
+            return None;
+        }
+        inc(counter::FULLSIZE_RETRANSMITS);
+        let entry = RetransState {
+            first_ns: now,
+            last_ns: now,
+            flow: read_tuple(ctx, config!(retrans))?,
+            full: 1,
+            reported: 0,
+            netns,
+            _pad: 0,
+        };
+        return RETRANS.insert(&sk, &entry, 0).ok();
+    };
+    let threshold = config!(fullsize_retrans_threshold);
+    let (fire, full, netns, flow) = unsafe {
+        if len < mss {
+            // A smaller segment is being retried: the path shrank the MSS, the stall is over.
+            (*state).full = 0;
+            (*state).reported = 0;
+            return Some(());
+        }
+        (*state).full += 1;
+        (*state).last_ns = now;
+        let fire = (*state).full >= threshold && (*state).reported == 0;
+        if fire {
+            (*state).reported = 1;
+        }
+        (fire, (*state).full, (*state).netns, (*state).flow)
+    };
+    inc(counter::FULLSIZE_RETRANSMITS);
+    if fire {
+        emit(
+            event_kind::PMTUD_STALL,
+            0,
+            &flow,
+            netns,
+            full,
+            Extra {
+                mtu: mss,
+                len,
+                ..Extra::default()
+            },
+        );
     }
     Some(())
 }

@@ -14,8 +14,7 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf};
-use node_diag_common::{DropKey, MAP_COUNTERS, MAP_DROPS, MAP_EVENTS, MAP_SCOPE, counter};
+use node_diag_common::FlowKey;
 use tokio::{
     signal::unix::{SignalKind, signal},
     sync::mpsc,
@@ -25,10 +24,11 @@ use tracing::{info, warn};
 use crate::{
     OutputFormat, caps,
     correlate::{Context, correlate},
-    findings::{Finding, Store},
+    findings::{Finding, Kind, Store},
+    kernel::{KernelMaps, MapMissing},
     loader::{self, LoadError},
-    metrics::{KernelTotals, Metrics},
-    tracefs::DropReasons,
+    metrics::Metrics,
+    tc::TcIngress,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -39,8 +39,8 @@ pub enum AgentError {
     Privileges(String),
     #[error(transparent)]
     Load(#[from] LoadError),
-    #[error("eBPF map {0} is missing or has the wrong type: {1}")]
-    Map(&'static str, String),
+    #[error(transparent)]
+    Map(#[from] MapMissing),
     #[error("cannot listen on {addr}: {source} (pick another address with --listen)")]
     Listen {
         addr: SocketAddr,
@@ -73,8 +73,8 @@ pub struct Shared {
 }
 
 const MAX_FINDINGS: usize = 4096;
-/// How often new pod namespaces are picked up.
-const SCOPE_REFRESH: Duration = Duration::from_secs(2);
+/// How often new pod namespaces and interfaces are picked up.
+const REFRESH: Duration = Duration::from_secs(2);
 
 pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
     let missing = caps::missing_for_agent(caps::effective());
@@ -95,24 +95,19 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
         "eBPF programs attached"
     );
 
-    let ring = take_map(&mut loaded.ebpf, MAP_EVENTS, RingBuf::try_from)?;
-    let counters = take_map(
-        &mut loaded.ebpf,
-        MAP_COUNTERS,
-        PerCpuArray::<MapData, u64>::try_from,
-    )?;
-    let drops = take_map(
-        &mut loaded.ebpf,
-        MAP_DROPS,
-        PerCpuHashMap::<MapData, DropKey, u64>::try_from,
-    )?;
-    let mut scope_map = take_map(
-        &mut loaded.ebpf,
-        MAP_SCOPE,
-        BpfHashMap::<MapData, u32, u32>::try_from,
-    )?;
+    let (ring, mut maps) = KernelMaps::take(&mut loaded.ebpf)?;
     if !opts.all_netns {
-        refresh_scope(&mut scope_map);
+        maps.refresh_scope();
+    }
+    let mut tc = match TcIngress::load(&mut loaded.ebpf) {
+        Ok(tc) => Some(tc),
+        Err(e) => {
+            warn!(error = %e, "TC ingress unavailable: frag-needed received is not seen");
+            None
+        }
+    };
+    if let Some(tc) = tc.as_mut() {
+        sync_tc(tc, &mut loaded.ebpf, &mut maps);
     }
 
     let shared = Arc::new(Shared {
@@ -160,8 +155,8 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
         move |netns: u32, ifindex: u32| (netns == own_netns).then(|| if_name(ifindex)).flatten();
     let reasons = loaded.drop_reasons.clone();
     let mut tick = tokio::time::interval(Duration::from_millis(500));
-    let mut scope_tick = tokio::time::interval(SCOPE_REFRESH);
-    scope_tick.tick().await;
+    let mut refresh_tick = tokio::time::interval(REFRESH);
+    refresh_tick.tick().await;
     loop {
         tokio::select! {
             ev = rx.recv() => {
@@ -179,10 +174,28 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
                 }
             }
             _ = tick.tick() => {
-                let totals = read_totals(&counters, &drops, &reasons, bad_records.load(Ordering::Relaxed));
-                shared.metrics.lock().unwrap_or_else(|e| e.into_inner()).sync_kernel(totals);
+                let totals = maps.totals(&reasons, &ifname, bad_records.load(Ordering::Relaxed));
+                let blackholes = maps.active_blackholes();
+                let mut metrics = shared.metrics.lock().unwrap_or_else(|e| e.into_inner());
+                metrics.sync_kernel(totals);
+                metrics.set_blackholes(blackholes.len());
+                drop(metrics);
+                let resolved = shared.store.lock().unwrap_or_else(|e| e.into_inner()).resolve(
+                    |f| f.kind == Kind::PmtudBlackhole && !blackholes.iter().any(|k| flow_matches(f, k)),
+                    SystemTime::now(),
+                );
+                for f in resolved {
+                    print_finding(&f, opts.format);
+                }
             }
-            _ = scope_tick.tick(), if !opts.all_netns => refresh_scope(&mut scope_map),
+            _ = refresh_tick.tick() => {
+                if !opts.all_netns {
+                    maps.refresh_scope();
+                }
+                if let Some(tc) = tc.as_mut() {
+                    sync_tc(tc, &mut loaded.ebpf, &mut maps);
+                }
+            }
             _ = sigterm.recv() => { info!("SIGTERM: shutting down"); break; }
             _ = sigint.recv() => { info!("SIGINT: shutting down"); break; }
         }
@@ -207,61 +220,20 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
     Ok(())
 }
 
-/// Makes the kernel's scope map equal to this node's current set of namespaces.
-fn refresh_scope(map: &mut BpfHashMap<MapData, u32, u32>) {
-    let scope = match crate::netlink::local_scope() {
-        Ok(scope) => scope,
-        Err(e) => {
-            warn!(error = %e, "cannot list this node's network namespaces; keeping the previous scope");
-            return;
-        }
-    };
-    let stale: Vec<u32> = map
-        .keys()
-        .flatten()
-        .filter(|k| !scope.contains(k))
-        .collect();
-    for ns in stale {
-        let _ = map.remove(&ns);
-    }
-    for ns in &scope {
-        if let Err(e) = map.insert(ns, 1, 0) {
-            warn!(netns = ns, error = %e, "scope map full; namespace not watched");
-        }
+/// Attaches TC ingress to the agent's namespace's interfaces as they come and go.
+fn sync_tc(tc: &mut TcIngress, ebpf: &mut aya::Ebpf, maps: &mut KernelMaps) {
+    match crate::netlink::links() {
+        Ok(links) => tc.sync(ebpf, &links, &mut maps.l3_offset),
+        Err(e) => warn!(error = %e, "cannot list interfaces; TC attachments unchanged"),
     }
 }
 
-fn take_map<M>(
-    ebpf: &mut aya::Ebpf,
-    name: &'static str,
-    conv: impl FnOnce(aya::maps::Map) -> Result<M, aya::maps::MapError>,
-) -> Result<M, AgentError> {
-    let map = ebpf
-        .take_map(name)
-        .ok_or_else(|| AgentError::Map(name, "not in the object".into()))?;
-    conv(map).map_err(|e| AgentError::Map(name, e.to_string()))
-}
-
-fn read_totals(
-    counters: &PerCpuArray<MapData, u64>,
-    drops: &PerCpuHashMap<MapData, DropKey, u64>,
-    reasons: &DropReasons,
-    bad_records: u64,
-) -> KernelTotals {
-    let get = |idx: u32| -> u64 { counters.get(&idx, 0).map(|v| v.iter().sum()).unwrap_or(0) };
-    let mut totals = KernelTotals {
-        refused: get(counter::CONNECT_REFUSED),
-        timeout: get(counter::CONNECT_TIMEOUT),
-        unreachable: get(counter::CONNECT_UNREACHABLE),
-        rst_sent: get(counter::RST_SENT),
-        rst_received: get(counter::RST_RECEIVED),
-        events_lost: get(counter::EVENTS_LOST) + bad_records,
-        drops: Default::default(),
-    };
-    for (key, values) in drops.iter().flatten() {
-        *totals.drops.entry(reasons.name(key.reason)).or_default() += values.iter().sum::<u64>();
-    }
-    totals
+/// Whether a flow finding is about `key`.
+fn flow_matches(f: &Finding, key: &FlowKey) -> bool {
+    let addr = |b: &[u8; 16]| crate::correlate::addr(key, b).to_string();
+    f.src.as_deref() == Some(addr(&key.saddr).as_str())
+        && f.dst.as_deref() == Some(addr(&key.daddr).as_str())
+        && f.dport == Some(key.dport)
 }
 
 fn print_finding(f: &Finding, format: OutputFormat) {

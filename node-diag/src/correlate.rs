@@ -75,6 +75,144 @@ enum Evidence {
 }
 
 pub fn correlate(ev: &Event, ctx: &Context<'_>) -> Option<Finding> {
+    match ev.kind {
+        event_kind::DF_OVERSIZE => Some(df_oversize(ev, ctx)),
+        event_kind::PMTUD_STALL => Some(pmtud_stall(ev, ctx)),
+        _ => connect_verdict(ev, ctx),
+    }
+}
+
+/// The finding's flow fields from the event.
+fn with_flow(mut f: Finding, ev: &Event) -> Finding {
+    let flow = &ev.flow;
+    f.src = Some(addr(flow, &flow.saddr).to_string());
+    f.dst = Some(addr(flow, &flow.daddr).to_string());
+    f.dport = Some(flow.dport);
+    f.sport = (flow.sport != 0).then_some(flow.sport);
+    f.netns = (ev.netns != 0).then_some(ev.netns);
+    f
+}
+
+/// ICMP frag-needed evidence (generated here, received, dropped by netfilter) as JSON.
+fn frag_evidence(ev: &Event, evidence: &mut Map<String, Value>) {
+    let sent = (ev.icmp.last_ns != 0 && ev.icmp.icmp_type == 3 && ev.icmp.icmp_code == 4)
+        .then_some(ev.icmp);
+    evidence.insert(
+        "frag_needed_sent".into(),
+        json!(sent.map_or(0, |i| i.count)),
+    );
+    if let Some(i) = sent.filter(|i| i.mtu != 0) {
+        evidence.insert("frag_needed_mtu".into(), json!(i.mtu));
+    }
+    evidence.insert("frag_needed_received".into(), json!(ev.icmp_rcvd.count));
+    if ev.icmp_rcvd.count > 0 && ev.icmp_rcvd.mtu != 0 {
+        evidence.insert("frag_needed_received_mtu".into(), json!(ev.icmp_rcvd.mtu));
+    }
+    evidence.insert("frag_needed_dropped".into(), json!(ev.frag_dropped.count));
+}
+
+fn df_oversize(ev: &Event, ctx: &Context<'_>) -> Finding {
+    let flow = &ev.flow;
+    let (src, dst) = (addr(flow, &flow.saddr), addr(flow, &flow.daddr));
+    let iface = (ctx.ifname)(ev.drop.netns, ev.drop.ifindex)
+        .unwrap_or_else(|| format!("ifindex {}", ev.drop.ifindex));
+    let mut evidence = Map::new();
+    evidence.insert(
+        "drop_reason".into(),
+        json!(ctx.drop_reasons.name(ev.drop.reason)),
+    );
+    evidence.insert("packet_len".into(), json!(ev.len));
+    evidence.insert("egress_interface".into(), json!(iface));
+    evidence.insert("egress_mtu".into(), json!(ev.mtu));
+    frag_evidence(ev, &mut evidence);
+    let pmtud_worked = ev.icmp.icmp_code == 4 && ev.icmp.count > 0 && ev.frag_dropped.count == 0;
+    let (severity, tail, remediation) = if pmtud_worked {
+        (
+            Severity::Info,
+            "; ICMP frag-needed went back to the sender, so PMTUD can recover the flow",
+            format!(
+                "Nothing is broken yet, but every new flow pays a drop and a retransmit: set the pod/CNI MTU to at most {} so packets fit the overlay.",
+                ev.mtu
+            ),
+        )
+    } else {
+        (
+            Severity::Warning,
+            "; no ICMP frag-needed went back, so the sender cannot learn the path MTU",
+            format!(
+                "Set the pod/CNI MTU to at most {}, or clamp TCP MSS (`iptables -t mangle -A POSTROUTING -p tcp --tcp-flags SYN,RST SYN -j TCPMSS --clamp-mss-to-pmtu`).",
+                ev.mtu
+            ),
+        )
+    };
+    let summary = format!(
+        "DF packets of {src} -> {dst}:{} ({} bytes) are dropped: larger than {iface}'s MTU {}{tail}.",
+        flow.dport, ev.len, ev.mtu
+    );
+    let mut f = with_flow(
+        Finding::new(
+            Kind::DfOversizeDrop,
+            Layer::OverlayMtu,
+            severity,
+            summary,
+            remediation,
+            ctx.now,
+        ),
+        ev,
+    );
+    f.interface = Some(iface);
+    f.evidence = with_sorted_keys(evidence);
+    f
+}
+
+fn pmtud_stall(ev: &Event, ctx: &Context<'_>) -> Finding {
+    let flow = &ev.flow;
+    let (src, dst) = (addr(flow, &flow.saddr), addr(flow, &flow.daddr));
+    let mut evidence = Map::new();
+    evidence.insert("fullsize_retransmits".into(), json!(ev.retrans));
+    evidence.insert("mss".into(), json!(ev.mtu));
+    evidence.insert("segment_len".into(), json!(ev.len));
+    frag_evidence(ev, &mut evidence);
+    let generated_here = ev.icmp.icmp_code == 4 && ev.icmp.count > 0;
+    let why = if ev.frag_dropped.count > 0 {
+        // A frag-needed this node generated is dropped on its way out; one it forwards
+        // is dropped in forward (or input, when addressed to the node itself).
+        let hook = if generated_here { "output" } else { "forward" };
+        evidence.insert("netfilter_hook".into(), json!(hook));
+        evidence.insert("drop_reason".into(), json!("NETFILTER_DROP"));
+        format!(
+            "the ICMP frag-needed meant for the sender is dropped by netfilter on this node ({hook} hook, {} times)",
+            ev.frag_dropped.count
+        )
+    } else if ev.icmp_rcvd.count > 0 {
+        format!(
+            "ICMP frag-needed (MTU {}) reached this node {} times but the sender never shrank its segments (filtered before the pod, or PMTUD disabled there)",
+            ev.icmp_rcvd.mtu, ev.icmp_rcvd.count
+        )
+    } else {
+        "no ICMP frag-needed ever arrived for it: a router or firewall on the path drops the oversized packets or filters the ICMP".to_string()
+    };
+    let summary = format!(
+        "PMTUD black hole: {src}:{} -> {dst}:{} keeps retransmitting full-size segments ({} in a row, {} bytes, MSS {}) and {why}.",
+        flow.sport, flow.dport, ev.retrans, ev.len, ev.mtu
+    );
+    let remediation = "Fix the MTU (pod/CNI MTU = underlay MTU - overlay overhead); clamp TCP MSS (`iptables -t mangle -A POSTROUTING -p tcp --tcp-flags SYN,RST SYN -j TCPMSS --clamp-mss-to-pmtu`); allow ICMP type 3 code 4; or set `sysctl -w net.ipv4.tcp_mtu_probing=1` on the sender.".to_string();
+    let mut f = with_flow(
+        Finding::new(
+            Kind::PmtudBlackhole,
+            Layer::IcmpFiltered,
+            Severity::Critical,
+            summary,
+            remediation,
+            ctx.now,
+        ),
+        ev,
+    );
+    f.evidence = with_sorted_keys(evidence);
+    f
+}
+
+fn connect_verdict(ev: &Event, ctx: &Context<'_>) -> Option<Finding> {
     let flow = &ev.flow;
     let src = addr(flow, &flow.saddr);
     let dst = addr(flow, &flow.daddr);
@@ -83,8 +221,8 @@ pub fn correlate(ev: &Event, ctx: &Context<'_>) -> Option<Finding> {
     if ev.error != 0 {
         evidence.insert("errno".into(), json!(errno_name(ev.error)));
     }
-    if ev.syn_retrans != 0 {
-        evidence.insert("syn_retransmits".into(), json!(ev.syn_retrans));
+    if ev.retrans != 0 {
+        evidence.insert("syn_retransmits".into(), json!(ev.retrans));
     }
     let drop_reason = (ev.drop.count > 0).then(|| ctx.drop_reasons.name(ev.drop.reason));
     if let Some(reason) = &drop_reason {
@@ -231,13 +369,11 @@ pub fn correlate(ev: &Event, ctx: &Context<'_>) -> Option<Finding> {
         _ => return None,
     };
 
-    let mut finding = Finding::new(kind, layer, severity, summary, remediation, ctx.now);
+    let mut finding = with_flow(
+        Finding::new(kind, layer, severity, summary, remediation, ctx.now),
+        ev,
+    );
     finding.evidence = with_sorted_keys(evidence);
-    finding.src = Some(src.to_string());
-    finding.dst = Some(dst.to_string());
-    finding.dport = Some(dport);
-    finding.sport = (flow.sport != 0).then_some(flow.sport);
-    finding.netns = (ev.netns != 0).then_some(ev.netns);
     Some(finding)
 }
 
@@ -315,6 +451,7 @@ mod tests {
             icmp_code: 3,
             netns: 1,
             ifindex: 2,
+            ..Default::default()
         };
         assert_eq!(run(&ev).unwrap().layer, Layer::Firewall);
     }
@@ -322,7 +459,7 @@ mod tests {
     #[test]
     fn timeout_with_netfilter_drop_is_the_firewall() {
         let mut ev = event(event_kind::CONNECT_TIMEOUT, 0);
-        ev.syn_retrans = 2;
+        ev.retrans = 2;
         ev.drop = DropInfo {
             last_ns: 9,
             reason: 12,
@@ -373,6 +510,7 @@ mod tests {
             icmp_code: 13,
             netns: 1,
             ifindex: 2,
+            ..Default::default()
         };
         assert_eq!(run(&ev).unwrap().layer, Layer::Firewall);
     }
@@ -395,5 +533,86 @@ mod tests {
         ev.flow.family = node_diag_common::AF_INET6;
         ev.flow.daddr = "fd00::2".parse::<Ipv6Addr>().unwrap().octets();
         assert_eq!(run(&ev).unwrap().dst.as_deref(), Some("fd00::2"));
+    }
+
+    #[test]
+    fn oversize_drop_without_frag_needed_is_a_warning() {
+        let mut ev = event(event_kind::DF_OVERSIZE, 0);
+        ev.drop = DropInfo {
+            last_ns: 1,
+            reason: 93,
+            count: 1,
+            netns: 77,
+            ifindex: 3,
+        };
+        ev.mtu = 1450;
+        ev.len = 1500;
+        let f = run(&ev).unwrap();
+        assert_eq!((f.kind, f.layer), (Kind::DfOversizeDrop, Layer::OverlayMtu));
+        assert_eq!(f.severity, Severity::Warning);
+        assert_eq!(f.interface.as_deref(), Some("vpod0"));
+        assert_eq!(f.evidence["egress_mtu"], 1450);
+        assert_eq!(f.evidence["packet_len"], 1500);
+        assert!(f.summary.contains("MTU 1450"), "{}", f.summary);
+    }
+
+    #[test]
+    fn oversize_drop_with_frag_needed_sent_back_is_info() {
+        let mut ev = event(event_kind::DF_OVERSIZE, 0);
+        ev.icmp = IcmpInfo {
+            last_ns: 5,
+            icmp_type: 3,
+            icmp_code: 4,
+            mtu: 1450,
+            count: 1,
+            ..Default::default()
+        };
+        let f = run(&ev).unwrap();
+        assert_eq!(f.severity, Severity::Info);
+        assert_eq!(f.evidence["frag_needed_sent"], 1);
+        assert_eq!(f.evidence["frag_needed_mtu"], 1450);
+    }
+
+    #[test]
+    fn stall_with_locally_dropped_frag_needed_names_the_hook() {
+        let mut ev = event(event_kind::PMTUD_STALL, 0);
+        ev.retrans = 3;
+        ev.mtu = 1448;
+        ev.len = 1448;
+        ev.icmp = IcmpInfo {
+            last_ns: 5,
+            icmp_type: 3,
+            icmp_code: 4,
+            count: 4,
+            ..Default::default()
+        };
+        ev.frag_dropped = DropInfo {
+            last_ns: 6,
+            reason: 12,
+            count: 4,
+            netns: 77,
+            ifindex: 0,
+        };
+        let f = run(&ev).unwrap();
+        assert_eq!(
+            (f.kind, f.layer),
+            (Kind::PmtudBlackhole, Layer::IcmpFiltered)
+        );
+        assert_eq!(f.severity, Severity::Critical);
+        assert_eq!(f.evidence["netfilter_hook"], "output");
+        assert_eq!(f.evidence["frag_needed_dropped"], 4);
+        assert!(f.remediation.contains("tcp_mtu_probing=1"));
+    }
+
+    #[test]
+    fn stall_without_any_frag_needed_points_at_the_path() {
+        let f = run(&event(event_kind::PMTUD_STALL, 0)).unwrap();
+        assert_eq!(f.layer, Layer::IcmpFiltered);
+        assert!(
+            f.summary.contains("no ICMP frag-needed ever arrived"),
+            "{}",
+            f.summary
+        );
+        assert!(f.evidence.get("netfilter_hook").is_none());
     }
 }

@@ -195,12 +195,29 @@ impl Finding {
         } else {
             String::new()
         };
+        let iface = self
+            .interface
+            .as_ref()
+            .map(|i| format!(" interface={i}"))
+            .unwrap_or_default();
+        if self.status == Status::Resolved {
+            return format!(
+                "{} RESOLVED {} layer={}{}{}: {}",
+                self.resolved_at.as_deref().unwrap_or(&self.last_seen),
+                self.kind,
+                self.layer,
+                iface,
+                flow,
+                self.summary
+            );
+        }
         format!(
-            "{} {:<8} {} layer={}{}{}: {} Fix: {}",
+            "{} {:<8} {} layer={}{}{}{}: {} Fix: {}",
             self.last_seen,
             self.severity.as_str().to_uppercase(),
             self.kind,
             self.layer,
+            iface,
             flow,
             repeat,
             self.summary,
@@ -255,7 +272,12 @@ impl Store {
             agg.last_seen = finding.last_seen;
             agg.sport = finding.sport.or(agg.sport);
             agg.evidence = finding.evidence;
-            if now.duration_since(entry.printed_at) >= self.repeat_interval {
+            agg.summary = finding.summary;
+            agg.severity = finding.severity;
+            let reopened = agg.status == Status::Resolved;
+            agg.status = Status::Active;
+            agg.resolved_at = None;
+            if reopened || now.duration_since(entry.printed_at) >= self.repeat_interval {
                 entry.printed_at = now;
                 entry.printed_count = agg.count;
                 return Some(agg.clone());
@@ -278,6 +300,51 @@ impl Store {
             printed_count: finding.count,
         });
         Some(finding)
+    }
+
+    /// Makes the active findings of `kinds` equal to `current`, for conditions that are
+    /// re-evaluated as a whole (the MTU model): new or reappearing ones are recorded,
+    /// ones still holding only refresh `last_seen`, and ones gone are resolved. Returns
+    /// what should be printed.
+    pub fn sync_conditions(
+        &mut self,
+        kinds: &[Kind],
+        current: Vec<Finding>,
+        now_sys: SystemTime,
+        now: Instant,
+    ) -> Vec<Finding> {
+        let mut out = Vec::new();
+        let keys: Vec<Key> = current.iter().map(Finding::key).collect();
+        for finding in current {
+            match self.entries.get(&finding.key()) {
+                Some(&idx) if self.list[idx].finding.status == Status::Active => {
+                    let agg = &mut self.list[idx].finding;
+                    agg.last_seen = finding.last_seen;
+                    agg.summary = finding.summary;
+                    agg.evidence = finding.evidence;
+                }
+                _ => out.extend(self.record(finding, now)),
+            }
+        }
+        out.extend(self.resolve(
+            |f| kinds.contains(&f.kind) && !keys.contains(&f.key()),
+            now_sys,
+        ));
+        out
+    }
+
+    /// Marks the active findings matching `gone` resolved and returns them.
+    pub fn resolve(&mut self, gone: impl Fn(&Finding) -> bool, now: SystemTime) -> Vec<Finding> {
+        let stamp = rfc3339(now);
+        self.list
+            .iter_mut()
+            .filter(|e| e.finding.status == Status::Active && gone(&e.finding))
+            .map(|e| {
+                e.finding.status = Status::Resolved;
+                e.finding.resolved_at = Some(stamp.clone());
+                e.finding.clone()
+            })
+            .collect()
     }
 
     /// Findings whose count grew since they were last printed (flushed on shutdown).
@@ -390,5 +457,58 @@ mod tests {
         ] {
             assert_eq!(serde_json::to_value(layer).unwrap(), layer.as_str());
         }
+    }
+
+    fn mismatch(iface: &str) -> Finding {
+        let mut f = Finding::new(
+            Kind::OverlayMtuMismatch,
+            Layer::OverlayMtu,
+            Severity::Warning,
+            format!("{iface} too big"),
+            "r".into(),
+            SystemTime::UNIX_EPOCH,
+        );
+        f.interface = Some(iface.into());
+        f
+    }
+
+    #[test]
+    fn conditions_appear_hold_resolve_and_reopen() {
+        let mut store = Store::new(Duration::from_secs(10), 100);
+        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(60);
+        let now = Instant::now();
+        let kinds = [Kind::OverlayMtuMismatch];
+        let printed = store.sync_conditions(&kinds, vec![mismatch("eth0")], t, now);
+        assert_eq!(printed.len(), 1);
+        // Still true: nothing printed, nothing counted.
+        assert!(
+            store
+                .sync_conditions(&kinds, vec![mismatch("eth0")], t, now)
+                .is_empty()
+        );
+        assert_eq!(store.all()[0].count, 1);
+        // Gone: resolved once.
+        let printed = store.sync_conditions(&kinds, vec![], t, now);
+        assert_eq!(printed.len(), 1);
+        assert_eq!(printed[0].status, Status::Resolved);
+        assert_eq!(
+            printed[0].resolved_at.as_deref(),
+            Some("1970-01-01T00:01:00.000Z")
+        );
+        assert!(printed[0].one_line().contains("RESOLVED"));
+        assert!(store.sync_conditions(&kinds, vec![], t, now).is_empty());
+        // Back again: active, printed at once, counted.
+        let printed = store.sync_conditions(&kinds, vec![mismatch("eth0")], t, now);
+        assert_eq!(printed.len(), 1);
+        assert_eq!(printed[0].status, Status::Active);
+        assert_eq!(printed[0].count, 2);
+        // Other kinds are left alone.
+        store.record(refused(1), now);
+        assert!(
+            store
+                .sync_conditions(&kinds, vec![mismatch("eth0")], t, now)
+                .is_empty()
+        );
+        assert_eq!(store.all().len(), 2);
     }
 }

@@ -20,6 +20,10 @@ use crate::{
 /// The eBPF object built by `build.rs` (aya-build) for this target.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/node-diag"));
 
+/// Consecutive full-size retransmits of one socket that make a PMTUD stall: with the
+/// 200 ms minimum RTO doubling, the third comes about 1.4 s into the stall.
+pub const FULLSIZE_RETRANS_THRESHOLD: u32 = 3;
+
 /// Drop reasons whose SYN drops are remembered per flow as timeout evidence.
 pub const FLOW_DROP_REASONS: &[&str] = &[
     "NETFILTER_DROP",
@@ -145,6 +149,7 @@ pub fn load(opts: &Options) -> Result<Loaded, LoadError> {
     }
     let mut config = Config {
         syn_retrans_threshold: opts.syn_retrans_threshold.max(1),
+        fullsize_retrans_threshold: FULLSIZE_RETRANS_THRESHOLD,
         ..Config::default()
     };
     let mut degraded = Vec::new();
@@ -161,6 +166,8 @@ pub fn load(opts: &Options) -> Result<Loaded, LoadError> {
             }
         }
     }
+    config.reason_pkt_too_big = drop_reasons.value("PKT_TOO_BIG").unwrap_or(u32::MAX);
+    config.reason_netfilter_drop = drop_reasons.value("NETFILTER_DROP").unwrap_or(u32::MAX);
     for name in FLOW_DROP_REASONS {
         if let Some(v) = drop_reasons.value(name)
             && v < 256
@@ -266,6 +273,7 @@ fn fill_config(
         "nd_retransmit" => {
             c.retrans = tuple(fmt)?;
             c.retrans_skaddr = fmt.offset("skaddr")?;
+            c.retrans_skbaddr = fmt.offset("skbaddr")?;
             c.retrans_state = fmt.offset("state")?;
         }
         "nd_rcv_reset" => {
@@ -318,6 +326,11 @@ fn fill_btf(c: &mut Config, btf: &Btf) -> Result<(), crate::btf::BtfError> {
     c.skb_network_header = btf.member_offset("sk_buff", "network_header")?;
     c.dev_ifindex = btf.member_offset("net_device", "ifindex")?;
     c.dev_net = btf.path_offset("net_device", "nd_net.net")?;
+    c.dev_mtu = btf.member_offset("net_device", "mtu")?;
+    c.skb_len = btf.member_offset("sk_buff", "len")?;
+    c.skb_refdst = btf.member_offset("sk_buff", "_skb_refdst")?;
+    c.dst_dev = btf.member_offset("dst_entry", "dev")?;
+    c.tcp_mss_cache = btf.member_offset("tcp_sock", "mss_cache")?;
     c.btf_ok = 1;
     Ok(())
 }

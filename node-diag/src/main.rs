@@ -15,9 +15,11 @@ mod doctor;
 mod events;
 mod findings;
 mod http;
+mod kernel;
 mod loader;
 mod metrics;
 mod netlink;
+mod tc;
 mod tracefs;
 
 use std::{net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};

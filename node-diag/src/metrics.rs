@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use prometheus_client::{
     encoding::EncodeLabelSet,
-    metrics::{counter::Counter, family::Family, info::Info},
+    metrics::{counter::Counter, family::Family, gauge::Gauge, info::Info},
     registry::Registry,
 };
 
@@ -19,6 +19,18 @@ pub struct ReasonLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DirectionLabel {
     pub direction: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct InterfaceLabel {
+    pub interface: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct InterfaceMtuLabels {
+    pub interface: String,
+    pub kind: String,
+    pub netns: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -37,8 +49,13 @@ pub struct KernelTotals {
     pub rst_sent: u64,
     pub rst_received: u64,
     pub events_lost: u64,
+    pub frag_sent: u64,
+    pub frag_received: u64,
+    pub frag_dropped: u64,
     /// Drop counts by reason name.
     pub drops: HashMap<String, u64>,
+    /// DF oversize drops by egress interface name.
+    pub oversize: HashMap<String, u64>,
 }
 
 pub struct Metrics {
@@ -48,6 +65,11 @@ pub struct Metrics {
     drops: Family<ReasonLabel, Counter>,
     findings: Family<FindingLabels, Counter>,
     events_lost: Counter,
+    frag_needed: Family<DirectionLabel, Counter>,
+    oversize: Family<InterfaceLabel, Counter>,
+    blackholes: Gauge,
+    interface_mtu: Family<InterfaceMtuLabels, Gauge>,
+    headroom: Family<InterfaceLabel, Gauge>,
     last: KernelTotals,
 }
 
@@ -84,6 +106,36 @@ impl Metrics {
             "Kernel events lost because the ring buffer was full",
             events_lost.clone(),
         );
+        let frag_needed = Family::<DirectionLabel, Counter>::default();
+        registry.register(
+            "node_diag_icmp_frag_needed",
+            "ICMP frag-needed / packet-too-big sent by, received by, and dropped on this node",
+            frag_needed.clone(),
+        );
+        let oversize = Family::<InterfaceLabel, Counter>::default();
+        registry.register(
+            "node_diag_df_oversize_drops",
+            "DF packets dropped for exceeding the egress interface MTU, by that interface",
+            oversize.clone(),
+        );
+        let blackholes = Gauge::default();
+        registry.register(
+            "node_diag_pmtud_blackholes",
+            "Flows black-holed by PMTUD right now",
+            blackholes.clone(),
+        );
+        let interface_mtu = Family::<InterfaceMtuLabels, Gauge>::default();
+        registry.register(
+            "node_diag_interface_mtu_bytes",
+            "MTU of each interface of this node and its pods",
+            interface_mtu.clone(),
+        );
+        let headroom = Family::<InterfaceLabel, Gauge>::default();
+        registry.register(
+            "node_diag_overlay_mtu_headroom_bytes",
+            "Expected MTU (underlay minus encapsulation) minus actual MTU; negative when misconfigured",
+            headroom.clone(),
+        );
         registry.register(
             "node_diag_build",
             "node-diag build information",
@@ -103,6 +155,11 @@ impl Metrics {
                 direction: direction.into(),
             });
         }
+        for direction in ["sent", "received", "dropped"] {
+            let _ = frag_needed.get_or_create(&DirectionLabel {
+                direction: direction.into(),
+            });
+        }
         Self {
             registry,
             connect_failures,
@@ -110,6 +167,11 @@ impl Metrics {
             drops,
             findings,
             events_lost,
+            frag_needed,
+            oversize,
+            blackholes,
+            interface_mtu,
+            headroom,
             last: KernelTotals::default(),
         }
     }
@@ -148,6 +210,15 @@ impl Metrics {
             .inc_by(delta(now.rst_received, self.last.rst_received));
         self.events_lost
             .inc_by(delta(now.events_lost, self.last.events_lost));
+        for (direction, new, old) in [
+            ("sent", now.frag_sent, self.last.frag_sent),
+            ("received", now.frag_received, self.last.frag_received),
+            ("dropped", now.frag_dropped, self.last.frag_dropped),
+        ] {
+            self.frag_needed
+                .get_or_create(&dir(direction))
+                .inc_by(delta(new, old));
+        }
         for (name, count) in &now.drops {
             let old = self.last.drops.get(name).copied().unwrap_or(0);
             let d = delta(*count, old);
@@ -155,7 +226,47 @@ impl Metrics {
                 self.drops.get_or_create(&reason(name)).inc_by(d);
             }
         }
+        for (name, count) in &now.oversize {
+            let old = self.last.oversize.get(name).copied().unwrap_or(0);
+            let d = delta(*count, old);
+            if d > 0 {
+                self.oversize
+                    .get_or_create(&InterfaceLabel {
+                        interface: name.clone(),
+                    })
+                    .inc_by(d);
+            }
+        }
         self.last = now;
+    }
+
+    pub fn set_blackholes(&self, flows: usize) {
+        self.blackholes.set(flows as i64);
+    }
+
+    /// Replaces the MTU gauges with the current model: `(interface, kind, netns, mtu)`
+    /// and `(interface, headroom)`.
+    pub fn set_mtu_model(
+        &self,
+        interfaces: impl IntoIterator<Item = (String, String, String, u32)>,
+        headroom: impl IntoIterator<Item = (String, i64)>,
+    ) {
+        self.interface_mtu.clear();
+        for (interface, kind, netns, mtu) in interfaces {
+            self.interface_mtu
+                .get_or_create(&InterfaceMtuLabels {
+                    interface,
+                    kind,
+                    netns,
+                })
+                .set(i64::from(mtu));
+        }
+        self.headroom.clear();
+        for (interface, bytes) in headroom {
+            self.headroom
+                .get_or_create(&InterfaceLabel { interface })
+                .set(bytes);
+        }
     }
 
     pub fn encode(&self) -> Result<String, std::fmt::Error> {
@@ -184,6 +295,8 @@ mod tests {
             ..Default::default()
         };
         t.drops.insert("NETFILTER_DROP".into(), 5);
+        t.oversize.insert("vx0".into(), 2);
+        t.frag_dropped = 3;
         m.sync_kernel(t.clone());
         t.refused = 4;
         t.drops.insert("NETFILTER_DROP".into(), 7);
@@ -197,6 +310,23 @@ mod tests {
         assert!(text.contains("node_diag_tcp_resets_total{direction=\"received\"} 1"));
         assert!(text.contains("node_diag_drops_total{reason=\"NETFILTER_DROP\"} 7"));
         assert!(text.contains("node_diag_events_lost_total 0"));
+        assert!(text.contains("node_diag_df_oversize_drops_total{interface=\"vx0\"} 2"));
+        assert!(text.contains("node_diag_icmp_frag_needed_total{direction=\"dropped\"} 3"));
+        assert!(text.contains("node_diag_icmp_frag_needed_total{direction=\"sent\"} 0"));
+        m.set_blackholes(1);
+        m.set_mtu_model(
+            [(
+                "eth0".to_string(),
+                "veth".to_string(),
+                "pod-a".to_string(),
+                1500,
+            )],
+            [("eth0".to_string(), -50)],
+        );
+        let text = m.encode().unwrap();
+        assert!(text.contains("node_diag_pmtud_blackholes 1"));
+        assert!(text.contains("node_diag_interface_mtu_bytes{interface=\"eth0\",kind=\"veth\",netns=\"pod-a\"} 1500"), "{text}");
+        assert!(text.contains("node_diag_overlay_mtu_headroom_bytes{interface=\"eth0\"} -50"));
         assert!(text.contains("node_diag_build_info{version=\""));
         assert!(text.ends_with("# EOF\n"));
     }

@@ -36,6 +36,8 @@ pub struct Link {
     pub name: String,
     pub kind: Option<String>,
     pub mtu: Option<u32>,
+    /// ARPHRD_* link-layer type (1 Ethernet, 772 loopback, 65534 none, ...).
+    pub link_type: u16,
     /// For veths and other cross-namespace links: the peer namespace's id in ours.
     pub link_netnsid: Option<i32>,
 }
@@ -114,6 +116,7 @@ fn link_from(msg: LinkMessage) -> Link {
         name: String::new(),
         kind: None,
         mtu: None,
+        link_type: u16::from(msg.header.link_layer_type),
         link_netnsid: None,
     };
     for attr in msg.attributes {

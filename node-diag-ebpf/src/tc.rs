@@ -1,0 +1,86 @@
+//! TC ingress (`sched_cls`) on this node's interfaces: ICMP frag-needed and IPv6
+//! packet-too-big arriving for a flow, remembered per original flow with the next-hop MTU
+//! they carry. The program never changes the verdict (`TC_ACT_UNSPEC`).
+
+use aya_ebpf::{bindings::TC_ACT_UNSPEC, macros::classifier, programs::TcContext};
+use node_diag_common::{AF_INET, AF_INET6, FlowKey, IcmpInfo, counter};
+
+use crate::maps::{
+    ETH_P_IP, ETH_P_IPV6, ICMP_RCVD, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP,
+    L3_OFFSET, inc, now, set_v4,
+};
+
+#[classifier]
+pub fn nd_tc_ingress(ctx: TcContext) -> i32 {
+    let _ = try_tc_ingress(&ctx);
+    TC_ACT_UNSPEC
+}
+
+fn try_tc_ingress(ctx: &TcContext) -> Option<()> {
+    let (protocol, ifindex) = unsafe { ((*ctx.skb.skb).protocol, (*ctx.skb.skb).ifindex) };
+    let protocol = u16::from_be(protocol as u16);
+    let nh = match unsafe { L3_OFFSET.get(&ifindex) } {
+        Some(off) => *off as usize,
+        None => 14,
+    };
+    let (mut flow, icmp_off, icmp_type, code, mtu) = if protocol == ETH_P_IP {
+        let ver_ihl = ctx.load::<u8>(nh).ok()?;
+        if ctx.load::<u8>(nh + 9).ok()? != IPPROTO_ICMP {
+            return None;
+        }
+        let icmp = nh + ((ver_ihl & 0x0f) as usize) * 4;
+        let (t, c) = (ctx.load::<u8>(icmp).ok()?, ctx.load::<u8>(icmp + 1).ok()?);
+        if t != 3 || c != 4 {
+            return None;
+        }
+        let mtu = u16::from_be(ctx.load::<u16>(icmp + 6).ok()?) as u32;
+        (FlowKey::default(), icmp, t, c, mtu)
+    } else if protocol == ETH_P_IPV6 {
+        if ctx.load::<u8>(nh + 6).ok()? != IPPROTO_ICMPV6 {
+            return None;
+        }
+        let icmp = nh + 40;
+        let (t, c) = (ctx.load::<u8>(icmp).ok()?, ctx.load::<u8>(icmp + 1).ok()?);
+        if t != 2 {
+            return None;
+        }
+        let mtu = u32::from_be(ctx.load::<u32>(icmp + 4).ok()?);
+        (FlowKey::default(), icmp, t, c, mtu)
+    } else {
+        return None;
+    };
+    // The quoted packet: the original sender's IP header and the first 8 transport bytes.
+    let inner = icmp_off + 8;
+    let l4 = if protocol == ETH_P_IP {
+        let ver_ihl = ctx.load::<u8>(inner).ok()?;
+        flow.family = AF_INET;
+        set_v4(&mut flow.saddr, ctx.load::<[u8; 4]>(inner + 12).ok()?);
+        set_v4(&mut flow.daddr, ctx.load::<[u8; 4]>(inner + 16).ok()?);
+        let proto = ctx.load::<u8>(inner + 9).ok()?;
+        (proto, inner + ((ver_ihl & 0x0f) as usize) * 4)
+    } else {
+        flow.family = AF_INET6;
+        flow.saddr = ctx.load::<[u8; 16]>(inner + 8).ok()?;
+        flow.daddr = ctx.load::<[u8; 16]>(inner + 24).ok()?;
+        (ctx.load::<u8>(inner + 6).ok()?, inner + 40)
+    };
+    if l4.0 == IPPROTO_TCP || l4.0 == IPPROTO_UDP {
+        flow.sport = u16::from_be(ctx.load::<u16>(l4.1).ok()?);
+        flow.dport = u16::from_be(ctx.load::<u16>(l4.1 + 2).ok()?);
+    }
+    inc(counter::ICMP_FRAG_RECEIVED);
+    let count = match unsafe { ICMP_RCVD.get(&flow) } {
+        Some(prev) => prev.count + 1,
+        None => 1,
+    };
+    let info = IcmpInfo {
+        last_ns: now(),
+        icmp_type: icmp_type as u32,
+        icmp_code: code as u32,
+        netns: 0,
+        ifindex,
+        mtu,
+        count,
+    };
+    ICMP_RCVD.insert(&flow, &info, 0).ok()
+}

@@ -1,0 +1,181 @@
+//! MTU and PMTUD scenarios: the real agent in node A, pod A's MTU set above the overlay's,
+//! bulk TCP from pod A to pod B, and assertions on the MTU/PMTUD findings and metrics.
+//!
+//! Root, `NODE_DIAG_BIN` set (or `cargo xtask test`), one test at a time:
+//! `cargo test -p node-diag-tests --test mtu -- --test-threads=1`.
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use node_diag_tests::finding::{assert_shape, field, flow_is};
+use node_diag_tests::topology::{POD_HOST_IF, POD_IF};
+use node_diag_tests::{Agent, ServerMode, TcpServer, Topology, cmd, tcp_request};
+use serde_json::Value;
+
+const READY: Duration = Duration::from_secs(30);
+/// A transfer big enough to fill full-size segments for a while.
+const BULK: usize = 200 * 1024;
+const BLACKHOLES: &str = "node_diag_pmtud_blackholes";
+const FRAG_SENT: &str = r#"node_diag_icmp_frag_needed_total{direction="sent"}"#;
+const FRAG_DROPPED: &str = r#"node_diag_icmp_frag_needed_total{direction="dropped"}"#;
+const OVERSIZE_VX0: &str = r#"node_diag_df_oversize_drops_total{interface="vx0"}"#;
+
+fn ready_agent(topo: &Topology) -> Agent<'_> {
+    let mut agent = Agent::start(topo);
+    agent.wait_ready(READY);
+    agent
+}
+
+/// The misconfiguration of the seed: every pod (and its node-side veth) at 1500 over a
+/// 1450 vxlan, so full-size packets must be forwarded into a smaller overlay. Both pods:
+/// a 1450 peer would advertise an MSS that hides the fault.
+fn pod_mtu(topo: &Topology, mtu: u32) {
+    let mtu = mtu.to_string();
+    for (node, pod) in [(&topo.node_a, &topo.pod_a), (&topo.node_b, &topo.pod_b)] {
+        cmd::run(&["ip", "-n", pod, "link", "set", POD_IF, "mtu", &mtu]);
+        cmd::run(&["ip", "-n", node, "link", "set", POD_HOST_IF, "mtu", &mtu]);
+        // A learned PMTU would hide the fault.
+        cmd::run(&["ip", "-n", pod, "route", "flush", "cache"]);
+    }
+}
+
+/// Drops the ICMP frag-needed node A generates (nftables output hook), as a host
+/// firewall that filters ICMP would.
+fn drop_frag_needed(topo: &Topology) {
+    cmd::run_in(
+        &topo.node_a,
+        &[
+            "nft",
+            "add table inet ndicmp; add chain inet ndicmp out { type filter hook output priority 0; policy accept; }; add rule inet ndicmp out icmp type destination-unreachable icmp code frag-needed drop",
+        ],
+    );
+}
+
+/// Sends `BULK` bytes from pod A to pod B's echo server on a background thread.
+fn bulk_in_background(
+    topo: &Topology,
+    port: u16,
+    timeout: Duration,
+) -> thread::JoinHandle<std::io::Result<Vec<u8>>> {
+    let (ns, addr) = (topo.pod_a.clone(), topo.pod_b_addr(port));
+    thread::spawn(move || tcp_request(&ns, addr, &vec![0x5a; BULK], timeout))
+}
+
+fn kind_on_flow<'a>(kind: &'a str, topo: &'a Topology, dport: u16) -> impl Fn(&Value) -> bool + 'a {
+    move |f| field(f, "kind") == kind && flow_is(f, topo.pod_a_ip, topo.pod_b_ip, dport)
+}
+
+fn is_mtu_kind(f: &Value) -> bool {
+    matches!(
+        field(f, "kind"),
+        "overlay_mtu_mismatch" | "df_oversize_drop" | "pmtud_blackhole" | "pmtud_disabled"
+    )
+}
+
+#[test]
+fn correct_mtus_make_no_mtu_finding() {
+    let topo = Topology::new();
+    let agent = ready_agent(&topo);
+    let _server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(9001), ServerMode::Echo);
+    let reply = tcp_request(
+        &topo.pod_a,
+        topo.pod_b_addr(9001),
+        &vec![1; BULK],
+        Duration::from_secs(10),
+    )
+    .expect("bulk transfer over a correctly sized overlay");
+    assert_eq!(reply.len(), BULK);
+    agent.expect_no_finding(is_mtu_kind, Duration::from_secs(3));
+    assert_eq!(
+        agent.metric(BLACKHOLES),
+        Some(0.0),
+        "{}",
+        agent.diagnostics()
+    );
+    assert_eq!(agent.counter(OVERSIZE_VX0), 0.0);
+}
+
+#[test]
+fn oversized_pod_mtu_with_icmp_allowed_is_an_oversize_drop_that_recovers() {
+    let topo = Topology::new();
+    pod_mtu(&topo, 1500);
+    let agent = ready_agent(&topo);
+    let _server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(9002), ServerMode::Echo);
+
+    let reply = tcp_request(
+        &topo.pod_a,
+        topo.pod_b_addr(9002),
+        &vec![2; BULK],
+        Duration::from_secs(10),
+    )
+    .expect("PMTUD works when frag-needed gets back: the transfer completes");
+    assert_eq!(reply.len(), BULK);
+
+    let f = agent.wait_finding(
+        kind_on_flow("df_oversize_drop", &topo, 9002),
+        Duration::from_secs(3),
+    );
+    assert_shape(&f);
+    assert_eq!(field(&f, "layer"), "overlay_mtu");
+    assert_eq!(f["interface"], "vx0", "{f:#}");
+    assert_eq!(f["evidence"]["egress_mtu"], 1450, "{f:#}");
+    assert!(
+        f["evidence"]["packet_len"].as_u64().unwrap() > 1450,
+        "{f:#}"
+    );
+    // Frag-needed went back to pod A, so PMTUD recovered the flow: informational.
+    assert_eq!(field(&f, "severity"), "info", "{f:#}");
+    assert!(
+        f["evidence"]["frag_needed_sent"].as_u64().unwrap() >= 1,
+        "{f:#}"
+    );
+    agent.wait_counter_at_least(OVERSIZE_VX0, 1.0, Duration::from_secs(2));
+    agent.wait_counter_at_least(FRAG_SENT, 1.0, Duration::from_secs(2));
+    agent.expect_no_finding(
+        |f| field(f, "kind") == "pmtud_blackhole",
+        Duration::from_secs(2),
+    );
+}
+
+#[test]
+fn filtered_frag_needed_is_a_pmtud_black_hole() {
+    let topo = Topology::new();
+    pod_mtu(&topo, 1500);
+    drop_frag_needed(&topo);
+    let agent = ready_agent(&topo);
+    let _server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(9003), ServerMode::Echo);
+
+    let start = Instant::now();
+    let client = bulk_in_background(&topo, 9003, Duration::from_secs(8));
+    let f = agent.wait_finding(
+        kind_on_flow("pmtud_blackhole", &topo, 9003),
+        Duration::from_secs(5),
+    );
+    assert!(
+        start.elapsed() <= Duration::from_secs(5),
+        "reported after {:?}",
+        start.elapsed()
+    );
+    assert_shape(&f);
+    assert_eq!(field(&f, "layer"), "icmp_filtered");
+    assert_eq!(field(&f, "severity"), "critical");
+    assert_eq!(f["evidence"]["netfilter_hook"], "output", "{f:#}");
+    assert!(
+        f["evidence"]["frag_needed_dropped"].as_u64().unwrap() >= 1,
+        "{f:#}"
+    );
+    assert!(
+        f["evidence"]["fullsize_retransmits"].as_u64().unwrap() >= 3,
+        "{f:#}"
+    );
+    assert!(field(&f, "remediation").contains("tcp_mtu_probing=1"));
+    agent.wait_counter_at_least(BLACKHOLES, 1.0, Duration::from_secs(2));
+    agent.wait_counter_at_least(FRAG_DROPPED, 1.0, Duration::from_secs(2));
+
+    // The transfer hangs: small requests work, large transfers do not.
+    let outcome = client.join().expect("client thread");
+    assert!(
+        outcome.as_ref().map_or(true, |r| r.len() < BULK),
+        "transfer completed: {outcome:?}"
+    );
+}
