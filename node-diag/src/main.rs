@@ -19,6 +19,7 @@ mod kernel;
 mod loader;
 mod metrics;
 mod netlink;
+mod probe;
 mod tc;
 mod tracefs;
 
@@ -62,6 +63,9 @@ enum Command {
     Findings(FindingsArgs),
     /// Check which kernel features the agent can use on this node.
     Doctor(DoctorArgs),
+    /// Find the path MTU to DST by a DF binary search (ICMP echo, like `ping -M do -s N`),
+    /// tell a working PMTUD from a black hole, and optionally check a TCP port.
+    Probe(ProbeArgs),
 }
 
 #[derive(clap::Args)]
@@ -103,6 +107,26 @@ struct FindingsArgs {
 
 #[derive(clap::Args)]
 struct DoctorArgs {
+    /// Output format.
+    #[arg(short = 'o', long = "format", value_enum, default_value = "text")]
+    format: OutputFormat,
+}
+
+#[derive(clap::Args)]
+struct ProbeArgs {
+    /// Destination address (IPv4 or IPv6) or name.
+    #[arg(value_name = "DST")]
+    dst: String,
+    /// Also classify a TCP connect to DST:PORT (ok, refused, timed_out, unreachable).
+    #[arg(long, value_name = "PORT")]
+    port: Option<u16>,
+    /// Bound on each wait: the TCP connect, and each echo until one is answered (later
+    /// echoes wait ten times the slowest answer, at least 250 ms, at most this).
+    #[arg(long, default_value_t = 3000, value_parser = clap::value_parser!(u64).range(1..=600_000), value_name = "N")]
+    timeout_ms: u64,
+    /// Largest IP packet size to try (default: the outgoing interface's MTU).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(68..=65_535), value_name = "N")]
+    max_mtu: Option<u32>,
     /// Output format.
     #[arg(short = 'o', long = "format", value_enum, default_value = "text")]
     format: OutputFormat,
@@ -165,6 +189,19 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             } else {
                 ExitCode::SUCCESS
             })
+        }
+        Command::Probe(args) => {
+            let report = probe::run(&probe::ProbeOptions {
+                dst: args.dst,
+                port: args.port,
+                timeout: Duration::from_millis(args.timeout_ms),
+                max_mtu: args.max_mtu,
+            })?;
+            match args.format {
+                OutputFormat::Text => print!("{}", report.text()),
+                OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+            }
+            Ok(ExitCode::SUCCESS)
         }
     }
 }

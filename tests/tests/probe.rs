@@ -1,0 +1,195 @@
+//! `node-diag probe`: the path MTU found by a real DF binary search through the test
+//! topology (1450 across the vxlan overlay, 1500 on the underlay), a TCP check, and a
+//! PMTUD black hole made by dropping ICMP frag-needed on node A.
+//!
+//! No agent runs here: `probe` needs no eBPF, only a raw ICMP socket, and is run with
+//! `ip netns exec` in the namespace it probes from.
+//!
+//! `NODE_DIAG_BIN=target/debug/node-diag cargo test -p node-diag-tests --test probe -- --test-threads=1` (root).
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use node_diag_tests::netns::Netns;
+use node_diag_tests::topology::{POD_HOST_IF, POD_IF};
+use node_diag_tests::{ServerMode, TcpServer, Topology, cmd, node_diag_bin, unique_name};
+use serde_json::Value;
+
+/// Bounds each echo wait before the first answer (and the TCP connect); later waits
+/// adapt to the round trip, so a black hole costs well under this per vanished size.
+const TIMEOUT_MS: &str = "1000";
+
+/// Runs `node-diag probe DST ARGS -o json` inside `netns` and returns its report.
+fn probe(netns: &str, dst: impl ToString, args: &[&str]) -> Value {
+    let bin = node_diag_bin();
+    let bin = bin.to_str().expect("NODE_DIAG_BIN is not UTF-8");
+    let dst = dst.to_string();
+    let mut argv = vec![bin, "probe", &dst, "--timeout-ms", TIMEOUT_MS, "-o", "json"];
+    argv.extend_from_slice(args);
+    let out = cmd::run_in(netns, &argv);
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("probe output is not JSON ({e}):\n{out}"))
+}
+
+/// Runs `node-diag probe ARGS` inside `netns`, expecting it to fail; returns stderr.
+fn probe_error(netns: &str, args: &[&str]) -> String {
+    let bin = node_diag_bin();
+    let mut argv = vec![bin.to_str().expect("NODE_DIAG_BIN is not UTF-8"), "probe"];
+    argv.extend_from_slice(args);
+    let out = cmd::try_run_in(netns, &argv);
+    assert!(
+        !out.status.success(),
+        "probe {args:?} should fail; stdout: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn set_mtu(netns: &str, dev: &str, mtu: u32) {
+    cmd::run(&[
+        "ip",
+        "-n",
+        netns,
+        "link",
+        "set",
+        dev,
+        "mtu",
+        &mtu.to_string(),
+    ]);
+}
+
+#[test]
+fn overlay_path_mtu_is_1450() {
+    let topo = Topology::new();
+    for (from, to, what) in [
+        (&topo.pod_a, topo.pod_b_ip, "pod A -> pod B"),
+        (&topo.pod_b, topo.pod_a_ip, "pod B -> pod A"),
+    ] {
+        let r = probe(from, to, &[]);
+        assert_eq!(r["path_mtu"], 1450, "{what}: {r:#}");
+        assert_eq!(r["max_icmp_payload"], 1422, "1450 − 20 − 8: {r:#}");
+        assert_eq!(r["local_mtu"], 1450, "{what}: {r:#}");
+        assert_eq!(r["verdict"], "ok", "{what}: {r:#}");
+        assert_eq!(r["vanished_sizes"], serde_json::json!([]), "{r:#}");
+    }
+}
+
+#[test]
+fn underlay_path_mtu_is_1500() {
+    let topo = Topology::new();
+    let r = probe(&topo.node_a, topo.node_b_underlay, &[]);
+    assert_eq!(r["path_mtu"], 1500, "{r:#}");
+    assert_eq!(r["max_icmp_payload"], 1472, "1500 − 20 − 8: {r:#}");
+    assert_eq!(r["interface"], "ul0", "{r:#}");
+    assert_eq!(r["verdict"], "ok", "{r:#}");
+}
+
+#[test]
+fn tcp_check_tells_refused_from_ok() {
+    let topo = Topology::new();
+    let r = probe(&topo.pod_a, topo.pod_b_ip, &["--port", "9"]);
+    assert_eq!(r["tcp"]["port"], 9, "{r:#}");
+    assert_eq!(r["tcp"]["result"], "refused", "{r:#}");
+    assert_eq!(r["tcp"]["errno"], libc::ECONNREFUSED, "{r:#}");
+    assert_eq!(r["path_mtu"], 1450, "{r:#}");
+
+    let server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(8080), ServerMode::Echo);
+    let r = probe(&topo.pod_a, topo.pod_b_ip, &["--port", "8080"]);
+    assert_eq!(r["tcp"]["result"], "ok", "{r:#}");
+    assert!(r["tcp"]["errno"].is_null(), "{r:#}");
+    assert_eq!(server.accepted(), 1);
+}
+
+/// The seed's fault: pod A (and its node-side veth) at 1500 over the 1450 vxlan, so a
+/// 1472-byte DF echo from pod A must be forwarded by node A into vx0 and is refused there.
+/// With ICMP allowed node A says so (frag-needed, next-hop MTU 1450); with frag-needed
+/// dropped on node A's output hook the oversized probes just vanish.
+#[test]
+fn frag_needed_dropped_is_a_black_hole() {
+    let topo = Topology::new();
+    set_mtu(&topo.pod_a, POD_IF, 1500);
+    set_mtu(&topo.node_a, POD_HOST_IF, 1500);
+
+    let r = probe(&topo.pod_a, topo.pod_b_ip, &[]);
+    assert_eq!(r["local_mtu"], 1500, "{r:#}");
+    assert_eq!(r["path_mtu"], 1450, "{r:#}");
+    assert_eq!(r["verdict"], "pmtu_below_local", "{r:#}");
+    assert!(r["frag_needed"]["count"].as_u64() >= Some(1), "{r:#}");
+    assert_eq!(r["frag_needed"]["next_hop_mtu"], 1450, "{r:#}");
+    let router: IpAddr = r["frag_needed"]["from"]
+        .as_str()
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("frag_needed.from is not an address: {r:#}"));
+    assert_eq!(
+        router,
+        IpAddr::V4(topo.pod_gateway),
+        "node A sent it: {r:#}"
+    );
+    assert_eq!(r["vanished_sizes"], serde_json::json!([]), "{r:#}");
+
+    // Pod A has now learnt (and cached) PMTU 1450 towards pod B; the probe must not
+    // trust that cache, or the black hole below would hide behind it.
+    // The table goes with node A's namespace.
+    for rule in [
+        "add table inet x",
+        "add chain inet x o { type filter hook output priority 0; policy accept; }",
+        "add rule inet x o icmp type destination-unreachable icmp code frag-needed drop",
+    ] {
+        cmd::run_in(&topo.node_a, &["nft", rule]);
+    }
+    let r = probe(&topo.pod_a, topo.pod_b_ip, &[]);
+    assert_eq!(r["verdict"], "blackhole", "{r:#}");
+    assert_eq!(r["path_mtu"], 1450, "{r:#}");
+    assert_eq!(r["frag_needed"]["count"], 0, "{r:#}");
+    let vanished: Vec<u64> = r["vanished_sizes"]
+        .as_array()
+        .map(|v| v.iter().filter_map(Value::as_u64).collect())
+        .unwrap_or_default();
+    assert_eq!(vanished.first(), Some(&1451), "{r:#}");
+    assert_eq!(vanished.last(), Some(&1500), "{r:#}");
+
+    // The same path in text: the verdict in words and the 1450 − 20 − 8 arithmetic.
+    let bin = node_diag_bin();
+    let dst = topo.pod_b_ip.to_string();
+    let text = cmd::run_in(
+        &topo.pod_a,
+        &[
+            bin.to_str().unwrap(),
+            "probe",
+            &dst,
+            "--timeout-ms",
+            TIMEOUT_MS,
+        ],
+    );
+    println!("{text}");
+    assert!(
+        text.contains("black hole: oversized probes vanished without ICMP frag-needed"),
+        "{text}"
+    );
+    assert!(
+        text.contains("1450 − 20 (IPv4) − 8 (ICMP) = 1422"),
+        "{text}"
+    );
+    assert!(text.contains("1500 − 20 − 8 = 1472"), "{text}");
+}
+
+#[test]
+fn clear_errors_and_loopback() {
+    let ns = Netns::create(&unique_name());
+    let stderr = probe_error(ns.name(), &["10.9.9.9"]);
+    assert!(stderr.contains("no route to 10.9.9.9"), "{stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    let stderr = probe_error(ns.name(), &["10.0.0.300"]);
+    assert!(stderr.contains("invalid destination"), "{stderr}");
+
+    // Loopback: 65536-byte MTU, capped at the 65535-byte IP packet; IPv6 too.
+    let r = probe(ns.name(), Ipv4Addr::LOCALHOST, &["--port", "1"]);
+    assert_eq!(
+        (&r["path_mtu"], &r["verdict"]),
+        (&Value::from(65535), &Value::from("ok")),
+        "{r:#}"
+    );
+    assert_eq!(r["tcp"]["result"], "refused", "{r:#}");
+    let r = probe(ns.name(), "::1", &["--max-mtu", "9000"]);
+    assert_eq!(r["family"], "ipv6", "{r:#}");
+    assert_eq!(r["path_mtu"], 9000, "{r:#}");
+    assert_eq!(r["max_icmp_payload"], 9000 - 48, "{r:#}");
+}
