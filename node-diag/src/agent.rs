@@ -75,6 +75,9 @@ pub struct Shared {
 const MAX_FINDINGS: usize = 4096;
 /// How often new pod namespaces and interfaces are picked up.
 const REFRESH: Duration = Duration::from_secs(2);
+/// How often the MTU model is rebuilt without a link notification (pod namespaces
+/// change without one in the agent's namespace).
+const MTU_REFRESH: Duration = Duration::from_secs(10);
 
 pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
     let missing = caps::missing_for_agent(caps::effective());
@@ -139,6 +142,8 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
 
+    refresh_mtu(&shared, opts.format).await;
+
     if let Some(path) = &opts.ready_file {
         std::fs::write(path, format!("{local}\n")).map_err(|source| AgentError::ReadyFile {
             path: path.clone(),
@@ -157,6 +162,15 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     let mut refresh_tick = tokio::time::interval(REFRESH);
     refresh_tick.tick().await;
+    let mut mtu_tick = tokio::time::interval(MTU_REFRESH);
+    mtu_tick.tick().await;
+    let mut link_changes = match crate::inventory::watch() {
+        Ok(rx) => Some(rx),
+        Err(e) => {
+            warn!(error = %e, "no link notifications: MTU changes are picked up every {}s", MTU_REFRESH.as_secs());
+            None
+        }
+    };
     loop {
         tokio::select! {
             ev = rx.recv() => {
@@ -186,6 +200,18 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
                 );
                 for f in resolved {
                     print_finding(&f, opts.format);
+                }
+            }
+            _ = mtu_tick.tick() => refresh_mtu(&shared, opts.format).await,
+            changed = next_change(&mut link_changes) => {
+                if changed.is_none() {
+                    warn!("link notifications stopped: MTU changes are picked up every {}s", MTU_REFRESH.as_secs());
+                    link_changes = None;
+                    continue;
+                }
+                refresh_mtu(&shared, opts.format).await;
+                if let Some(tc) = tc.as_mut() {
+                    sync_tc(tc, &mut loaded.ebpf, &mut maps);
                 }
             }
             _ = refresh_tick.tick() => {
@@ -218,6 +244,68 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
     // Dropping the Ebpf detaches every tracepoint link and unloads the programs.
     drop(loaded);
     Ok(())
+}
+
+/// Waits for the next link notification; never, without a watcher.
+async fn next_change(rx: &mut Option<tokio::sync::mpsc::Receiver<()>>) -> Option<()> {
+    match rx.as_mut() {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Rebuilds the MTU model from netlink: gauges, and the overlay_mtu_mismatch and
+/// pmtud_disabled conditions (new ones printed, gone ones resolved).
+async fn refresh_mtu(shared: &Shared, format: OutputFormat) {
+    let snapshot = match tokio::task::spawn_blocking(crate::inventory::snapshot).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            warn!(error = %e, "cannot read this node's interfaces; MTU model unchanged");
+            return;
+        }
+        Err(e) => {
+            warn!(error = %e, "MTU snapshot task failed");
+            return;
+        }
+    };
+    let now = SystemTime::now();
+    let verdicts = crate::mtu::verdicts(&snapshot);
+    shared
+        .metrics
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .set_mtu_model(
+            verdicts.iter().map(|v| {
+                (
+                    v.interface.clone(),
+                    v.kind.as_str().to_string(),
+                    v.netns_name.clone(),
+                    v.mtu,
+                )
+            }),
+            verdicts.iter().filter_map(|v| {
+                v.headroom
+                    .map(|h| (v.interface.clone(), v.netns_name.clone(), h))
+            }),
+        );
+    let findings = crate::mtu::findings(&snapshot, now);
+    let printed = shared
+        .store
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .sync_conditions(
+            &[Kind::OverlayMtuMismatch, Kind::PmtudDisabled],
+            findings,
+            now,
+            Instant::now(),
+        );
+    let metrics = shared.metrics.lock().unwrap_or_else(|e| e.into_inner());
+    for f in &printed {
+        if f.status == crate::findings::Status::Active {
+            metrics.finding(f);
+        }
+        print_finding(f, format);
+    }
 }
 
 /// Attaches TC ingress to the agent's namespace's interfaces as they come and go.

@@ -15,9 +15,11 @@ mod doctor;
 mod events;
 mod findings;
 mod http;
+mod inventory;
 mod kernel;
 mod loader;
 mod metrics;
+mod mtu;
 mod netlink;
 mod probe;
 mod tc;
@@ -66,6 +68,23 @@ enum Command {
     /// Find the path MTU to DST by a DF binary search (ICMP echo, like `ping -M do -s N`),
     /// tell a working PMTUD from a black hole, and optionally check a TCP port.
     Probe(ProbeArgs),
+    /// Print this node's MTU model (no eBPF needed): each interface, its overlay and
+    /// underlay, the encapsulation overhead, expected MTU, headroom and verdict.
+    #[command(
+        long_about = "Print this node's MTU model from netlink alone (no eBPF is loaded, no \
+            traffic is sent).\n\n\
+            Covers this network namespace and every pod namespace attached to it by a veth. \
+            Each overlay device (vxlan, geneve, wireguard, ipip, gre...) is held to its \
+            underlay's MTU minus the encapsulation overhead (VXLAN 50 over IPv4, 70 over \
+            IPv6; Geneve 50/70 plus options; WireGuard 60/80; IPIP 20; GRE 24; ...); each pod \
+            interface and its node-side veth to the smallest limit of the node's overlays. \
+            Then the PMTUD sysctls (net.ipv4.ip_no_pmtu_disc, net.ipv4.tcp_mtu_probing) of \
+            each namespace, and the resulting overlay_mtu_mismatch and pmtud_disabled \
+            findings.\n\n\
+            Exits 0 whatever it finds; non-zero only when netlink cannot be read.",
+        after_help = "Examples:\n  node-diag mtu\n  node-diag mtu -o json | jq '.findings'"
+    )]
+    Mtu(MtuArgs),
 }
 
 #[derive(clap::Args)]
@@ -128,6 +147,14 @@ struct ProbeArgs {
     #[arg(long, value_parser = clap::value_parser!(u32).range(68..=65_535), value_name = "N")]
     max_mtu: Option<u32>,
     /// Output format.
+    #[arg(short = 'o', long = "format", value_enum, default_value = "text")]
+    format: OutputFormat,
+}
+
+#[derive(clap::Args)]
+struct MtuArgs {
+    /// Output format: a table, or one JSON object with `interfaces`, `sysctls` and
+    /// `findings`.
     #[arg(short = 'o', long = "format", value_enum, default_value = "text")]
     format: OutputFormat,
 }
@@ -197,6 +224,16 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
                 timeout: Duration::from_millis(args.timeout_ms),
                 max_mtu: args.max_mtu,
             })?;
+            match args.format {
+                OutputFormat::Text => print!("{}", report.text()),
+                OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Mtu(args) => {
+            let snapshot = inventory::snapshot()
+                .map_err(|e| anyhow::anyhow!("cannot read this node's interfaces: {e}"))?;
+            let report = mtu::report(&snapshot, std::time::SystemTime::now());
             match args.format {
                 OutputFormat::Text => print!("{}", report.text()),
                 OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),

@@ -26,6 +26,13 @@ pub struct InterfaceLabel {
     pub interface: String,
 }
 
+/// Pods all name their interface `eth0`: the namespace tells them apart.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct InterfaceNetnsLabels {
+    pub interface: String,
+    pub netns: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct InterfaceMtuLabels {
     pub interface: String,
@@ -69,7 +76,7 @@ pub struct Metrics {
     oversize: Family<InterfaceLabel, Counter>,
     blackholes: Gauge,
     interface_mtu: Family<InterfaceMtuLabels, Gauge>,
-    headroom: Family<InterfaceLabel, Gauge>,
+    headroom: Family<InterfaceNetnsLabels, Gauge>,
     last: KernelTotals,
 }
 
@@ -130,7 +137,7 @@ impl Metrics {
             "MTU of each interface of this node and its pods",
             interface_mtu.clone(),
         );
-        let headroom = Family::<InterfaceLabel, Gauge>::default();
+        let headroom = Family::<InterfaceNetnsLabels, Gauge>::default();
         registry.register(
             "node_diag_overlay_mtu_headroom_bytes",
             "Expected MTU (underlay minus encapsulation) minus actual MTU; negative when misconfigured",
@@ -245,11 +252,11 @@ impl Metrics {
     }
 
     /// Replaces the MTU gauges with the current model: `(interface, kind, netns, mtu)`
-    /// and `(interface, headroom)`.
+    /// and `(interface, netns, headroom)`.
     pub fn set_mtu_model(
         &self,
         interfaces: impl IntoIterator<Item = (String, String, String, u32)>,
-        headroom: impl IntoIterator<Item = (String, i64)>,
+        headroom: impl IntoIterator<Item = (String, String, i64)>,
     ) {
         self.interface_mtu.clear();
         for (interface, kind, netns, mtu) in interfaces {
@@ -262,9 +269,9 @@ impl Metrics {
                 .set(i64::from(mtu));
         }
         self.headroom.clear();
-        for (interface, bytes) in headroom {
+        for (interface, netns, bytes) in headroom {
             self.headroom
-                .get_or_create(&InterfaceLabel { interface })
+                .get_or_create(&InterfaceNetnsLabels { interface, netns })
                 .set(bytes);
         }
     }
@@ -321,12 +328,14 @@ mod tests {
                 "pod-a".to_string(),
                 1500,
             )],
-            [("eth0".to_string(), -50)],
+            [("eth0".to_string(), "pod-a".to_string(), -50)],
         );
         let text = m.encode().unwrap();
         assert!(text.contains("node_diag_pmtud_blackholes 1"));
         assert!(text.contains("node_diag_interface_mtu_bytes{interface=\"eth0\",kind=\"veth\",netns=\"pod-a\"} 1500"), "{text}");
-        assert!(text.contains("node_diag_overlay_mtu_headroom_bytes{interface=\"eth0\"} -50"));
+        assert!(text.contains(
+            "node_diag_overlay_mtu_headroom_bytes{interface=\"eth0\",netns=\"pod-a\"} -50"
+        ));
         assert!(text.contains("node_diag_build_info{version=\""));
         assert!(text.ends_with("# EOF\n"));
     }

@@ -135,6 +135,167 @@ fn oversized_pod_mtu_with_icmp_allowed_is_an_oversize_drop_that_recovers() {
         |f| field(f, "kind") == "pmtud_blackhole",
         Duration::from_secs(2),
     );
+
+    // The same misconfiguration, from netlink alone.
+    let m = agent.wait_finding(mismatch_on(&topo.pod_a, POD_IF), Duration::from_secs(2));
+    assert_shape_mtu(&m);
+    assert!(
+        field(&m, "summary").contains("1500 − VXLAN 50 = 1450"),
+        "{m:#}"
+    );
+    let headroom = format!(
+        r#"node_diag_overlay_mtu_headroom_bytes{{interface="{POD_IF}",netns="{}"}}"#,
+        topo.pod_a
+    );
+    assert_eq!(
+        agent.metric(&headroom),
+        Some(-50.0),
+        "{}",
+        agent.metrics_text()
+    );
+}
+
+/// An active `overlay_mtu_mismatch` finding about `interface` in namespace `netns`.
+fn mismatch_on<'a>(netns: &'a str, interface: &'a str) -> impl Fn(&Value) -> bool + 'a {
+    move |f| {
+        field(f, "kind") == "overlay_mtu_mismatch"
+            && f["interface"] == interface
+            && f["evidence"]["netns_name"] == netns
+            && f["status"] == "active"
+    }
+}
+
+/// Interface findings carry no flow; the rest of the contract holds.
+fn assert_shape_mtu(f: &Value) {
+    for key in [
+        "kind",
+        "layer",
+        "severity",
+        "summary",
+        "remediation",
+        "first_seen",
+        "last_seen",
+    ] {
+        assert!(f[key].is_string(), "`{key}` missing: {f:#}");
+    }
+    assert!(f["evidence"].is_object() && f["count"].is_u64(), "{f:#}");
+    assert_eq!(field(f, "layer"), "overlay_mtu");
+    assert_eq!(field(f, "severity"), "warning");
+    for key in [
+        "underlay_mtu",
+        "overhead",
+        "expected_mtu",
+        "actual_mtu",
+        "headroom",
+    ] {
+        assert!(
+            f["evidence"][key].is_i64() || f["evidence"][key].is_u64(),
+            "evidence `{key}` missing: {f:#}"
+        );
+    }
+}
+
+#[test]
+fn unbound_vxlan_above_its_underlay_is_an_overlay_mismatch() {
+    let topo = Topology::new();
+    // Not bound to a device, so the kernel does not derive its MTU: forced to 1500.
+    cmd::run(&[
+        "ip",
+        "-n",
+        &topo.node_a,
+        "link",
+        "add",
+        "vx9",
+        "type",
+        "vxlan",
+        "id",
+        "99",
+        "local",
+        "192.168.77.1",
+        "remote",
+        "192.168.77.2",
+        "dstport",
+        "4799",
+    ]);
+    cmd::run(&[
+        "ip",
+        "-n",
+        &topo.node_a,
+        "link",
+        "set",
+        "vx9",
+        "mtu",
+        "1500",
+        "up",
+    ]);
+    let agent = ready_agent(&topo);
+    let f = agent.wait_finding(mismatch_on(&topo.node_a, "vx9"), Duration::from_secs(3));
+    assert_shape_mtu(&f);
+    let summary = field(&f, "summary");
+    assert!(summary.contains("1500 − VXLAN 50 = 1450"), "{summary}");
+    assert!(summary.contains("ul0"), "the underlay is named: {summary}");
+    assert_eq!(f["evidence"]["expected_mtu"], 1450, "{f:#}");
+    assert_eq!(f["evidence"]["actual_mtu"], 1500, "{f:#}");
+    assert!(field(&f, "remediation").contains("1450"), "{f:#}");
+    let headroom = format!(
+        r#"node_diag_overlay_mtu_headroom_bytes{{interface="vx9",netns="{}"}}"#,
+        topo.node_a
+    );
+    assert_eq!(
+        agent.metric(&headroom),
+        Some(-50.0),
+        "{}",
+        agent.metrics_text()
+    );
+    // The bound overlay is fine.
+    agent.expect_no_finding(mismatch_on(&topo.node_a, "vx0"), Duration::from_secs(1));
+}
+
+#[test]
+fn mtu_change_while_running_appears_then_clears() {
+    let topo = Topology::new();
+    let agent = ready_agent(&topo);
+    agent.expect_no_finding(is_mtu_kind, Duration::from_secs(1));
+    let headroom = format!(
+        r#"node_diag_overlay_mtu_headroom_bytes{{interface="{POD_HOST_IF}",netns="{}"}}"#,
+        topo.node_a
+    );
+    assert_eq!(
+        agent.metric(&headroom),
+        Some(0.0),
+        "{}",
+        agent.metrics_text()
+    );
+
+    pod_mtu(&topo, 1500);
+    let f = agent.wait_finding(
+        mismatch_on(&topo.node_a, POD_HOST_IF),
+        Duration::from_secs(12),
+    );
+    assert_shape_mtu(&f);
+    assert_eq!(
+        agent.metric(&headroom),
+        Some(-50.0),
+        "{}",
+        agent.metrics_text()
+    );
+
+    pod_mtu(&topo, 1450);
+    let resolved = agent.wait_finding(
+        |f| {
+            field(f, "kind") == "overlay_mtu_mismatch"
+                && f["interface"] == POD_HOST_IF
+                && f["status"] == "resolved"
+        },
+        Duration::from_secs(12),
+    );
+    assert!(resolved["resolved_at"].is_string(), "{resolved:#}");
+    assert_eq!(
+        agent.metric(&headroom),
+        Some(0.0),
+        "{}",
+        agent.metrics_text()
+    );
 }
 
 #[test]
