@@ -251,7 +251,7 @@ pub struct Sysctls {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Namespace {
     pub inode: u32,
-    /// Its `/run/netns` name, else `pid:N`, else the inode.
+    /// Its `/run/netns` name, `host` for init's namespace, else `pid:N`, else the inode.
     pub name: String,
     /// The agent's own namespace (the node's, for a hostNetwork agent).
     pub own: bool,

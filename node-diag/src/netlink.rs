@@ -547,7 +547,8 @@ fn candidates() -> Vec<PathBuf> {
 pub struct NetnsFile {
     pub inode: u32,
     pub path: PathBuf,
-    /// Its `/run/netns` name if it has one, else `pid:N` of its lowest pid.
+    /// Its `/run/netns` name if it has one, `host` for init's namespace, else `pid:N` of
+    /// its lowest pid.
     pub name: String,
 }
 
@@ -556,6 +557,8 @@ pub struct NetnsFile {
 pub fn namespace_files() -> Vec<NetnsFile> {
     let mut seen = HashSet::new();
     let mut out = Vec::new();
+    // The node's own namespace is init's: call it that rather than after some pid.
+    let host = netns_inode(Path::new("/proc/1/ns/net"));
     for path in candidates() {
         let Some(inode) = netns_inode(&path) else {
             continue;
@@ -563,7 +566,9 @@ pub fn namespace_files() -> Vec<NetnsFile> {
         if !seen.insert(inode) {
             continue;
         }
-        let name = if path.starts_with("/proc") {
+        let name = if Some(inode) == host {
+            Some("host".to_string())
+        } else if path.starts_with("/proc") {
             path.parent()
                 .and_then(Path::parent)
                 .and_then(Path::file_name)
