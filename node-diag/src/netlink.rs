@@ -612,11 +612,17 @@ pub fn veth_peer_namespaces(
 }
 
 /// The network namespaces this node's agent reports for (by inode): its own, and each
-/// namespace holding the peer of one of its veths.
+/// namespace holding the peer of one of its veths, except veths a tunnel is bound to.
 pub fn local_scope() -> Result<BTreeSet<u32>, NetlinkError> {
     let own = netns_inode(Path::new("/proc/self/ns/net")).unwrap_or(0);
     let mut scope = BTreeSet::from([own]);
-    let links = links()?;
+    let mut links = links()?;
+    // A veth carrying a tunnel is an underlay to another node, not a pod's link.
+    let underlays: HashSet<u32> = links
+        .iter()
+        .filter_map(|l| l.tunnel.as_ref()?.bound_to)
+        .collect();
+    links.retain(|l| !underlays.contains(&l.index));
     if !links
         .iter()
         .any(|l| l.kind.as_deref() == Some("veth") && l.link_netnsid.is_some())

@@ -360,3 +360,33 @@ fn cli_help_and_usage_errors() {
     assert_eq!(run.code(), Some(2), "`node-diag run --bogus`: {run:?}");
     assert!(run.stderr.contains("--bogus"), "{}", run.stderr);
 }
+
+#[test]
+fn drop_beyond_this_node_is_a_timeout_of_unknown_layer() {
+    let topo = Topology::new();
+    let agent = ready_agent(&topo);
+    let _server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(8085), ServerMode::Echo);
+    // The other node's firewall: this node sees its SYNs leave and nothing come back.
+    topo.drop_forwarded_tcp(&topo.node_b, 8085);
+    let before = agent.counter(TIMEOUT);
+
+    let start = Instant::now();
+    let client = connect_in_background(&topo.pod_a, topo.pod_b_addr(8085), Duration::from_secs(6));
+    let flow = (topo.pod_a_ip, topo.pod_b_ip, 8085);
+    let finding = agent.wait_finding(
+        finding_on_flow(&["tcp_timeout"], "unknown", flow),
+        left(start, Duration::from_secs(5)),
+    );
+    assert_shape(&finding);
+    assert!(
+        finding["evidence"].get("drop_reason").is_none(),
+        "no drop on this node: {finding:#}"
+    );
+    assert!(
+        field(&finding, "summary").contains("left this node"),
+        "{finding:#}"
+    );
+    agent.wait_counter_at_least(TIMEOUT, before + 1.0, STEP);
+    let outcome = client.join().expect("client thread");
+    assert!(matches!(outcome, ConnectOutcome::TimedOut), "{outcome:?}");
+}
