@@ -177,12 +177,14 @@ pub struct RetransState {
     pub first_ns: u64,
     pub last_ns: u64,
     pub flow: FlowKey,
-    /// Consecutive full-size retransmits (reset by a retransmit below the MSS).
+    /// Consecutive full-size retransmits of the segment starting at `seq` (reset by a
+    /// smaller retransmit or one of another segment: progress, or congestion recovery).
     pub full: u32,
     /// Non-zero once a PMTUD stall was reported for this socket.
     pub reported: u32,
     pub netns: u32,
-    pub _pad: u32,
+    /// Sequence number of the segment being retransmitted.
+    pub seq: u32,
 }
 const _: () = assert!(core::mem::size_of::<RetransState>() == 72);
 
@@ -317,6 +319,9 @@ pub struct Config {
     pub dst_dev: u32,
     /// `struct tcp_sock` -> `mss_cache`.
     pub tcp_mss_cache: u32,
+    /// `struct sk_buff` -> `cb` (for TCP, `struct tcp_skb_cb`, whose `seq` comes first).
+    pub skb_cb: u32,
+    pub _pad1: u32,
     /// `skb_drop_reason` values (u32::MAX when this kernel lacks them).
     pub reason_pkt_too_big: u32,
     pub reason_netfilter_drop: u32,
@@ -329,7 +334,7 @@ pub struct Config {
     /// ignored (tracepoints fire for every namespace on the kernel).
     pub scope_enabled: u32,
 }
-const _: () = assert!(core::mem::size_of::<Config>() == 32 + 32 + 48 + 112);
+const _: () = assert!(core::mem::size_of::<Config>() == 32 + 32 + 48 + 120);
 
 impl FlowKey {
     pub const fn is_v4(&self) -> bool {

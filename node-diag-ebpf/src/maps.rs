@@ -168,15 +168,21 @@ pub fn sock_netns(sk: u64) -> u32 {
     kread::<u64>(sk, config!(sk_net)).map_or(0, net_inum)
 }
 
-/// `(netns inode, ifindex)` of the device an skb is on, zeros when unknown.
+/// `(netns inode, ifindex)` of the device an skb is on, zeros when unknown. A locally
+/// generated packet before its output hook has no device yet: its route's device says
+/// where it is.
 #[inline(always)]
 pub fn skb_dev(skb: u64) -> (u32, u32) {
     if config!(btf_ok) == 0 {
         return (0, 0);
     }
-    let Some(dev) = kread::<u64>(skb, config!(skb_dev)) else {
-        return (0, 0);
-    };
+    let mut dev = kread::<u64>(skb, config!(skb_dev)).unwrap_or(0);
+    if dev == 0 {
+        dev = kread::<u64>(skb, config!(skb_refdst))
+            .filter(|d| *d & !1 != 0)
+            .and_then(|d| kread::<u64>(d & !1, config!(dst_dev)))
+            .unwrap_or(0);
+    }
     if dev == 0 {
         return (0, 0);
     }

@@ -5,7 +5,7 @@ use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
 use node_diag_common::{FlowState, RetransState, counter, event_kind, tcp_state};
 
 use crate::maps::{
-    CONNECTS, Extra, RETRANS, config, emit, field, in_scope, inc, kread, now, read_tuple, skb_dev,
+    CONNECTS, Extra, OVERSIZE, RETRANS, config, emit, field, in_scope, inc, kread, now, read_tuple, skb_dev,
     sock_netns, syn_drop,
 };
 
@@ -65,8 +65,10 @@ fn try_retransmit(ctx: &TracePointContext) -> Option<()> {
     Some(())
 }
 
-/// Tracks retransmits of full-size data segments: a run of them with nothing smaller
-/// getting through is what a PMTUD black hole looks like from the sender.
+/// Tracks retransmits of full-size data segments. A PMTUD black hole makes the sender
+/// retransmit the same full-size segment again and again on its backed-off RTO; loss
+/// recovery under congestion retransmits different segments, or smaller ones, and moves
+/// on. So only repeats of one segment count.
 fn data_retransmit(ctx: &TracePointContext, sk: u64) -> Option<()> {
     if config!(btf_ok) == 0 {
         return None;
@@ -76,6 +78,7 @@ fn data_retransmit(ctx: &TracePointContext, sk: u64) -> Option<()> {
     // offloaded; at least one MSS is a full-size segment.
     let len = kread::<u32>(skb, config!(skb_len))?;
     let mss = kread::<u32>(sk, config!(tcp_mss_cache))?;
+    let seq = kread::<u32>(skb, config!(skb_cb))?;
     let now = now();
     let Some(state) = RETRANS.get_ptr_mut(&sk) else {
         if len < mss {
@@ -93,7 +96,7 @@ fn data_retransmit(ctx: &TracePointContext, sk: u64) -> Option<()> {
             full: 1,
             reported: 0,
             netns,
-            _pad: 0,
+            seq,
         };
         return RETRANS.insert(&sk, &entry, 0).ok();
     };
@@ -105,7 +108,14 @@ fn data_retransmit(ctx: &TracePointContext, sk: u64) -> Option<()> {
             (*state).reported = 0;
             return Some(());
         }
-        (*state).full += 1;
+        if (*state).seq == seq {
+            (*state).full += 1;
+        } else {
+            (*state).seq = seq;
+            (*state).full = 1;
+            (*state).reported = 0;
+            (*state).first_ns = now;
+        }
         (*state).last_ns = now;
         let fire = (*state).full >= threshold && (*state).reported == 0;
         if fire {
@@ -122,9 +132,9 @@ fn data_retransmit(ctx: &TracePointContext, sk: u64) -> Option<()> {
             netns,
             full,
             Extra {
+                drop: unsafe { OVERSIZE.get(&flow) }.copied().unwrap_or_default(),
                 mtu: mss,
                 len,
-                ..Extra::default()
             },
         );
     }

@@ -170,6 +170,7 @@ fn pmtud_stall(ev: &Event, ctx: &Context<'_>) -> Finding {
     let (src, dst) = (addr(flow, &flow.saddr), addr(flow, &flow.daddr));
     let mut evidence = Map::new();
     evidence.insert("fullsize_retransmits".into(), json!(ev.retrans));
+    evidence.insert("oversize_drops".into(), json!(ev.drop.count));
     evidence.insert("mss".into(), json!(ev.mtu));
     evidence.insert("segment_len".into(), json!(ev.len));
     frag_evidence(ev, &mut evidence);

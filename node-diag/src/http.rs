@@ -1,4 +1,5 @@
-//! The agent's HTTP endpoints: `/metrics` (OpenMetrics), `/findings` (JSON array),
+//! The agent's HTTP endpoints: `/metrics` (OpenMetrics, or the classic text format for
+//! clients that do not ask for OpenMetrics), `/findings` (JSON array),
 //! `/healthz` (process alive) and `/readyz` (programs attached, serving).
 
 use std::sync::{Arc, atomic::Ordering};
@@ -6,7 +7,7 @@ use std::sync::{Arc, atomic::Ordering};
 use axum::{
     Json, Router,
     extract::State,
-    http::{StatusCode, header},
+    http::{HeaderMap, StatusCode, header},
     response::IntoResponse,
     routing::get,
 };
@@ -14,6 +15,7 @@ use axum::{
 use crate::{agent::Shared, findings::Finding};
 
 pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+pub const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 pub fn router(shared: Arc<Shared>) -> Router {
     Router::new()
@@ -24,10 +26,21 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .with_state(shared)
 }
 
-async fn metrics(State(s): State<Arc<Shared>>) -> impl IntoResponse {
-    let body = s.metrics.lock().unwrap_or_else(|e| e.into_inner()).encode();
+/// OpenMetrics when the client accepts it (Prometheus does), else the classic text format.
+async fn metrics(State(s): State<Arc<Shared>>, headers: HeaderMap) -> impl IntoResponse {
+    let openmetrics = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("application/openmetrics-text"));
+    let metrics = s.metrics.lock().unwrap_or_else(|e| e.into_inner());
+    let (body, content_type) = if openmetrics {
+        (metrics.encode(), OPENMETRICS)
+    } else {
+        (metrics.encode_text(), PROMETHEUS_TEXT)
+    };
+    drop(metrics);
     match body {
-        Ok(body) => (StatusCode::OK, [(header::CONTENT_TYPE, OPENMETRICS)], body).into_response(),
+        Ok(body) => (StatusCode::OK, [(header::CONTENT_TYPE, content_type)], body).into_response(),
         Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
     }
 }

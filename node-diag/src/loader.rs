@@ -331,6 +331,7 @@ fn fill_btf(c: &mut Config, btf: &Btf) -> Result<(), crate::btf::BtfError> {
     c.skb_refdst = btf.member_offset("sk_buff", "_skb_refdst")?;
     c.dst_dev = btf.member_offset("dst_entry", "dev")?;
     c.tcp_mss_cache = btf.member_offset("tcp_sock", "mss_cache")?;
+    c.skb_cb = btf.member_offset("sk_buff", "cb")? + btf.member_offset("tcp_skb_cb", "seq")?;
     c.btf_ok = 1;
     Ok(())
 }

@@ -276,11 +276,59 @@ impl Metrics {
         }
     }
 
+    /// The OpenMetrics exposition (what Prometheus asks for first).
     pub fn encode(&self) -> Result<String, std::fmt::Error> {
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
         Ok(out)
     }
+
+    /// The classic Prometheus text format (0.0.4), for clients that do not accept
+    /// OpenMetrics (older scrapers, `promtool check metrics`).
+    pub fn encode_text(&self) -> Result<String, std::fmt::Error> {
+        Ok(openmetrics_to_text(&self.encode()?))
+    }
+}
+
+/// Rewrites OpenMetrics metadata into the 0.0.4 text format: metadata names the samples
+/// (`_total` counters, `_info` gauges), no `# UNIT`, no `# EOF`.
+pub fn openmetrics_to_text(om: &str) -> String {
+    let mut renamed: HashMap<String, (String, &str)> = HashMap::new();
+    for line in om.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ")
+            && let Some((name, kind)) = rest.split_once(' ')
+        {
+            let entry = match kind {
+                "counter" => (format!("{name}_total"), "counter"),
+                "info" => (format!("{name}_info"), "gauge"),
+                other => (name.to_string(), other),
+            };
+            renamed.insert(name.to_string(), entry);
+        }
+    }
+    let mut out = String::new();
+    for line in om.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ")
+            && let Some((name, _)) = rest.split_once(' ')
+            && let Some((new, kind)) = renamed.get(name)
+        {
+            out.push_str(&format!("# TYPE {new} {kind}\n"));
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# HELP ")
+            && let Some((name, help)) = rest.split_once(' ')
+            && let Some((new, _)) = renamed.get(name)
+        {
+            out.push_str(&format!("# HELP {new} {help}\n"));
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
 }
 
 impl Default for Metrics {
@@ -332,6 +380,13 @@ mod tests {
         );
         let text = m.encode().unwrap();
         assert!(text.contains("node_diag_pmtud_blackholes 1"));
+        let classic = m.encode_text().unwrap();
+        assert!(classic.contains("# TYPE node_diag_drops_total counter"), "{classic}");
+        assert!(classic.contains("# HELP node_diag_drops_total Packets dropped"));
+        assert!(classic.contains("# TYPE node_diag_build_info gauge"));
+        assert!(classic.contains("# TYPE node_diag_pmtud_blackholes gauge"));
+        assert!(!classic.contains("# EOF"));
+        assert!(classic.contains("node_diag_drops_total{reason=\"NETFILTER_DROP\"} 7"));
         assert!(text.contains("node_diag_interface_mtu_bytes{interface=\"eth0\",kind=\"veth\",netns=\"pod-a\"} 1500"), "{text}");
         assert!(text.contains(
             "node_diag_overlay_mtu_headroom_bytes{interface=\"eth0\",netns=\"pod-a\"} -50"

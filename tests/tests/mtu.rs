@@ -4,6 +4,7 @@
 //! Root, `NODE_DIAG_BIN` set (or `cargo xtask test`), one test at a time:
 //! `cargo test -p node-diag-tests --test mtu -- --test-threads=1`.
 
+use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -93,6 +94,50 @@ fn correct_mtus_make_no_mtu_finding() {
         agent.diagnostics()
     );
     assert_eq!(agent.counter(OVERSIZE_VX0), 0.0);
+}
+
+/// Loss recovery under load retransmits full-size segments too; it is no black hole.
+#[test]
+fn saturating_traffic_is_no_black_hole() {
+    let topo = Topology::new();
+    let agent = ready_agent(&topo);
+    let mut server = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &topo.pod_b,
+            "iperf3",
+            "-s",
+            "-1",
+            "-p",
+            "5299",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("iperf3 server (install iperf3)");
+    let pod_b = topo.pod_b_ip.to_string();
+    // Give the server a moment to listen; the client retries its connect anyway.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut ran = false;
+    while Instant::now() < deadline && !ran {
+        ran = cmd::try_run_in(
+            &topo.pod_a,
+            &["iperf3", "-c", &pod_b, "-p", "5299", "-t", "6", "-P", "4"],
+        )
+        .status
+        .success();
+    }
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(ran, "iperf3 pod A -> pod B did not run");
+    agent.expect_no_finding(is_mtu_kind, Duration::from_secs(2));
+    assert_eq!(
+        agent.metric(BLACKHOLES),
+        Some(0.0),
+        "{}",
+        agent.diagnostics()
+    );
 }
 
 #[test]
