@@ -5,8 +5,8 @@ use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
 use node_diag_common::{FlowState, RetransState, counter, event_kind, tcp_state};
 
 use crate::maps::{
-    CONNECTS, Extra, OVERSIZE, RETRANS, config, emit, field, in_scope, inc, kread, now, read_tuple, skb_dev,
-    sock_netns, syn_drop,
+    CONNECTS, Extra, OVERSIZE, RETRANS, config, emit, field, in_scope, inc, kread, now, read_tuple,
+    skb_dev, sock_netns, syn_drop,
 };
 
 #[tracepoint]

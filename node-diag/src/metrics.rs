@@ -381,7 +381,10 @@ mod tests {
         let text = m.encode().unwrap();
         assert!(text.contains("node_diag_pmtud_blackholes 1"));
         let classic = m.encode_text().unwrap();
-        assert!(classic.contains("# TYPE node_diag_drops_total counter"), "{classic}");
+        assert!(
+            classic.contains("# TYPE node_diag_drops_total counter"),
+            "{classic}"
+        );
         assert!(classic.contains("# HELP node_diag_drops_total Packets dropped"));
         assert!(classic.contains("# TYPE node_diag_build_info gauge"));
         assert!(classic.contains("# TYPE node_diag_pmtud_blackholes gauge"));
