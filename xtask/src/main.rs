@@ -5,12 +5,15 @@
 //! - `build`: builds the agent; its build script compiles the eBPF programs.
 //! - `run`: builds the agent and runs it in the foreground as root.
 //! - `test`: formatting, clippy, build, unit tests, then the privileged integration tests.
+//! - `bench`: the agent's overhead against a no-agent baseline, in network namespaces.
 //!
 //! Every step prints one line prefixed with its task (`[prereqs]`, `[build]`, `[run]`,
 //! `[test]`), and child processes inherit stdio so their output shows as it happens.
 
 mod agent;
+mod bench;
 mod cmd;
+mod cross;
 mod prereqs;
 mod suite;
 
@@ -61,6 +64,29 @@ enum Command {
         #[arg(long, value_name = "NAME")]
         filter: Option<String>,
     },
+    /// Measure the agent's overhead (root): throughput, connection rate, per-program
+    /// cost, agent RSS and CPU, and a refused-connect storm, each against a no-agent
+    /// baseline in the same run. Prints a markdown table and writes a JSON file.
+    Bench {
+        /// Tiny sizes (1 run, 2 s per workload, 2,000 storm connects), for CI.
+        #[arg(long)]
+        smoke: bool,
+        /// Baseline/agent pairs per workload (default 5; 1 with --smoke).
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100))]
+        runs: Option<u32>,
+        /// Seconds per throughput and connection-rate measurement (default 10; 2 with --smoke).
+        #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..=600))]
+        duration: Option<u64>,
+        /// Short connections offered per second (default 10000).
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+        conn_rate: Option<u32>,
+        /// Refused connects in the storm (default 50000; 2000 with --smoke).
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+        storm: Option<u64>,
+        /// Where to write the JSON results (default target/bench/bench.json).
+        #[arg(long, value_name = "PATH")]
+        out: Option<std::path::PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -75,6 +101,21 @@ fn main() -> ExitCode {
 
 fn dispatch(command: Command) -> anyhow::Result<()> {
     match command {
+        Command::Bench {
+            smoke,
+            runs,
+            duration,
+            conn_rate,
+            storm,
+            out,
+        } => bench::run(&bench::Options {
+            smoke,
+            runs,
+            duration,
+            conn_rate,
+            storm,
+            out,
+        }),
         Command::Prereqs { test_tools } => prereqs::ensure(prereqs::Tools { test_tools }),
         Command::Build { release } => {
             prereqs::ensure(prereqs::Tools::BUILD)?;

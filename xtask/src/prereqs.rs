@@ -28,6 +28,20 @@ const TEST_TOOLS: &[(&str, &str)] = &[
     ("nft", "nftables"),
     ("bpftool", "bpftool"),
     ("ping", "iputils-ping"),
+    // The deploy checks and the Prometheus end-to-end tests.
+    ("prometheus", "prometheus"),
+    ("promtool", "prometheus"),
+    ("python3", "python3"),
+    // The linux/arm64 cross build of the container image's binary.
+    ("aarch64-linux-gnu-gcc", "gcc-aarch64-linux-gnu"),
+];
+/// Debian packages the tests need that install no binary of their own.
+const TEST_PACKAGES: &[&str] = &["libc6-dev-arm64-cross"];
+/// Python modules the deploy checks import: (module, pip requirement).
+const PYTHON_MODULES: &[(&str, &str)] = &[
+    ("yaml", "PyYAML"),
+    ("kubernetes_validate", "kubernetes-validate==1.37.0"),
+    ("yamllint", "yamllint==1.38.0"),
 ];
 
 /// Which groups of prerequisites to check.
@@ -177,8 +191,67 @@ fn install_bpf_linker(apt: &mut Apt, force: bool) -> Result<()> {
 
 /// (d) The tools the integration tests drive.
 fn test_tools(apt: &mut Apt) -> Result<()> {
+    system_tools(apt, TEST_TOOLS)?;
+    apt.ensure("aarch64 C library", TEST_PACKAGES)?;
+    python_modules(apt)
+}
+
+/// The Python modules of `deploy/tests/check.py`, installed with pip when missing (with
+/// Debian's python3-pip when python3 has no pip; `--break-system-packages` when the
+/// interpreter is Debian's own, which refuses pip installs otherwise).
+fn python_modules(apt: &mut Apt) -> Result<()> {
+    let missing: Vec<&str> = PYTHON_MODULES
+        .iter()
+        .filter(|(module, _)| {
+            let import = format!("import {module}");
+            let present = cmd::command("python3")
+                .args(["-c", &import])
+                .output()
+                .is_ok_and(|out| out.status.success());
+            let step = format!("python3 module {module}");
+            say(&step, if present { "present" } else { "installing" });
+            !present
+        })
+        .map(|&(_, requirement)| requirement)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    if !cmd::is_root() {
+        bail!(
+            "missing Python modules; run: python3 -m pip install {}",
+            missing.join(" ")
+        );
+    }
+    let has_pip = cmd::command("python3")
+        .args(["-m", "pip", "--version"])
+        .output()
+        .is_ok_and(|out| out.status.success());
+    if !has_pip {
+        apt.install(&["python3-pip"])?;
+    }
+    let pip = |extra: &[&str]| {
+        let mut pip = cmd::command("python3");
+        pip.args(["-m", "pip", "install", "--quiet"])
+            .args(extra)
+            .args(&missing);
+        pip
+    };
+    if cmd::run(&mut pip(&[])).is_ok() {
+        return Ok(());
+    }
+    cmd::run(&mut pip(&["--break-system-packages"]))
+}
+
+/// Checks other system tools, (binary, Debian package) pairs, and installs the missing
+/// ones (as root): what `cargo xtask bench` drives on top of the test tools.
+pub fn ensure_system_tools(tools: &[(&str, &str)]) -> Result<()> {
+    system_tools(&mut Apt::default(), tools)
+}
+
+fn system_tools(apt: &mut Apt, tools: &[(&str, &str)]) -> Result<()> {
     let mut missing = Vec::new();
-    for &(tool, package) in TEST_TOOLS {
+    for &(tool, package) in tools {
         let step = format!("{tool} ({package})");
         match find_system_tool(tool) {
             Some(path) => say(&step, format_args!("present ({})", path.display())),

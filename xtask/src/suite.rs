@@ -1,7 +1,8 @@
 //! `cargo xtask test`: the whole suite, in order, stopping at the first failing step.
 //!
-//! fmt, clippy, build, unit tests, then the integration tests, which load the real eBPF
-//! programs and so need root. As root they run through `cargo test`; otherwise they are
+//! fmt, clippy, build, unit tests, the deploy checks (`deploy/tests/check.py`), then the
+//! integration tests, which load the real eBPF programs and so need root, and last the
+//! release cross builds for the container image's platforms (`cross.rs`). As root they run through `cargo test`; otherwise they are
 //! built as the invoking user and their binaries run through `sudo -E`, which keeps the
 //! target directory owned by that user.
 
@@ -14,7 +15,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use cargo_metadata::{Artifact, Message};
 
-use crate::{agent, cmd, prereqs};
+use crate::{agent, cmd, cross, prereqs};
 
 /// The integration-test package.
 const TESTS_PACKAGE: &str = "node-diag-tests";
@@ -70,10 +71,18 @@ pub fn run(options: &Options) -> Result<()> {
         ]),
     )?;
 
+    step("deploy checks", deploy_checks())?;
+
     match privilege {
         None => println!("[test] integration tests: skipped (--skip-integration)"),
         Some(privilege) => integration(&privilege, options.filter.as_deref())?,
     }
+    if options.filter.is_some() {
+        println!("[test] cross builds: skipped (--filter runs only the matching tests)");
+    } else {
+        cross::run().context("test step `cross builds` failed")?;
+    }
+    bench_smoke(options)?;
     println!("[test] all steps passed");
     Ok(())
 }
@@ -82,6 +91,35 @@ pub fn run(options: &Options) -> Result<()> {
 fn step(name: &str, mut cmd: Command) -> Result<()> {
     println!("[test] {name}: {}", cmd::display(&cmd));
     cmd::run(&mut cmd).with_context(|| format!("test step `{name}` failed"))
+}
+
+/// Last step: `cargo xtask bench --smoke`, so the benchmark keeps working. It fails only
+/// when the benchmark breaks; its table (targets included) is for people to read. It needs
+/// root, and runs as root only: under sudo it would leave root-owned build files behind.
+fn bench_smoke(options: &Options) -> Result<()> {
+    const STEP: &str = "bench smoke";
+    if options.filter.is_some() {
+        println!("[test] {STEP}: skipped (--filter)");
+    } else if options.skip_integration {
+        println!("[test] {STEP}: skipped (--skip-integration)");
+    } else if !cmd::is_root() {
+        println!("[test] {STEP}: skipped (needs root: run `cargo xtask test` as root)");
+    } else {
+        step(STEP, cargo(&["xtask", "bench", "--smoke"]))?;
+    }
+    Ok(())
+}
+
+/// deploy/tests/check.py: the manifests rendered and validated against the Kubernetes
+/// schemas, yamllint, promtool on the alert rules and their unit tests, the runbooks,
+/// the Grafana dashboard and the Dockerfile.
+fn deploy_checks() -> Command {
+    let mut python = cmd::command("python3");
+    python.arg(Path::new("deploy").join("tests").join("check.py"));
+    if let Ok(metadata) = cmd::metadata() {
+        python.current_dir(metadata.workspace_root.as_std_path());
+    }
+    python
 }
 
 fn cargo(args: &[&str]) -> Command {

@@ -1,0 +1,609 @@
+//! `cargo xtask bench`: what the agent costs the traffic it watches.
+//!
+//! Builds the release agent and the integration tests' topology (two nodes, a vxlan
+//! overlay, a pod per node), then measures each workload without and with the agent
+//! (running in node A), alternating the order from run to run because the machines are
+//! shared and noisy, and reports medians:
+//!
+//! - bulk throughput (iperf3) across the overlay and across the plain underlay veth;
+//! - a paced rate of short TCP connections pod A → pod B (our own load generator);
+//! - the agent's programs' average run time (`kernel.bpf_stats_enabled`), RSS and CPU;
+//! - a storm of refused connects, each of which must show up in a finding's `count` or
+//!   in `node_diag_events_lost_total`.
+//!
+//! The targets are judged by people reading the table: the command fails only when the
+//! benchmark itself breaks (a workload, the topology or the agent fails).
+
+mod agent;
+mod load;
+mod report;
+mod topology;
+
+use std::{
+    collections::BTreeMap,
+    fs,
+    net::{Ipv4Addr, SocketAddr, SocketAddrV4},
+    path::{Path, PathBuf},
+    sync::atomic::{AtomicBool, Ordering},
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+use serde::Serialize;
+
+use self::{
+    agent::{Agent, ProcSample, RunStats},
+    load::{ConnStats, EchoServer, IperfServer, StormStats},
+    report::Report,
+    topology::Topology,
+};
+use crate::{cmd, prereqs};
+
+/// Tools the bench drives: (binary, Debian package).
+const BENCH_TOOLS: &[(&str, &str)] = &[
+    ("ip", "iproute2"),
+    ("ss", "iproute2"),
+    ("sysctl", "procps"),
+    ("ping", "iputils-ping"),
+    ("bpftool", "bpftool"),
+    ("iperf3", "iperf3"),
+];
+const IPERF_PORT: u16 = 5201;
+const ECHO_PORT: u16 = 7000;
+/// Nothing listens there: the storm's target.
+const CLOSED_PORT: u16 = 7999;
+/// Threads of the connection-rate generator, of the echo server and of the storm.
+const CONN_THREADS: u32 = 16;
+const ECHO_THREADS: usize = 8;
+const STORM_THREADS: u32 = 4;
+/// Pause before each measurement (after the agent is ready, or none started), so the
+/// agent's start-up and the previous workload's tail are out of the figures.
+const SETTLE: Duration = Duration::from_secs(1);
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Options of `cargo xtask bench`.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub smoke: bool,
+    pub runs: Option<u32>,
+    pub duration: Option<u64>,
+    pub conn_rate: Option<u32>,
+    pub storm: Option<u64>,
+    pub out: Option<PathBuf>,
+}
+
+/// The sizes this bench runs with.
+#[derive(Debug, Clone, Serialize)]
+pub struct Settings {
+    pub smoke: bool,
+    pub runs: u32,
+    pub duration_s: u64,
+    /// Offered short connections per second.
+    pub conn_rate: u32,
+    /// Refused connects in the storm.
+    pub storm_connects: u64,
+}
+
+impl Settings {
+    fn new(options: &Options) -> Self {
+        let smoke = options.smoke;
+        Self {
+            smoke,
+            runs: options.runs.unwrap_or(if smoke { 1 } else { 5 }).max(1),
+            duration_s: options
+                .duration
+                .unwrap_or(if smoke { 2 } else { 10 })
+                .max(1),
+            conn_rate: options.conn_rate.unwrap_or(10_000).max(1),
+            storm_connects: options
+                .storm
+                .unwrap_or(if smoke { 2_000 } else { 50_000 })
+                .max(1),
+        }
+    }
+
+    fn duration(&self) -> Duration {
+        Duration::from_secs(self.duration_s)
+    }
+
+    /// The command line that reproduces these settings.
+    fn command_line(&self, options: &Options) -> String {
+        let mut line = String::from("cargo xtask bench");
+        if self.smoke {
+            line.push_str(" --smoke");
+        }
+        if options.runs.is_some() {
+            line.push_str(&format!(" --runs {}", self.runs));
+        }
+        if options.duration.is_some() {
+            line.push_str(&format!(" --duration {}", self.duration_s));
+        }
+        if options.conn_rate.is_some() {
+            line.push_str(&format!(" --conn-rate {}", self.conn_rate));
+        }
+        if options.storm.is_some() {
+            line.push_str(&format!(" --storm {}", self.storm_connects));
+        }
+        if let Some(out) = &options.out {
+            line.push_str(&format!(" --out {}", out.display()));
+        }
+        line
+    }
+}
+
+/// One workload of the bench.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Workload {
+    /// iperf3 pod A → pod B through the vxlan overlay.
+    IperfOverlay,
+    /// iperf3 node B → node A across the underlay veth.
+    IperfVeth,
+    /// Paced short connections pod A → pod B.
+    ConnRate,
+    /// Refused connects pod A → a closed port on pod B, as fast as possible.
+    Storm,
+}
+
+impl Workload {
+    const ALL: [Self; 4] = [
+        Self::IperfOverlay,
+        Self::IperfVeth,
+        Self::ConnRate,
+        Self::Storm,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::IperfOverlay => "iperf3 overlay",
+            Self::IperfVeth => "iperf3 veth",
+            Self::ConnRate => "connection rate",
+            Self::Storm => "refused storm",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    Baseline,
+    Agent,
+}
+
+/// One measurement: a workload, once, with or without the agent.
+#[derive(Debug, Clone, Serialize)]
+pub struct Sample {
+    pub run: u32,
+    pub workload: Workload,
+    pub mode: Mode,
+    /// The workload's figure: bit/s (iperf3), completed connections/s, refused connects/s.
+    pub value: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub conn: Option<ConnStats>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub storm: Option<StormStats>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent: Option<AgentUsage>,
+    /// `nd_*` programs other processes (another node-diag agent, e.g. a concurrent test)
+    /// had loaded before or after the workload: they fire on its traffic too.
+    pub foreign_nd_programs: usize,
+}
+
+/// What the agent used during one workload.
+#[derive(Debug, Clone, Serialize)]
+pub struct AgentUsage {
+    /// VmHWM from start-up to the workload (then reset).
+    pub startup_peak_rss_kib: u64,
+    /// VmHWM during the workload (reset before it).
+    pub peak_rss_kib: u64,
+    pub rss_before_kib: u64,
+    pub rss_after_kib: u64,
+    /// utime + stime during the workload (for the storm: until the agent accounted
+    /// for it).
+    pub cpu_s: f64,
+    pub wall_s: f64,
+    /// `cpu_s / wall_s`, in percent of one core.
+    pub cpu_pct: f64,
+    /// Lines the agent printed on stdout (findings) during the workload.
+    pub stdout_lines: u64,
+    /// Run statistics of each `nd_*` program during the workload.
+    pub programs: BTreeMap<String, ProgramRuns>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub accounting: Option<Accounting>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ProgramRuns {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub run_cnt: u64,
+    pub run_time_ns: u64,
+}
+
+/// The storm's failures against what the agent accounted for.
+#[derive(Debug, Clone, Serialize)]
+pub struct Accounting {
+    /// Refused connects the client saw.
+    pub refused: u64,
+    /// Growth of the sum of the `tcp_refused` findings' `count` during the storm.
+    pub findings_count: u64,
+    /// Growth of `node_diag_events_lost_total` during the storm.
+    pub events_lost: u64,
+    /// `findings_count + events_lost - refused`: 0 when every failure is accounted for.
+    pub difference: i64,
+    /// `tcp_refused` findings at the end of the storm.
+    pub refused_findings: u64,
+    /// Every finding at the end of the storm.
+    pub findings: u64,
+    /// How long the agent took to account for the storm after the client finished.
+    pub settle_s: f64,
+}
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::Relaxed);
+}
+
+/// Whether SIGINT or SIGTERM arrived; every loop of the bench checks it.
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::Relaxed)
+}
+
+fn check_interrupted() -> Result<()> {
+    if interrupted() {
+        bail!("interrupted");
+    }
+    Ok(())
+}
+
+/// Turns SIGINT and SIGTERM into [`interrupted`], so the bench unwinds through its guards
+/// (namespaces, agent, servers, sysctl) instead of dying with them in place.
+fn catch_signals() {
+    let handler = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+    for signal in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        unsafe { libc::signal(signal, handler) };
+    }
+}
+
+pub fn run(options: &Options) -> Result<()> {
+    if !cmd::is_root() {
+        bail!(
+            "the bench needs root (network namespaces, eBPF, sysctl): run `cargo xtask bench` as root"
+        );
+    }
+    let settings = Settings::new(options);
+    let command_line = settings.command_line(options);
+    prereqs::ensure(prereqs::Tools::BUILD)?;
+    prereqs::ensure_system_tools(BENCH_TOOLS)?;
+    crate::agent::build(true)?;
+    let binary = crate::agent::binary(true)?;
+    let out = match &options.out {
+        Some(out) => out.clone(),
+        None => cmd::target_dir()?.join("bench").join("bench.json"),
+    };
+
+    catch_signals();
+    let machine = report::Machine::describe();
+    println!(
+        "[bench] {command_line}: {} run(s), {} s per workload, {} conn/s offered, {} storm connects",
+        settings.runs, settings.duration_s, settings.conn_rate, settings.storm_connects
+    );
+    let started = Instant::now();
+    let samples = (|| {
+        let _stats = BpfStats::enable()?;
+        let bench = Bench::new(&binary, &settings)?;
+        bench.measure_all()
+    })()
+    .map_err(|err| {
+        if interrupted() {
+            anyhow::anyhow!("interrupted; namespaces, agent and sysctl cleaned up ({err:#})")
+        } else {
+            err
+        }
+    })?;
+    let report = Report::new(command_line, settings, machine, samples, started.elapsed());
+    println!();
+    print!("{}", report.markdown());
+    report.write_json(&out)?;
+    println!("\n[bench] JSON: {}", out.display());
+    Ok(())
+}
+
+/// The topology and the servers every measurement uses.
+struct Bench<'a> {
+    binary: &'a Path,
+    settings: &'a Settings,
+    // Drop order: servers first, then the namespaces they live in.
+    _servers: (IperfServer, IperfServer, EchoServer),
+    topo: Topology,
+}
+
+impl<'a> Bench<'a> {
+    fn new(binary: &'a Path, settings: &'a Settings) -> Result<Self> {
+        println!("[bench] topology: two nodes, vxlan overlay, a pod per node");
+        let topo = Topology::build()?;
+        let servers = (
+            IperfServer::start(&topo.pod_b, IPERF_PORT)?,
+            IperfServer::start(&topo.node_a, IPERF_PORT)?,
+            EchoServer::start(
+                &topo.pod_b,
+                SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, ECHO_PORT)),
+                ECHO_THREADS,
+            )?,
+        );
+        Ok(Self {
+            binary,
+            settings,
+            _servers: servers,
+            topo,
+        })
+    }
+
+    /// Every workload in every run, baseline and agent in alternating order.
+    fn measure_all(&self) -> Result<Vec<Sample>> {
+        let mut samples = Vec::new();
+        for run in 0..self.settings.runs {
+            for (index, workload) in Workload::ALL.into_iter().enumerate() {
+                let order = if (run as usize + index).is_multiple_of(2) {
+                    [Mode::Baseline, Mode::Agent]
+                } else {
+                    [Mode::Agent, Mode::Baseline]
+                };
+                for mode in order {
+                    check_interrupted()?;
+                    let sample = self.measure(run, workload, mode).with_context(|| {
+                        format!("run {}: {} ({mode:?})", run + 1, workload.label())
+                    })?;
+                    println!("[bench] {}", report::progress_line(&sample));
+                    samples.push(sample);
+                }
+            }
+        }
+        Ok(samples)
+    }
+
+    fn measure(&self, run: u32, workload: Workload, mode: Mode) -> Result<Sample> {
+        let mut agent = match mode {
+            Mode::Agent => Some(Agent::start(self.binary, &self.topo.node_a, READY_TIMEOUT)?),
+            Mode::Baseline => None,
+        };
+        thread::sleep(SETTLE);
+        let pid = agent.as_ref().map(Agent::pid);
+        let foreign_before = agent::foreign_programs(pid)?;
+        let before = agent.as_ref().map(Before::take).transpose()?;
+
+        let began = Instant::now();
+        let mut sample = Sample {
+            run,
+            workload,
+            mode,
+            value: 0.0,
+            conn: None,
+            storm: None,
+            agent: None,
+            foreign_nd_programs: 0,
+        };
+        let duration = self.settings.duration();
+        match workload {
+            Workload::IperfOverlay => {
+                let server = SocketAddr::V4(SocketAddrV4::new(self.topo.pod_b_ip, IPERF_PORT));
+                sample.value = load::iperf(&self.topo.pod_a, server, duration)?;
+            }
+            Workload::IperfVeth => {
+                let server =
+                    SocketAddr::V4(SocketAddrV4::new(self.topo.node_a_underlay, IPERF_PORT));
+                sample.value = load::iperf(&self.topo.node_b, server, duration)?;
+            }
+            Workload::ConnRate => {
+                let server = SocketAddr::V4(SocketAddrV4::new(self.topo.pod_b_ip, ECHO_PORT));
+                let stats = load::conn_rate(
+                    &self.topo.pod_a,
+                    server,
+                    self.settings.conn_rate,
+                    duration,
+                    CONN_THREADS,
+                )?;
+                sample.value = stats.rate;
+                sample.conn = Some(stats);
+            }
+            Workload::Storm => {
+                let target = SocketAddr::V4(SocketAddrV4::new(self.topo.pod_b_ip, CLOSED_PORT));
+                let limit = Duration::from_secs(300);
+                let stats = load::refused_storm(
+                    &self.topo.pod_a,
+                    target,
+                    self.settings.storm_connects,
+                    STORM_THREADS,
+                    limit,
+                )?;
+                sample.value = stats.rate;
+                sample.storm = Some(stats);
+            }
+        }
+        if let (Some(agent), Some(before)) = (agent.as_mut(), before) {
+            agent.check_alive()?;
+            // The agent handles the storm's events after the client is done: its CPU
+            // time counts until it has accounted for them (or given up).
+            let accounting = match &sample.storm {
+                Some(storm) => Some(account(agent, storm.refused, &before)?),
+                None => None,
+            };
+            let wall = began.elapsed().as_secs_f64();
+            let after = agent.sample()?;
+            let programs = agent.prog_stats(&before.names)?;
+            let cpu_s = (after.cpu_secs - before.proc.cpu_secs).max(0.0);
+            sample.agent = Some(AgentUsage {
+                startup_peak_rss_kib: before.startup_hwm_kib,
+                peak_rss_kib: after.hwm_kib,
+                rss_before_kib: before.proc.rss_kib,
+                rss_after_kib: after.rss_kib,
+                cpu_s,
+                wall_s: wall,
+                cpu_pct: 100.0 * cpu_s / wall,
+                stdout_lines: agent.stdout_lines() - before.stdout_lines,
+                programs: program_runs(&before, &programs),
+                accounting,
+            });
+        }
+        sample.foreign_nd_programs = foreign_before.max(agent::foreign_programs(pid)?);
+        if let Some(agent) = agent {
+            agent.stop()?;
+        }
+        Ok(sample)
+    }
+}
+
+/// The agent's state just before a workload.
+struct Before {
+    startup_hwm_kib: u64,
+    proc: ProcSample,
+    names: BTreeMap<u32, agent::ProgName>,
+    programs: BTreeMap<String, RunStats>,
+    stdout_lines: u64,
+    refused_count: u64,
+    events_lost: u64,
+}
+
+impl Before {
+    fn take(agent: &Agent) -> Result<Self> {
+        let startup_hwm_kib = agent.sample()?.hwm_kib;
+        agent.reset_peak_rss()?;
+        let names = agent::prog_names()?;
+        let programs = agent.prog_stats(&names)?;
+        if programs.is_empty() {
+            bail!("the agent (pid {}) holds no nd_* eBPF program", agent.pid());
+        }
+        let (refused_count, _, _) = refused_findings(agent)?;
+        Ok(Self {
+            startup_hwm_kib,
+            names,
+            programs,
+            stdout_lines: agent.stdout_lines(),
+            refused_count,
+            events_lost: events_lost(agent)?,
+            // Last: the workload's CPU time starts here.
+            proc: agent.sample()?,
+        })
+    }
+}
+
+fn program_runs(
+    before: &Before,
+    after: &BTreeMap<String, RunStats>,
+) -> BTreeMap<String, ProgramRuns> {
+    after
+        .iter()
+        .map(|(name, stats)| {
+            let delta = stats.since(before.programs.get(name).copied().unwrap_or_default());
+            let kind = before
+                .names
+                .values()
+                .find(|prog| &prog.name == name)
+                .map_or_else(|| "?".to_owned(), |prog| prog.kind.clone());
+            let runs = ProgramRuns {
+                kind,
+                run_cnt: delta.run_cnt,
+                run_time_ns: delta.run_time_ns,
+            };
+            (name.clone(), runs)
+        })
+        .collect()
+}
+
+/// (sum of the `tcp_refused` findings' counts, how many such findings, all findings).
+fn refused_findings(agent: &Agent) -> Result<(u64, u64, u64)> {
+    let findings = agent.findings()?;
+    let refused: Vec<_> = findings
+        .iter()
+        .filter(|f| f["kind"] == "tcp_refused")
+        .collect();
+    let count = refused
+        .iter()
+        .map(|f| {
+            f["count"]
+                .as_u64()
+                .context("a finding without a numeric count")
+        })
+        .sum::<Result<u64>>()?;
+    Ok((count, refused.len() as u64, findings.len() as u64))
+}
+
+fn events_lost(agent: &Agent) -> Result<u64> {
+    const METRIC: &str = "node_diag_events_lost_total";
+    let metrics = agent.metrics()?;
+    let lost = metrics
+        .get(METRIC)
+        .with_context(|| format!("/metrics has no {METRIC}"))?;
+    Ok(*lost as u64)
+}
+
+/// Waits until the agent accounts for all `refused` connects (findings' counts plus lost
+/// events), or its figures stop moving for 3 s, or 30 s pass.
+fn account(agent: &Agent, refused: u64, before: &Before) -> Result<Accounting> {
+    const QUIET: Duration = Duration::from_secs(3);
+    const LIMIT: Duration = Duration::from_secs(30);
+    let began = Instant::now();
+    let mut last = None;
+    let mut last_change = began;
+    loop {
+        let (count, refused_findings, findings) = refused_findings(agent)?;
+        let lost = events_lost(agent)?;
+        let findings_count = count.saturating_sub(before.refused_count);
+        let events_lost = lost.saturating_sub(before.events_lost);
+        let accounted = findings_count + events_lost;
+        let now = Instant::now();
+        if last != Some(accounted) {
+            last = Some(accounted);
+            last_change = now;
+        }
+        if accounted == refused
+            || now - last_change >= QUIET
+            || now - began >= LIMIT
+            || interrupted()
+        {
+            return Ok(Accounting {
+                refused,
+                findings_count,
+                events_lost,
+                difference: accounted as i64 - refused as i64,
+                refused_findings,
+                findings,
+                settle_s: (now - began).as_secs_f64(),
+            });
+        }
+        thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// `kernel.bpf_stats_enabled=1` for the bench; the previous value is restored on drop.
+struct BpfStats {
+    previous: String,
+}
+
+const BPF_STATS: &str = "/proc/sys/kernel/bpf_stats_enabled";
+
+impl BpfStats {
+    fn enable() -> Result<Self> {
+        let previous = fs::read_to_string(BPF_STATS)
+            .with_context(|| format!("cannot read {BPF_STATS}"))?
+            .trim()
+            .to_owned();
+        fs::write(BPF_STATS, "1").with_context(|| format!("cannot write 1 to {BPF_STATS}"))?;
+        println!("[bench] kernel.bpf_stats_enabled: {previous} -> 1 (restored at the end)");
+        Ok(Self { previous })
+    }
+}
+
+impl Drop for BpfStats {
+    fn drop(&mut self) {
+        if let Err(err) = fs::write(BPF_STATS, &self.previous) {
+            eprintln!(
+                "[bench] warning: cannot restore {BPF_STATS} to {}: {err}",
+                self.previous
+            );
+        }
+    }
+}

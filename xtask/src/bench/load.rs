@@ -1,0 +1,480 @@
+//! The workloads: iperf3 bulk transfers, a paced short-connection load generator with
+//! its echo server, and a storm of refused connects. The in-process ones run on threads
+//! that entered the pods' namespaces, so they need no external tool.
+
+use std::{
+    io::{self, ErrorKind, Read as _, Write as _},
+    net::{SocketAddr, TcpListener, TcpStream},
+    os::{fd::AsRawFd as _, unix::process::CommandExt as _},
+    process::{Child, Output, Stdio},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    thread::{self, JoinHandle},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+use serde::Serialize;
+use socket2::{Domain, Socket, Type};
+
+use super::{interrupted, topology};
+use crate::cmd;
+
+/// Bytes each short connection sends and gets echoed back.
+const REQUEST: &[u8; 64] = &[b'x'; 64];
+/// Bound on every blocking socket step of the load generators.
+const IO_TIMEOUT: Duration = Duration::from_secs(1);
+/// How often blocked loops look at their stop flag.
+const POLL: Duration = Duration::from_millis(50);
+
+/// `iperf3 -s` in a namespace; killed on drop.
+pub struct IperfServer {
+    child: Child,
+}
+
+impl IperfServer {
+    /// Starts the server on `port` in `netns` and waits until it listens.
+    pub fn start(netns: &str, port: u16) -> Result<Self> {
+        let port_arg = port.to_string();
+        let mut command = topology::exec_in(netns, &["iperf3", "-s", "-p", &port_arg]);
+        command.stdin(Stdio::null()).stdout(Stdio::null());
+        die_with_parent(&mut command);
+        let line = cmd::display(&command);
+        let server = Self {
+            child: command
+                .spawn()
+                .with_context(|| format!("failed to spawn `{line}`"))?,
+        };
+        let filter = format!("sport = :{port}");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let listening = cmd::output(&mut topology::exec_in(
+                netns,
+                &["ss", "-Hltn", filter.as_str()],
+            ))?;
+            if !listening.trim().is_empty() {
+                return Ok(server);
+            }
+            if Instant::now() >= deadline {
+                bail!("`{line}` does not listen on port {port} after 10 s");
+            }
+            thread::sleep(POLL);
+        }
+    }
+}
+
+impl Drop for IperfServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `iperf3 -c server -t secs -J` from `netns`: the receiver's throughput in bit/s.
+pub fn iperf(netns: &str, server: SocketAddr, duration: Duration) -> Result<f64> {
+    let (host, port, secs) = (
+        server.ip().to_string(),
+        server.port().to_string(),
+        duration.as_secs().max(1).to_string(),
+    );
+    let mut command = topology::exec_in(
+        netns,
+        &["iperf3", "-c", &host, "-p", &port, "-t", &secs, "-J"],
+    );
+    let out = output_within(&mut command, duration + Duration::from_secs(20))?;
+    let line = cmd::display(&command);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("`{line}` printed no JSON ({})", out.status))?;
+    if let Some(error) = report["error"].as_str() {
+        bail!("`{line}` failed: {error}");
+    }
+    if !out.status.success() {
+        bail!("`{line}` failed ({})", out.status);
+    }
+    report["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .with_context(|| format!("`{line}`: no end.sum_received.bits_per_second"))
+}
+
+/// Runs `command` with its output captured; kills it after `timeout`.
+fn output_within(command: &mut std::process::Command, timeout: Duration) -> Result<Output> {
+    command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    die_with_parent(command);
+    let line = cmd::display(command);
+    let mut child = command
+        .spawn()
+        .with_context(|| format!("failed to spawn `{line}`"))?;
+    let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
+    let read_all = |pipe: Option<Box<dyn io::Read + Send>>| {
+        thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let stdout = read_all(stdout.map(|p| Box::new(p) as _));
+    let stderr = read_all(stderr.map(|p| Box::new(p) as _));
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if interrupted() {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("interrupted");
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("`{line}` did not finish within {timeout:?}; killed");
+        }
+        thread::sleep(Duration::from_millis(20));
+    };
+    Ok(Output {
+        status,
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
+    })
+}
+
+/// Makes the kernel kill the child when the bench dies (crash or signal).
+fn die_with_parent(command: &mut std::process::Command) {
+    // SAFETY: the closure only calls prctl, which is async-signal-safe.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// A TCP echo server for [`conn_rate`]: each connection gets its request echoed and is
+/// closed by the server (so the TIME_WAIT state stays on the server side). Stops on drop.
+pub struct EchoServer {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl EchoServer {
+    /// Listens on `addr` in `netns`, served by `threads` accept loops.
+    pub fn start(netns: &str, addr: SocketAddr, threads: usize) -> Result<Self> {
+        // A socket keeps the namespace it was created in, whichever thread uses it.
+        let listener = topology::in_netns(netns, || {
+            let socket = Socket::new(Domain::IPV4, Type::STREAM, None)?;
+            socket.set_reuse_address(true)?;
+            socket.bind(&addr.into())?;
+            socket.listen(4096)?;
+            socket.set_nonblocking(true)?;
+            Ok(TcpListener::from(socket))
+        })
+        .with_context(|| format!("echo server: cannot listen on {addr} in {netns}"))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut handles = Vec::with_capacity(threads);
+        for i in 0..threads {
+            let listener = listener.try_clone()?;
+            let stop = Arc::clone(&stop);
+            handles.push(
+                thread::Builder::new()
+                    .name(format!("echo-{i}"))
+                    .spawn(move || serve(&listener, &stop))?,
+            );
+        }
+        Ok(Self {
+            stop,
+            threads: handles,
+        })
+    }
+}
+
+impl Drop for EchoServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn serve(listener: &TcpListener, stop: &AtomicBool) {
+    let poll_ms = i32::try_from(POLL.as_millis()).unwrap_or(50);
+    while !stop.load(Ordering::Relaxed) {
+        let mut pfd = libc::pollfd {
+            fd: listener.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, count 1.
+        if unsafe { libc::poll(&mut pfd, 1, poll_ms) } <= 0 {
+            continue;
+        }
+        // Another accept loop may have taken the connection: WouldBlock then.
+        while let Ok((stream, _)) = listener.accept() {
+            let _ = echo_once(stream);
+        }
+    }
+}
+
+/// Reads one request, echoes it, closes.
+fn echo_once(mut stream: TcpStream) -> io::Result<()> {
+    stream.set_nonblocking(false)?;
+    stream.set_read_timeout(Some(IO_TIMEOUT))?;
+    stream.set_write_timeout(Some(IO_TIMEOUT))?;
+    let mut buf = [0u8; REQUEST.len()];
+    stream.read_exact(&mut buf)?;
+    stream.write_all(&buf)
+}
+
+/// What the short-connection load generator saw.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ConnStats {
+    /// Connections that completed connect, send, echo and close.
+    pub completed: u64,
+    pub failed: u64,
+    /// Scheduled connections skipped because the generator fell behind by more than
+    /// [`MAX_LAG`].
+    pub skipped: u64,
+    pub elapsed_s: f64,
+    /// Completed connections per second.
+    pub rate: f64,
+    /// Median and 99th percentile of one connection's duration, in microseconds.
+    pub latency_p50_us: f64,
+    pub latency_p99_us: f64,
+    pub first_error: Option<String>,
+}
+
+/// Lag behind the schedule after which the generator skips ahead instead of bursting.
+const MAX_LAG: Duration = Duration::from_millis(100);
+
+/// From `netns`, opens `rate` short connections per second to `server` for `duration`
+/// (connect, send 64 bytes, read the echo, read the server's close, close), spread over
+/// `threads` paced threads.
+pub fn conn_rate(
+    netns: &str,
+    server: SocketAddr,
+    rate: u32,
+    duration: Duration,
+    threads: u32,
+) -> Result<ConnStats> {
+    let interval = Duration::from_secs_f64(f64::from(threads) / f64::from(rate.max(1)));
+    let start = Instant::now() + Duration::from_millis(100);
+    let end = start + duration;
+    let workers = (0..threads)
+        .map(|i| {
+            let netns = netns.to_owned();
+            // Threads start staggered within one interval.
+            let first = start + interval.mul_f64(f64::from(i) / f64::from(threads));
+            thread::Builder::new()
+                .name(format!("conn-{i}"))
+                .spawn(move || {
+                    topology::enter(&netns)?;
+                    Ok(paced_connections(server, first, interval, end))
+                })
+                .context("cannot spawn a load thread")
+        })
+        .collect::<Result<Vec<JoinHandle<Result<Worker>>>>>()?;
+    let mut total = Worker::default();
+    for worker in workers {
+        let worker = worker
+            .join()
+            .unwrap_or_else(|payload| std::panic::resume_unwind(payload))?;
+        total.completed += worker.completed;
+        total.failed += worker.failed;
+        total.skipped += worker.skipped;
+        total.latencies_us.extend(worker.latencies_us);
+        total.first_error = total.first_error.or(worker.first_error);
+    }
+    if interrupted() {
+        bail!("interrupted");
+    }
+    let elapsed = duration.as_secs_f64();
+    total.latencies_us.sort_unstable();
+    Ok(ConnStats {
+        completed: total.completed,
+        failed: total.failed,
+        skipped: total.skipped,
+        elapsed_s: elapsed,
+        rate: total.completed as f64 / elapsed,
+        latency_p50_us: percentile(&total.latencies_us, 0.50),
+        latency_p99_us: percentile(&total.latencies_us, 0.99),
+        first_error: total.first_error,
+    })
+}
+
+#[derive(Default)]
+struct Worker {
+    completed: u64,
+    failed: u64,
+    skipped: u64,
+    latencies_us: Vec<u32>,
+    first_error: Option<String>,
+}
+
+fn paced_connections(
+    server: SocketAddr,
+    first: Instant,
+    interval: Duration,
+    end: Instant,
+) -> Worker {
+    let mut worker = Worker::default();
+    let mut next = first;
+    while next < end && !interrupted() {
+        let now = Instant::now();
+        if now < next {
+            thread::sleep(next - now);
+        } else if now - next > MAX_LAG {
+            // Behind schedule: skip the missed slots rather than burst to catch up.
+            let missed = ((now - next).as_secs_f64() / interval.as_secs_f64()) as u64;
+            worker.skipped += missed;
+            next += interval.mul_f64(missed as f64);
+        }
+        let began = Instant::now();
+        match one_connection(server) {
+            Ok(()) => {
+                worker.completed += 1;
+                let micros = began.elapsed().as_micros();
+                worker
+                    .latencies_us
+                    .push(u32::try_from(micros).unwrap_or(u32::MAX));
+            }
+            Err(err) => {
+                worker.failed += 1;
+                worker.first_error.get_or_insert_with(|| err.to_string());
+            }
+        }
+        next += interval;
+    }
+    worker
+}
+
+fn one_connection(server: SocketAddr) -> io::Result<()> {
+    let mut stream = TcpStream::connect_timeout(&server, IO_TIMEOUT)?;
+    stream.set_read_timeout(Some(IO_TIMEOUT))?;
+    stream.set_write_timeout(Some(IO_TIMEOUT))?;
+    stream.write_all(REQUEST)?;
+    let mut echo = [0u8; REQUEST.len()];
+    stream.read_exact(&mut echo)?;
+    // Wait for the server's close, so this side never holds TIME_WAIT.
+    let mut rest = [0u8; 1];
+    match stream.read(&mut rest)? {
+        0 => Ok(()),
+        _ => Err(io::Error::new(
+            ErrorKind::InvalidData,
+            "echo longer than the request",
+        )),
+    }
+}
+
+fn percentile(sorted: &[u32], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let idx = ((sorted.len() - 1) as f64 * q).round() as usize;
+    f64::from(sorted[idx.min(sorted.len() - 1)])
+}
+
+/// What the refused-connect storm saw.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct StormStats {
+    pub attempted: u64,
+    /// Connects that failed with `ECONNREFUSED`.
+    pub refused: u64,
+    /// Connects that ended any other way (connected, timed out, other errors).
+    pub other: u64,
+    pub elapsed_s: f64,
+    /// Refused connects per second.
+    pub rate: f64,
+    pub first_other: Option<String>,
+}
+
+/// From `netns`, `total` connects to `target` (a port nothing listens on), as fast as
+/// `threads` threads make them; gives up after `limit`.
+pub fn refused_storm(
+    netns: &str,
+    target: SocketAddr,
+    total: u64,
+    threads: u32,
+    limit: Duration,
+) -> Result<StormStats> {
+    let issued = Arc::new(AtomicU64::new(0));
+    let began = Instant::now();
+    let deadline = began + limit;
+    let workers = (0..threads)
+        .map(|i| {
+            let (netns, issued) = (netns.to_owned(), Arc::clone(&issued));
+            thread::Builder::new()
+                .name(format!("storm-{i}"))
+                .spawn(move || -> Result<StormStats> {
+                    topology::enter(&netns)?;
+                    let mut stats = StormStats::default();
+                    while issued.fetch_add(1, Ordering::Relaxed) < total
+                        && Instant::now() < deadline
+                        && !interrupted()
+                    {
+                        stats.attempted += 1;
+                        match TcpStream::connect_timeout(&target, IO_TIMEOUT) {
+                            Err(err) if err.raw_os_error() == Some(libc::ECONNREFUSED) => {
+                                stats.refused += 1;
+                            }
+                            Err(err) => {
+                                stats.other += 1;
+                                stats.first_other.get_or_insert_with(|| err.to_string());
+                            }
+                            Ok(_) => {
+                                stats.other += 1;
+                                stats
+                                    .first_other
+                                    .get_or_insert_with(|| format!("{target} accepted"));
+                            }
+                        }
+                    }
+                    Ok(stats)
+                })
+                .context("cannot spawn a storm thread")
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut total_stats = StormStats::default();
+    for worker in workers {
+        let stats = worker
+            .join()
+            .unwrap_or_else(|payload| std::panic::resume_unwind(payload))?;
+        total_stats.attempted += stats.attempted;
+        total_stats.refused += stats.refused;
+        total_stats.other += stats.other;
+        total_stats.first_other = total_stats.first_other.or(stats.first_other);
+    }
+    if interrupted() {
+        bail!("interrupted");
+    }
+    total_stats.elapsed_s = began.elapsed().as_secs_f64();
+    total_stats.rate = total_stats.refused as f64 / total_stats.elapsed_s;
+    if total_stats.attempted < total {
+        bail!(
+            "the storm made {} of {total} connects within {limit:?}",
+            total_stats.attempted
+        );
+    }
+    Ok(total_stats)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_of_sorted_samples() {
+        let samples: Vec<u32> = (1..=100).collect();
+        assert_eq!(percentile(&samples, 0.5), 51.0);
+        assert_eq!(percentile(&samples, 0.99), 99.0);
+        assert_eq!(percentile(&[], 0.5), 0.0);
+    }
+}
