@@ -270,7 +270,10 @@ pub struct Config {
     pub snd_reset_skaddr: u16,
     pub snd_reset_skbaddr: u16,
     pub retrans_skbaddr: u16,
-    pub _pad0: [u16; 4],
+    /// `tcp_retransmit_skb`'s `err` (the transmit's result), `u16::MAX` on kernels whose
+    /// record lacks it.
+    pub retrans_err: u16,
+    pub _pad0: [u16; 3],
 
     /// Kernel struct offsets from BTF; all zero (and `btf_ok == 0`) when BTF is missing,
     /// in which case netns/ifindex attribution and packet parsing are skipped.

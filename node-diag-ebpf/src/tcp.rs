@@ -66,9 +66,9 @@ fn try_retransmit(ctx: &TracePointContext) -> Option<()> {
 }
 
 /// Tracks retransmits of full-size data segments. A PMTUD black hole makes the sender
-/// retransmit the same full-size segment again and again on its backed-off RTO; loss
-/// recovery under congestion retransmits different segments, or smaller ones, and moves
-/// on. So only repeats of one segment count.
+/// retransmit the same single full-size segment again and again on its backed-off RTO;
+/// loss recovery under congestion retransmits different segments, or bursts of them, and
+/// moves on. So only repeats of one segment count.
 fn data_retransmit(ctx: &TracePointContext, sk: u64) -> Option<()> {
     if config!(btf_ok) == 0 {
         return None;
@@ -78,6 +78,17 @@ fn data_retransmit(ctx: &TracePointContext, sk: u64) -> Option<()> {
     // offloaded; at least one MSS is a full-size segment.
     let len = kread::<u32>(skb, config!(skb_len))?;
     let mss = kread::<u32>(sk, config!(tcp_mss_cache))?;
+    // A retransmit the local stack could not send (queue full, TSQ) is retried as is
+    // and says nothing about the path.
+    let err_off = config!(retrans_err);
+    if err_off != u16::MAX && field::<i32>(ctx, err_off)? != 0 {
+        return None;
+    }
+    // After a timeout the sender is down to one segment per retransmit; several at once
+    // (a GSO burst) is loss recovery with a window, not a stall.
+    if len >= 2 * mss {
+        return None;
+    }
     let seq = kread::<u32>(skb, config!(skb_cb))?;
     let now = now();
     let Some(state) = RETRANS.get_ptr_mut(&sk) else {

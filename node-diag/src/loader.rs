@@ -274,6 +274,7 @@ fn fill_config(
             c.retrans = tuple(fmt)?;
             c.retrans_skaddr = fmt.offset("skaddr")?;
             c.retrans_skbaddr = fmt.offset("skbaddr")?;
+            c.retrans_err = fmt.offset("err").unwrap_or(u16::MAX);
             c.retrans_state = fmt.offset("state")?;
         }
         "nd_rcv_reset" => {
