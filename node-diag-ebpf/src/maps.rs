@@ -10,7 +10,7 @@ use aya_ebpf::{
 use node_diag_common::{
     AF_INET, AF_INET6, Config, DROP_MAP_ENTRIES, DropInfo, DropKey, EVENTS_BYTES, Event,
     FLOW_MAP_ENTRIES, FlowKey, FlowState, IcmpInfo, RetransState, SCOPE_MAP_ENTRIES, TupleOffsets,
-    counter,
+    counter, event_kind,
 };
 
 #[unsafe(no_mangle)]
@@ -300,10 +300,18 @@ pub fn emit(kind: u32, error: u32, key: &FlowKey, netns: u32, retrans: u32, extr
         return;
     };
     let icmp = unsafe { ICMP_SENT.get(key) }.copied().unwrap_or_default();
-    let icmp_rcvd = unsafe { ICMP_RCVD.get(key) }.copied().unwrap_or_default();
-    let frag_dropped = unsafe { FRAG_DROPPED.get(key) }
-        .copied()
-        .unwrap_or_default();
+    // Frag-needed received or dropped only explains MTU verdicts.
+    let mtu_verdict = kind == event_kind::DF_OVERSIZE || kind == event_kind::PMTUD_STALL;
+    let (icmp_rcvd, frag_dropped) = if mtu_verdict {
+        (
+            unsafe { ICMP_RCVD.get(key) }.copied().unwrap_or_default(),
+            unsafe { FRAG_DROPPED.get(key) }
+                .copied()
+                .unwrap_or_default(),
+        )
+    } else {
+        (IcmpInfo::default(), DropInfo::default())
+    };
     entry.write(Event {
         ts_ns: now(),
         kind,

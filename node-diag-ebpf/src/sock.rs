@@ -37,10 +37,17 @@ pub fn nd_set_state(ctx: TracePointContext) -> u32 {
 }
 
 fn try_set_state(ctx: &TracePointContext) -> Option<()> {
+    // Most transitions (FIN_WAIT, TIME_WAIT, ...) matter to nobody: leave first.
+    let newstate = field::<i32>(ctx, config!(set_state_newstate))? as u32;
+    if newstate != tcp_state::SYN_SENT
+        && newstate != tcp_state::ESTABLISHED
+        && newstate != tcp_state::CLOSE
+    {
+        return None;
+    }
     if field::<u16>(ctx, config!(set_state_protocol))? != IPPROTO_TCP {
         return None;
     }
-    let newstate = field::<i32>(ctx, config!(set_state_newstate))? as u32;
     let sk = field::<u64>(ctx, config!(set_state_skaddr))?;
     if newstate == tcp_state::SYN_SENT {
         let netns = sock_netns(sk);
@@ -63,13 +70,10 @@ fn try_set_state(ctx: &TracePointContext) -> Option<()> {
         let _ = CONNECTS.remove(&sk);
         return Some(());
     }
-    if newstate != tcp_state::CLOSE {
-        return None;
-    }
-    // The record still has the local port the kernel is about to release.
-    let key = read_tuple(ctx, config!(set_state))?;
+    // CLOSE. The record still has the local port the kernel is about to release.
     if let Some(connect) = CONNECTS.get_ptr_mut(&sk) {
-        unsafe { (*connect).sport = key.sport };
+        let sport = field::<u16>(ctx, config!(set_state.sport))?;
+        unsafe { (*connect).sport = sport };
         return Some(());
     }
     // An established connection closing on a received reset: tcp_reset() sets sk_err
@@ -85,6 +89,7 @@ fn try_set_state(ctx: &TracePointContext) -> Option<()> {
     if !in_scope(netns) {
         return None;
     }
+    let key = read_tuple(ctx, config!(set_state))?;
     inc(counter::ESTABLISHED_RESET);
     emit(
         event_kind::ESTABLISHED_RESET,

@@ -10,6 +10,21 @@ use crate::maps::{
     L3_OFFSET, inc, now, set_v4,
 };
 
+/// Largest link-layer header the classifier skips (bounds the offset for the verifier).
+const MAX_L2: usize = 64;
+
+/// One byte of the packet by direct access, bounds-checked against the linear data.
+#[inline(always)]
+fn byte_at(ctx: &TcContext, off: usize) -> Option<u8> {
+    let (start, end) = (ctx.data(), ctx.data_end());
+    if start + off + 1 > end {
+        // Not in the linear part (or past the end): the slow path reads it.
+        return ctx.load::<u8>(off).ok();
+    }
+    // SAFETY: start + off is within [data, data_end), checked above.
+    Some(unsafe { *((start + off) as *const u8) })
+}
+
 #[classifier]
 pub fn nd_tc_ingress(ctx: TcContext) -> i32 {
     let _ = try_tc_ingress(&ctx);
@@ -19,13 +34,21 @@ pub fn nd_tc_ingress(ctx: TcContext) -> i32 {
 fn try_tc_ingress(ctx: &TcContext) -> Option<()> {
     let (protocol, ifindex) = unsafe { ((*ctx.skb.skb).protocol, (*ctx.skb.skb).ifindex) };
     let protocol = u16::from_be(protocol as u16);
+    if protocol != ETH_P_IP && protocol != ETH_P_IPV6 {
+        return None;
+    }
     let nh = match unsafe { L3_OFFSET.get(&ifindex) } {
-        Some(off) => *off as usize,
+        Some(off) => (*off as usize).min(MAX_L2),
         None => 14,
     };
+    // Every packet passes here: its protocol byte is read directly, without a helper call.
+    let l4proto = byte_at(ctx, nh + if protocol == ETH_P_IP { 9 } else { 6 })?;
+    if l4proto != IPPROTO_ICMP && l4proto != IPPROTO_ICMPV6 {
+        return None;
+    }
     let (mut flow, icmp_off, icmp_type, code, mtu) = if protocol == ETH_P_IP {
         let ver_ihl = ctx.load::<u8>(nh).ok()?;
-        if ctx.load::<u8>(nh + 9).ok()? != IPPROTO_ICMP {
+        if l4proto != IPPROTO_ICMP {
             return None;
         }
         let icmp = nh + ((ver_ihl & 0x0f) as usize) * 4;
@@ -36,7 +59,7 @@ fn try_tc_ingress(ctx: &TcContext) -> Option<()> {
         let mtu = u16::from_be(ctx.load::<u16>(icmp + 6).ok()?) as u32;
         (FlowKey::default(), icmp, t, c, mtu)
     } else if protocol == ETH_P_IPV6 {
-        if ctx.load::<u8>(nh + 6).ok()? != IPPROTO_ICMPV6 {
+        if l4proto != IPPROTO_ICMPV6 {
             return None;
         }
         let icmp = nh + 40;
