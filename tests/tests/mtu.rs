@@ -27,31 +27,6 @@ fn ready_agent(topo: &Topology) -> Agent<'_> {
     agent
 }
 
-/// The misconfiguration of the seed: every pod (and its node-side veth) at 1500 over a
-/// 1450 vxlan, so full-size packets must be forwarded into a smaller overlay. Both pods:
-/// a 1450 peer would advertise an MSS that hides the fault.
-fn pod_mtu(topo: &Topology, mtu: u32) {
-    let mtu = mtu.to_string();
-    for (node, pod) in [(&topo.node_a, &topo.pod_a), (&topo.node_b, &topo.pod_b)] {
-        cmd::run(&["ip", "-n", pod, "link", "set", POD_IF, "mtu", &mtu]);
-        cmd::run(&["ip", "-n", node, "link", "set", POD_HOST_IF, "mtu", &mtu]);
-        // A learned PMTU would hide the fault.
-        cmd::run(&["ip", "-n", pod, "route", "flush", "cache"]);
-    }
-}
-
-/// Drops the ICMP frag-needed node A generates (nftables output hook), as a host
-/// firewall that filters ICMP would.
-fn drop_frag_needed(topo: &Topology) {
-    cmd::run_in(
-        &topo.node_a,
-        &[
-            "nft",
-            "add table inet ndicmp; add chain inet ndicmp out { type filter hook output priority 0; policy accept; }; add rule inet ndicmp out icmp type destination-unreachable icmp code frag-needed drop",
-        ],
-    );
-}
-
 /// Sends `BULK` bytes from pod A to pod B's echo server on a background thread.
 fn bulk_in_background(
     topo: &Topology,
@@ -143,7 +118,7 @@ fn saturating_traffic_is_no_black_hole() {
 #[test]
 fn oversized_pod_mtu_with_icmp_allowed_is_an_oversize_drop_that_recovers() {
     let topo = Topology::new();
-    pod_mtu(&topo, 1500);
+    topo.set_pod_mtu(1500);
     let agent = ready_agent(&topo);
     let _server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(9002), ServerMode::Echo);
 
@@ -312,7 +287,7 @@ fn mtu_change_while_running_appears_then_clears() {
         agent.metrics_text()
     );
 
-    pod_mtu(&topo, 1500);
+    topo.set_pod_mtu(1500);
     let f = agent.wait_finding(
         mismatch_on(&topo.node_a, POD_HOST_IF),
         Duration::from_secs(12),
@@ -325,7 +300,7 @@ fn mtu_change_while_running_appears_then_clears() {
         agent.metrics_text()
     );
 
-    pod_mtu(&topo, 1450);
+    topo.set_pod_mtu(1450);
     let resolved = agent.wait_finding(
         |f| {
             field(f, "kind") == "overlay_mtu_mismatch"
@@ -346,8 +321,8 @@ fn mtu_change_while_running_appears_then_clears() {
 #[test]
 fn filtered_frag_needed_is_a_pmtud_black_hole() {
     let topo = Topology::new();
-    pod_mtu(&topo, 1500);
-    drop_frag_needed(&topo);
+    topo.set_pod_mtu(1500);
+    topo.drop_frag_needed(&topo.node_a);
     let agent = ready_agent(&topo);
     let _server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(9003), ServerMode::Echo);
 

@@ -128,13 +128,7 @@ fn frag_needed_dropped_is_a_black_hole() {
     // Pod A has now learnt (and cached) PMTU 1450 towards pod B; the probe must not
     // trust that cache, or the black hole below would hide behind it.
     // The table goes with node A's namespace.
-    for rule in [
-        "add table inet x",
-        "add chain inet x o { type filter hook output priority 0; policy accept; }",
-        "add rule inet x o icmp type destination-unreachable icmp code frag-needed drop",
-    ] {
-        cmd::run_in(&topo.node_a, &["nft", rule]);
-    }
+    topo.drop_frag_needed(&topo.node_a);
     let r = probe(&topo.pod_a, topo.pod_b_ip, &[]);
     assert_eq!(r["verdict"], "blackhole", "{r:#}");
     assert_eq!(r["path_mtu"], 1450, "{r:#}");

@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 use node_diag_tests::tcp::parse_http_response;
 use node_diag_tests::topology::{POD_HOST_IF, POD_IF};
 use node_diag_tests::{
-    Agent, ConnectOutcome, ServerMode, TcpServer, Topology, cmd, in_netns, tcp_connect,
-    tcp_request, unique_name,
+    Agent, ConnectOutcome, ServerMode, TcpServer, Topology, in_netns, tcp_connect, tcp_request,
+    unique_name,
 };
 use serde_json::Value;
 
@@ -411,28 +411,6 @@ fn rule_metrics() -> BTreeSet<String> {
     names
 }
 
-/// Pods and their node-side veths at `mtu` on both nodes (the seed's misconfiguration
-/// when 1500 over the 1450 vxlan), with learned PMTUs flushed.
-fn pod_mtu(topo: &Topology, mtu: u32) {
-    let mtu = mtu.to_string();
-    for (node, pod) in [(&topo.node_a, &topo.pod_a), (&topo.node_b, &topo.pod_b)] {
-        cmd::run(&["ip", "-n", pod, "link", "set", POD_IF, "mtu", &mtu]);
-        cmd::run(&["ip", "-n", node, "link", "set", POD_HOST_IF, "mtu", &mtu]);
-        cmd::run(&["ip", "-n", pod, "route", "flush", "cache"]);
-    }
-}
-
-/// Drops the ICMP frag-needed node A generates (nftables output hook).
-fn drop_frag_needed(topo: &Topology) {
-    cmd::run_in(
-        &topo.node_a,
-        &[
-            "nft",
-            "add table inet ndpromicmp; add chain inet ndpromicmp o { type filter hook output priority 0; policy accept; }; add rule inet ndpromicmp o icmp type destination-unreachable icmp code frag-needed drop",
-        ],
-    );
-}
-
 fn alert_names(alerts: &[Value]) -> Vec<String> {
     alerts
         .iter()
@@ -543,8 +521,8 @@ fn healthy_node_fires_no_alert() {
 #[test]
 fn mtu_mismatch_and_pmtud_black_hole_fire_their_alerts() {
     let topo = Topology::new();
-    pod_mtu(&topo, 1500);
-    drop_frag_needed(&topo);
+    topo.set_pod_mtu(1500);
+    topo.drop_frag_needed(&topo.node_a);
     let mut agent = Agent::start(&topo);
     agent.wait_ready(READY);
     let prometheus = Prometheus::start(&topo, agent.listen_addr());
