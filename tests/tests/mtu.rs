@@ -19,6 +19,7 @@ const BULK: usize = 200 * 1024;
 const BLACKHOLES: &str = "node_diag_pmtud_blackholes";
 const FRAG_SENT: &str = r#"node_diag_icmp_frag_needed_total{direction="sent"}"#;
 const FRAG_DROPPED: &str = r#"node_diag_icmp_frag_needed_total{direction="dropped"}"#;
+const FRAG_RECEIVED: &str = r#"node_diag_icmp_frag_needed_total{direction="received"}"#;
 const OVERSIZE_VX0: &str = r#"node_diag_df_oversize_drops_total{interface="vx0"}"#;
 
 fn ready_agent(topo: &Topology) -> Agent<'_> {
@@ -358,5 +359,40 @@ fn filtered_frag_needed_is_a_pmtud_black_hole() {
     assert!(
         outcome.as_ref().map_or(true, |r| r.len() < BULK),
         "transfer completed: {outcome:?}"
+    );
+}
+
+/// A smaller hop beyond this node: node B's veth to pod B at 1400, so node B answers pod
+/// A's 1450-byte segments with frag-needed, which crosses node A's overlay on its way back
+/// (the TC ingress classifier sees it there).
+#[test]
+fn frag_needed_from_beyond_this_node_is_counted_as_received() {
+    let topo = Topology::new();
+    cmd::run(&[
+        "ip",
+        "-n",
+        &topo.node_b,
+        "link",
+        "set",
+        POD_HOST_IF,
+        "mtu",
+        "1400",
+    ]);
+    let agent = ready_agent(&topo);
+    let before = agent.counter(FRAG_RECEIVED);
+    let _server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(9004), ServerMode::Echo);
+    let reply = tcp_request(
+        &topo.pod_a,
+        topo.pod_b_addr(9004),
+        &vec![4; BULK],
+        Duration::from_secs(10),
+    )
+    .expect("PMTUD recovers: the transfer completes");
+    assert_eq!(reply.len(), BULK);
+    agent.wait_counter_at_least(FRAG_RECEIVED, before + 1.0, Duration::from_secs(3));
+    // Node B's drop is not this node's: no oversize finding here.
+    agent.expect_no_finding(
+        |f| field(f, "kind") == "df_oversize_drop",
+        Duration::from_secs(1),
     );
 }
