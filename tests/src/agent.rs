@@ -246,31 +246,15 @@ impl<'t> Agent<'t> {
     /// Watches the findings for `window` and panics (at once) if one matches
     /// `pred`, including ones already printed.
     pub fn expect_no_finding(&self, pred: impl Fn(&Value) -> bool, window: Duration) {
-        let deadline = Instant::now() + window;
-        let mut state = self.shared.lock();
-        loop {
-            if let Some(found) = state.findings.iter().find(|f| pred(f)) {
-                let found = found.clone();
-                drop(state);
-                panic!("unexpected finding:\n{found:#}\n{}", self.diagnostics());
-            }
-            if state.stdout_closed {
-                drop(state);
-                panic!(
-                    "node-diag closed its stdout (exited?) while watched\n{}",
-                    self.diagnostics()
-                );
-            }
-            let remaining = deadline.saturating_duration_since(Instant::now());
-            if remaining.is_zero() {
-                return;
-            }
-            state = self
-                .shared
-                .changed
-                .wait_timeout(state, remaining)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+        if let Some(found) = self.try_wait_finding(pred, window) {
+            panic!("unexpected finding:\n{found:#}\n{}", self.diagnostics());
+        }
+        // The wait also ends early when stdout closes: that is a failure here.
+        if self.shared.lock().stdout_closed {
+            panic!(
+                "node-diag closed its stdout (exited?) while watched\n{}",
+                self.diagnostics()
+            );
         }
     }
 
