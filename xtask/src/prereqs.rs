@@ -28,12 +28,17 @@ const TEST_TOOLS: &[(&str, &str)] = &[
     ("nft", "nftables"),
     ("bpftool", "bpftool"),
     ("ping", "iputils-ping"),
+    ("tc", "iproute2"),
+    ("ss", "iproute2"),
+    ("sysctl", "procps"),
+    ("iperf3", "iperf3"),
     // The deploy checks and the Prometheus end-to-end tests.
     ("prometheus", "prometheus"),
     ("promtool", "prometheus"),
     ("python3", "python3"),
     // The linux/arm64 cross build of the container image's binary.
     ("aarch64-linux-gnu-gcc", "gcc-aarch64-linux-gnu"),
+    ("qemu-aarch64", "qemu-user"),
 ];
 /// Debian packages the tests need that install no binary of their own.
 const TEST_PACKAGES: &[&str] = &["libc6-dev-arm64-cross"];
@@ -318,7 +323,8 @@ impl Apt {
         cmd::run(
             cmd::command("apt-get")
                 .env("DEBIAN_FRONTEND", "noninteractive")
-                .args(["install", "-y"])
+                // Without recommends: prometheus would pull in node-exporter.
+                .args(["install", "-y", "--no-install-recommends"])
                 .args(packages),
         )
     }
