@@ -8,7 +8,7 @@ use std::{
     time::Duration,
 };
 
-use crate::{OutputFormat, findings::Finding};
+use crate::{OutputFormat, findings::Finding, output::print_finding};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -101,13 +101,6 @@ pub fn fetch(url: &str) -> Result<Vec<Finding>, ClientError> {
     })
 }
 
-fn print(f: &Finding, format: OutputFormat) {
-    match format {
-        OutputFormat::Json => println!("{}", serde_json::to_string(f).unwrap_or_default()),
-        OutputFormat::Text => println!("{}", f.one_line()),
-    }
-}
-
 /// Prints the agent's findings; with `follow`, keeps polling and prints each finding again
 /// whenever its count grows, until interrupted.
 pub fn run(
@@ -125,7 +118,7 @@ pub fn run(
             );
             if seen.get(&key) != Some(&f.count) {
                 seen.insert(key, f.count);
-                print(&f, format);
+                print_finding(&f, format);
             }
         }
         let _ = std::io::stdout().flush();

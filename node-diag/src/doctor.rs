@@ -4,10 +4,11 @@
 
 use serde::Serialize;
 
-use crate::{
-    btf::Btf,
+use crate::kernel::{
+    btf::{self, Btf},
     caps,
-    loader::{self, HOOKS},
+    hooks::HOOKS,
+    loader,
     tracefs::{self, Format},
 };
 
@@ -93,7 +94,7 @@ pub fn run() -> Report {
             Ok(()) => check(
                 "btf",
                 Status::Ok,
-                format!("{} (struct offsets resolved)", crate::btf::VMLINUX),
+                format!("{} (struct offsets resolved)", btf::VMLINUX),
             ),
             Err(e) => check(
                 "btf",

@@ -1,42 +1,32 @@
 //! node-diag: eBPF network diagnostics for Kubernetes nodes.
 //!
-//! `run` loads the kernel programs (`loader`, fed by `tracefs` layouts and `btf` offsets),
-//! drains verdict events from the ring buffer (`events`), turns them into findings naming
-//! the failing layer (`correlate`), aggregates them (`findings`), mirrors the kernel
-//! counters into Prometheus metrics (`metrics`) and serves both over HTTP (`http`).
-//! `findings` tails a running agent (`client`); `doctor` reports what this kernel offers.
+//! Data flows one way, from the kernel to the user:
+//!
+//! - `kernel`: loads and attaches the eBPF programs (offsets from tracefs and BTF), drains
+//!   verdict events from the ring buffer and reads the aggregate maps.
+//! - `host_network`: the node's interfaces, routes and pod namespaces over rtnetlink.
+//! - `mtu`: the MTU model of the node and its pods, from a `host_network` snapshot.
+//! - `findings`: turns a kernel event into a finding naming the failing layer
+//!   (`correlate`), names kernel numbers, and aggregates repeats (`store`).
+//! - `agent`: `node-diag run`, the loop that ties them together, the metrics and HTTP.
+//! - `output`: how findings are printed; `client` (`node-diag findings`), `doctor`,
+//!   `probe` (`node-diag probe`): the other commands.
 
 mod agent;
-mod btf;
-mod caps;
 mod client;
-mod correlate;
 mod doctor;
-mod events;
 mod findings;
-mod http;
 mod inventory;
 mod kernel;
-mod loader;
-mod metrics;
 mod mtu;
 mod netlink;
+mod output;
 mod probe;
-mod tc;
-mod tracefs;
 
 use std::{net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
 
-use clap::{Parser, Subcommand, ValueEnum};
-
-/// How findings and reports are printed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum OutputFormat {
-    /// One readable line per finding.
-    Text,
-    /// One JSON object per line.
-    Json,
-}
+use clap::{Parser, Subcommand};
+pub use output::OutputFormat;
 
 #[derive(Parser)]
 #[command(

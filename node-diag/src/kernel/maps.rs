@@ -1,8 +1,9 @@
 //! The agent's view of the kernel maps it polls: per-CPU counters and drop aggregates
-//! (folded into metrics), the socket map of full-size retransmitters (which flows are
-//! black-holed now), and the maps the agent writes (netns scope, L3 header offsets).
+//! (summed over CPUs, still keyed by the kernel's numbers: naming them is the findings
+//! layer's job), the socket map of full-size retransmitters (which flows are black-holed
+//! now), and the maps the agent writes (netns scope, L3 header offsets).
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use aya::{
     Ebpf,
@@ -14,8 +15,6 @@ use node_diag_common::{
 };
 use tracing::warn;
 
-use crate::{metrics::KernelTotals, tracefs::DropReasons};
-
 /// A black-holed flow stays "now" while its full-size retransmits keep coming.
 const BLACKHOLE_QUIET_NS: u64 = 10_000_000_000;
 
@@ -24,6 +23,24 @@ const BLACKHOLE_QUIET_NS: u64 = 10_000_000_000;
 pub struct MapMissing {
     name: &'static str,
     reason: String,
+}
+
+/// The kernel's counters summed over CPUs, keyed by the kernel's own numbers.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct KernelCounts {
+    /// Indexed by `node_diag_common::counter`.
+    pub counters: [u64; counter::COUNT as usize],
+    /// Drops by `skb_drop_reason` value.
+    pub drops: HashMap<u32, u64>,
+    /// DF oversize drops by egress `(netns, ifindex)`.
+    pub oversize: HashMap<(u32, u32), u64>,
+}
+
+impl KernelCounts {
+    /// The counter `index` (one of `node_diag_common::counter`).
+    pub fn get(&self, index: u32) -> u64 {
+        self.counters.get(index as usize).copied().unwrap_or(0)
+    }
 }
 
 pub struct KernelMaps {
@@ -66,41 +83,26 @@ impl KernelMaps {
         ))
     }
 
-    /// Kernel counter totals summed over CPUs; `ifname` names `(netns, ifindex)`.
-    pub fn totals(
-        &self,
-        reasons: &DropReasons,
-        ifname: &dyn Fn(u32, u32) -> Option<String>,
-        bad_records: u64,
-    ) -> KernelTotals {
+    /// The kernel's counters, each summed over CPUs.
+    pub fn counts(&self) -> KernelCounts {
         let get = |idx: u32| -> u64 {
             self.counters
                 .get(&idx, 0)
                 .map(|v| v.iter().sum())
                 .unwrap_or(0)
         };
-        let mut totals = KernelTotals {
-            refused: get(counter::CONNECT_REFUSED),
-            timeout: get(counter::CONNECT_TIMEOUT),
-            unreachable: get(counter::CONNECT_UNREACHABLE),
-            rst_sent: get(counter::RST_SENT),
-            rst_received: get(counter::RST_RECEIVED),
-            events_lost: get(counter::EVENTS_LOST) + bad_records,
-            frag_sent: get(counter::ICMP_FRAG_SENT),
-            frag_received: get(counter::ICMP_FRAG_RECEIVED),
-            frag_dropped: get(counter::ICMP_FRAG_DROPPED),
-            ..KernelTotals::default()
+        let mut counts = KernelCounts {
+            counters: std::array::from_fn(|idx| get(idx as u32)),
+            ..KernelCounts::default()
         };
         for (key, values) in self.drops.iter().flatten() {
-            *totals.drops.entry(reasons.name(key.reason)).or_default() +=
-                values.iter().sum::<u64>();
+            *counts.drops.entry(key.reason).or_default() += values.iter().sum::<u64>();
         }
         for (key, values) in self.oversize_by_dev.iter().flatten() {
-            let name = ifname(key.netns, key.ifindex)
-                .unwrap_or_else(|| format!("{}:{}", key.netns, key.ifindex));
-            *totals.oversize.entry(name).or_default() += values.iter().sum::<u64>();
+            *counts.oversize.entry((key.netns, key.ifindex)).or_default() +=
+                values.iter().sum::<u64>();
         }
-        totals
+        counts
     }
 
     /// Flows whose PMTUD stall was reported and whose full-size retransmits continue.
@@ -114,15 +116,9 @@ impl KernelMaps {
             .collect()
     }
 
-    /// Makes the kernel's scope map equal to this node's current set of namespaces.
-    pub fn refresh_scope(&mut self) {
-        let scope = match crate::netlink::local_scope() {
-            Ok(scope) => scope,
-            Err(e) => {
-                warn!(error = %e, "cannot list this node's network namespaces; keeping the previous scope");
-                return;
-            }
-        };
+    /// Makes the kernel's scope map equal to `scope`, this node's current set of
+    /// network namespaces (inodes).
+    pub fn set_scope(&mut self, scope: &BTreeSet<u32>) {
         let stale: Vec<u32> = self
             .scope
             .keys()
@@ -132,7 +128,7 @@ impl KernelMaps {
         for ns in stale {
             let _ = self.scope.remove(&ns);
         }
-        for ns in &scope {
+        for ns in scope {
             if let Err(e) = self.scope.insert(ns, 1, 0) {
                 warn!(netns = ns, error = %e, "scope map full; namespace not watched");
             }

@@ -10,10 +10,7 @@ use std::{
 use node_diag_common::{AF_INET, Event, FlowKey, event_kind};
 use serde_json::{Map, Value, json};
 
-use crate::{
-    findings::{Finding, Kind, Layer, Severity},
-    tracefs::DropReasons,
-};
+use super::{Finding, Kind, Layer, Severity, names::Names};
 
 /// Drop reasons that mean a firewall rule on this node discarded the packet.
 const FIREWALL_REASONS: &[&str] = &[
@@ -62,10 +59,8 @@ pub fn addr(flow: &FlowKey, bytes: &[u8; 16]) -> IpAddr {
 
 /// Context the correlator needs beyond the event.
 pub struct Context<'a> {
-    pub drop_reasons: &'a DropReasons,
+    pub names: &'a Names,
     pub now: SystemTime,
-    /// Resolves `(netns, ifindex)` to an interface name where the agent can see it.
-    pub ifname: &'a dyn Fn(u32, u32) -> Option<String>,
 }
 
 enum Evidence {
@@ -85,8 +80,8 @@ pub fn correlate(ev: &Event, ctx: &Context<'_>) -> Option<Finding> {
 /// The finding's flow fields from the event.
 fn with_flow(mut f: Finding, ev: &Event) -> Finding {
     let flow = &ev.flow;
-    f.src = Some(addr(flow, &flow.saddr).to_string());
-    f.dst = Some(addr(flow, &flow.daddr).to_string());
+    f.src = Some(addr(flow, &flow.saddr));
+    f.dst = Some(addr(flow, &flow.daddr));
     f.dport = Some(flow.dport);
     f.sport = (flow.sport != 0).then_some(flow.sport);
     f.netns = (ev.netns != 0).then_some(ev.netns);
@@ -114,12 +109,14 @@ fn frag_evidence(ev: &Event, evidence: &mut Map<String, Value>) {
 fn df_oversize(ev: &Event, ctx: &Context<'_>) -> Finding {
     let flow = &ev.flow;
     let (src, dst) = (addr(flow, &flow.saddr), addr(flow, &flow.daddr));
-    let iface = (ctx.ifname)(ev.drop.netns, ev.drop.ifindex)
+    let iface = ctx
+        .names
+        .interface(ev.drop.netns, ev.drop.ifindex)
         .unwrap_or_else(|| format!("ifindex {}", ev.drop.ifindex));
     let mut evidence = Map::new();
     evidence.insert(
         "drop_reason".into(),
-        json!(ctx.drop_reasons.name(ev.drop.reason)),
+        json!(ctx.names.drop_reason(ev.drop.reason)),
     );
     evidence.insert("packet_len".into(), json!(ev.len));
     evidence.insert("egress_interface".into(), json!(iface));
@@ -225,7 +222,7 @@ fn connect_verdict(ev: &Event, ctx: &Context<'_>) -> Option<Finding> {
     if ev.retrans != 0 {
         evidence.insert("syn_retransmits".into(), json!(ev.retrans));
     }
-    let drop_reason = (ev.drop.count > 0).then(|| ctx.drop_reasons.name(ev.drop.reason));
+    let drop_reason = (ev.drop.count > 0).then(|| ctx.names.drop_reason(ev.drop.reason));
     if let Some(reason) = &drop_reason {
         evidence.insert("drop_reason".into(), json!(reason));
         evidence.insert("syn_drops".into(), json!(ev.drop.count));
@@ -234,7 +231,7 @@ fn connect_verdict(ev: &Event, ctx: &Context<'_>) -> Option<Finding> {
         }
         if ev.drop.ifindex != 0 {
             evidence.insert("drop_ifindex".into(), json!(ev.drop.ifindex));
-            if let Some(name) = (ctx.ifname)(ev.drop.netns, ev.drop.ifindex) {
+            if let Some(name) = ctx.names.interface(ev.drop.netns, ev.drop.ifindex) {
                 evidence.insert("drop_interface".into(), json!(name));
             }
         }
@@ -387,7 +384,7 @@ fn with_sorted_keys(m: Map<String, Value>) -> Map<String, Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tracefs::Format;
+    use crate::kernel::tracefs::{DropReasons, Format};
     use node_diag_common::{DropInfo, IcmpInfo};
 
     fn reasons() -> DropReasons {
@@ -417,14 +414,12 @@ mod tests {
     }
 
     fn run(ev: &Event) -> Option<Finding> {
-        let r = reasons();
-        let ifname = |_: u32, i: u32| (i == 3).then(|| "vpod0".to_string());
+        let names = Names::new(reasons(), |_, i| (i == 3).then(|| "vpod0".to_string()));
         correlate(
             ev,
             &Context {
-                drop_reasons: &r,
+                names: &names,
                 now: SystemTime::UNIX_EPOCH,
-                ifname: &ifname,
             },
         )
     }
@@ -433,8 +428,8 @@ mod tests {
     fn refused_is_the_listener() {
         let f = run(&event(event_kind::CONNECT_REFUSED, 111)).unwrap();
         assert_eq!((f.kind, f.layer), (Kind::TcpRefused, Layer::Listener));
-        assert_eq!(f.src.as_deref(), Some("10.244.1.7"));
-        assert_eq!(f.dst.as_deref(), Some("10.244.2.9"));
+        assert_eq!(f.src, Some("10.244.1.7".parse().unwrap()));
+        assert_eq!(f.dst, Some("10.244.2.9".parse().unwrap()));
         assert_eq!(
             (f.dport, f.sport, f.netns),
             (Some(8080), Some(40000), Some(4026532000))
@@ -533,7 +528,7 @@ mod tests {
         let mut ev = event(event_kind::CONNECT_REFUSED, 111);
         ev.flow.family = node_diag_common::AF_INET6;
         ev.flow.daddr = "fd00::2".parse::<Ipv6Addr>().unwrap().octets();
-        assert_eq!(run(&ev).unwrap().dst.as_deref(), Some("fd00::2"));
+        assert_eq!(run(&ev).unwrap().dst, Some("fd00::2".parse().unwrap()));
     }
 
     #[test]

@@ -12,100 +12,14 @@ use aya::{
 use node_diag_common::{Config, GLOBAL_CONFIG, TupleOffsets};
 use tracing::{info, warn};
 
-use crate::{
+use super::{
     btf::Btf,
+    hooks::{FLOW_DROP_REASONS, FULLSIZE_RETRANS_THRESHOLD, HOOKS, Hook},
     tracefs::{self, DropReasons, Format, TracefsError},
 };
 
 /// The eBPF object built by `build.rs` (aya-build) for this target.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/node-diag"));
-
-/// Consecutive full-size retransmits of one socket that make a PMTUD stall: with the
-/// 200 ms minimum RTO doubling, the third comes about 1.4 s into the stall.
-pub const FULLSIZE_RETRANS_THRESHOLD: u32 = 3;
-
-/// Drop reasons whose SYN drops are remembered per flow as timeout evidence.
-pub const FLOW_DROP_REASONS: &[&str] = &[
-    "NETFILTER_DROP",
-    "IP_NOROUTE",
-    "IP_INNOROUTES",
-    "IP_OUTNOROUTES",
-    "NEIGH_CREATEFAIL",
-    "NEIGH_FAILED",
-    "NEIGH_QUEUEFULL",
-    "NEIGH_DEAD",
-    "IP_RPFILTER",
-    "PKT_TOO_BIG",
-];
-
-/// One eBPF program and the tracepoint it attaches to.
-pub struct Hook {
-    pub program: &'static str,
-    pub category: &'static str,
-    pub name: &'static str,
-    /// What the agent loses without it, for the warning and `doctor`.
-    pub feature: &'static str,
-    /// Attached as a raw tracepoint (arguments, not the record), which needs BTF offsets.
-    pub raw: bool,
-}
-
-impl Hook {
-    pub fn label(&self) -> String {
-        format!("{}:{}", self.category, self.name)
-    }
-}
-
-pub const HOOKS: &[Hook] = &[
-    Hook {
-        program: "nd_set_state",
-        category: "sock",
-        name: "inet_sock_set_state",
-        feature: "connect tracking (refused/timeout/unreachable verdicts)",
-        raw: false,
-    },
-    Hook {
-        program: "nd_err_report",
-        category: "sock",
-        name: "inet_sk_error_report",
-        feature: "refused/unreachable/reset verdicts",
-        raw: true,
-    },
-    Hook {
-        program: "nd_retransmit",
-        category: "tcp",
-        name: "tcp_retransmit_skb",
-        feature: "connect timeout verdicts",
-        raw: false,
-    },
-    Hook {
-        program: "nd_rcv_reset",
-        category: "tcp",
-        name: "tcp_receive_reset",
-        feature: "received reset counts",
-        raw: false,
-    },
-    Hook {
-        program: "nd_snd_reset",
-        category: "tcp",
-        name: "tcp_send_reset",
-        feature: "sent reset counts",
-        raw: false,
-    },
-    Hook {
-        program: "nd_kfree_skb",
-        category: "skb",
-        name: "kfree_skb",
-        feature: "drop counts and firewall/routing evidence",
-        raw: false,
-    },
-    Hook {
-        program: "nd_icmp_send",
-        category: "icmp",
-        name: "icmp_send",
-        feature: "ICMP unreachable evidence",
-        raw: false,
-    },
-];
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
@@ -304,7 +218,7 @@ fn fill_config(
     Ok(())
 }
 
-fn fill_btf(c: &mut Config, btf: &Btf) -> Result<(), crate::btf::BtfError> {
+fn fill_btf(c: &mut Config, btf: &Btf) -> Result<(), super::btf::BtfError> {
     c.sk_net = btf.path_offset("sock", "__sk_common.skc_net.net")?;
     c.sk_err = btf.member_offset("sock", "sk_err")?;
     c.sk_err_soft = btf.member_offset("sock", "sk_err_soft")?;

@@ -1,228 +1,28 @@
-//! Findings: the agent's output contract. A finding names what failed, the layer it failed
-//! in, the kernel evidence and the fix. Repeats of the same finding (same kind, layer,
-//! flow minus the ephemeral source port, and netns) aggregate into one entry.
+//! The findings store: repeats of one finding aggregate into one entry (`count`,
+//! `last_seen`) and are printed again at most once per repeat interval; conditions that
+//! are re-evaluated as a whole are resolved when they go away. Bounded: the oldest entry
+//! makes room.
 
 use std::{
     collections::HashMap,
+    net::IpAddr,
     time::{Duration, Instant, SystemTime},
 };
 
-use serde::{Deserialize, Serialize};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Kind {
-    TcpRefused,
-    TcpTimeout,
-    TcpUnreachable,
-    TcpReset,
-    OverlayMtuMismatch,
-    DfOversizeDrop,
-    PmtudBlackhole,
-    PmtudDisabled,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Layer {
-    Listener,
-    Firewall,
-    CniRouting,
-    Peer,
-    OverlayMtu,
-    IcmpFiltered,
-    HostSysctl,
-    Unknown,
-}
-
-/// Whether the condition behind a finding still holds.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Status {
-    #[default]
-    Active,
-    Resolved,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Severity {
-    Info,
-    Warning,
-    Critical,
-}
-
-macro_rules! names {
-    ($ty:ty { $($variant:ident => $name:literal),+ $(,)? }) => {
-        impl $ty {
-            /// The contract name, identical to the serde form.
-            pub fn as_str(self) -> &'static str {
-                match self {
-                    $(Self::$variant => $name),+
-                }
-            }
-        }
-        impl std::fmt::Display for $ty {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str(self.as_str())
-            }
-        }
-    };
-}
-
-names!(Kind {
-    TcpRefused => "tcp_refused",
-    TcpTimeout => "tcp_timeout",
-    TcpUnreachable => "tcp_unreachable",
-    TcpReset => "tcp_reset",
-    OverlayMtuMismatch => "overlay_mtu_mismatch",
-    DfOversizeDrop => "df_oversize_drop",
-    PmtudBlackhole => "pmtud_blackhole",
-    PmtudDisabled => "pmtud_disabled",
-});
-names!(Layer {
-    Listener => "listener",
-    Firewall => "firewall",
-    CniRouting => "cni_routing",
-    Peer => "peer",
-    OverlayMtu => "overlay_mtu",
-    IcmpFiltered => "icmp_filtered",
-    HostSysctl => "host_sysctl",
-    Unknown => "unknown",
-});
-names!(Status {
-    Active => "active",
-    Resolved => "resolved",
-});
-names!(Severity {
-    Info => "info",
-    Warning => "warning",
-    Critical => "critical",
-});
-
-/// One finding as printed, served on `/findings` and read back by `node-diag findings`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Finding {
-    pub kind: Kind,
-    pub layer: Layer,
-    pub severity: Severity,
-    pub summary: String,
-    pub remediation: String,
-    pub evidence: serde_json::Map<String, serde_json::Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub src: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dst: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dport: Option<u16>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sport: Option<u16>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub netns: Option<u32>,
-    /// The interface an interface-level finding (MTU, oversize drops) is about.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub interface: Option<String>,
-    pub count: u64,
-    pub first_seen: String,
-    pub last_seen: String,
-    /// `resolved` once the condition went away (see [`Store::resolve_missing`]).
-    #[serde(default)]
-    pub status: Status,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub resolved_at: Option<String>,
-}
-
-pub fn rfc3339(t: SystemTime) -> String {
-    humantime::format_rfc3339_millis(t).to_string()
-}
+use super::{Finding, Kind, Layer, Status, rfc3339};
 
 impl Finding {
-    /// A finding seen once, now, with no flow or interface attached yet.
-    pub fn new(
-        kind: Kind,
-        layer: Layer,
-        severity: Severity,
-        summary: String,
-        remediation: String,
-        now: SystemTime,
-    ) -> Self {
-        let now = rfc3339(now);
-        Self {
-            kind,
-            layer,
-            severity,
-            summary,
-            remediation,
-            evidence: Default::default(),
-            src: None,
-            dst: None,
-            dport: None,
-            sport: None,
-            netns: None,
-            interface: None,
-            count: 1,
-            first_seen: now.clone(),
-            last_seen: now,
-            status: Status::Active,
-            resolved_at: None,
-        }
-    }
-
     /// The aggregation key: the source port changes with every attempt, so it is left out.
     fn key(&self) -> Key {
         Key {
             kind: self.kind,
             layer: self.layer,
-            src: self.src.clone(),
-            dst: self.dst.clone(),
+            src: self.src,
+            dst: self.dst,
             dport: self.dport,
             netns: self.netns,
             interface: self.interface.clone(),
         }
-    }
-
-    /// The readable one-liner of the default output.
-    pub fn one_line(&self) -> String {
-        let flow = match (&self.src, &self.dst, self.dport) {
-            (Some(s), Some(d), Some(p)) => {
-                let sport = self.sport.map(|p| format!(":{p}")).unwrap_or_default();
-                format!(" {s}{sport} -> {d}:{p}")
-            }
-            _ => String::new(),
-        };
-        let repeat = if self.count > 1 {
-            format!(" (x{})", self.count)
-        } else {
-            String::new()
-        };
-        let iface = self
-            .interface
-            .as_ref()
-            .map(|i| format!(" interface={i}"))
-            .unwrap_or_default();
-        if self.status == Status::Resolved {
-            return format!(
-                "{} RESOLVED {} layer={}{}{}: {}",
-                self.resolved_at.as_deref().unwrap_or(&self.last_seen),
-                self.kind,
-                self.layer,
-                iface,
-                flow,
-                self.summary
-            );
-        }
-        format!(
-            "{} {:<8} {} layer={}{}{}{}: {} Fix: {}",
-            self.last_seen,
-            self.severity.as_str().to_uppercase(),
-            self.kind,
-            self.layer,
-            iface,
-            flow,
-            repeat,
-            self.summary,
-            self.remediation
-        )
     }
 }
 
@@ -230,8 +30,8 @@ impl Finding {
 struct Key {
     kind: Kind,
     layer: Layer,
-    src: Option<String>,
-    dst: Option<String>,
+    src: Option<IpAddr>,
+    dst: Option<IpAddr>,
     dport: Option<u16>,
     netns: Option<u32>,
     interface: Option<String>,
@@ -366,7 +166,10 @@ impl Store {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
+    use crate::findings::{Layer, Severity};
 
     fn refused(sport: u16) -> Finding {
         let mut f = Finding::new(
@@ -377,8 +180,8 @@ mod tests {
             "r".into(),
             SystemTime::UNIX_EPOCH,
         );
-        f.src = Some("10.0.0.1".into());
-        f.dst = Some("10.0.0.2".into());
+        f.src = Some([10, 0, 0, 1].into());
+        f.dst = Some([10, 0, 0, 2].into());
         f.dport = Some(80);
         f.sport = Some(sport);
         f.netns = Some(1);
@@ -424,41 +227,6 @@ mod tests {
         assert_eq!(store.all()[0].count, 2);
     }
 
-    #[test]
-    fn json_contract_field_names() {
-        let v = serde_json::to_value(refused(7)).unwrap();
-        for k in [
-            "kind",
-            "layer",
-            "severity",
-            "summary",
-            "remediation",
-            "evidence",
-            "src",
-            "dst",
-            "dport",
-            "sport",
-            "netns",
-            "count",
-            "first_seen",
-            "last_seen",
-        ] {
-            assert!(v.get(k).is_some(), "missing {k}");
-        }
-        assert_eq!(v["kind"], "tcp_refused");
-        assert_eq!(v["layer"], "listener");
-        assert_eq!(v["severity"], "warning");
-        for layer in [
-            Layer::Listener,
-            Layer::Firewall,
-            Layer::CniRouting,
-            Layer::Peer,
-            Layer::Unknown,
-        ] {
-            assert_eq!(serde_json::to_value(layer).unwrap(), layer.as_str());
-        }
-    }
-
     fn mismatch(iface: &str) -> Finding {
         let mut f = Finding::new(
             Kind::OverlayMtuMismatch,
@@ -495,7 +263,6 @@ mod tests {
             printed[0].resolved_at.as_deref(),
             Some("1970-01-01T00:01:00.000Z")
         );
-        assert!(printed[0].one_line().contains("RESOLVED"));
         assert!(store.sync_conditions(&kinds, vec![], t, now).is_empty());
         // Back again: active, printed at once, counted.
         let printed = store.sync_conditions(&kinds, vec![mismatch("eth0")], t, now);

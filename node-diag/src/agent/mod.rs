@@ -1,15 +1,25 @@
 //! `node-diag run`: loads the programs, drains verdict events into the correlator,
 //! aggregates findings, keeps metrics in step with the kernel counters, serves HTTP, and
 //! shuts down cleanly on SIGINT/SIGTERM (dropping the `Ebpf` detaches every link).
+//!
+//! - [`state`]: what the loop shares with the HTTP handlers ([`http`]).
+//! - [`metrics`]: the Prometheus registry, fed kernel totals and findings.
+//! - [`mtu_refresh`]: the MTU model's conditions and gauges, rebuilt on link changes.
+//!
+//! One kernel event travels: ring buffer (`kernel::ring`) → this loop → `correlate` →
+//! metrics + findings store (served on `/findings`) → printed once on stdout.
+
+mod http;
+pub mod metrics;
+mod mtu_refresh;
+mod state;
 
 use std::{
-    io::Write as _,
     net::SocketAddr,
-    os::unix::fs::MetadataExt as _,
     path::PathBuf,
     sync::{
-        Arc, Mutex,
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc,
+        atomic::{AtomicU64, Ordering},
     },
     time::{Duration, Instant, SystemTime},
 };
@@ -21,14 +31,25 @@ use tokio::{
 };
 use tracing::{info, warn};
 
+use self::{
+    metrics::{KernelTotals, Metrics},
+    mtu_refresh::refresh_mtu,
+    state::Shared,
+};
 use crate::{
-    OutputFormat, caps,
-    correlate::{Context, correlate},
-    findings::{Finding, Kind, Store},
-    kernel::{KernelMaps, MapMissing},
-    loader::{self, LoadError},
-    metrics::Metrics,
-    tc::TcIngress,
+    OutputFormat,
+    findings::{
+        Finding, Kind, Store,
+        correlate::{Context, correlate},
+        names::Names,
+    },
+    kernel::{
+        caps,
+        loader::{self, LoadError},
+        maps::{KernelMaps, MapMissing},
+        tc::TcIngress,
+    },
+    output::print_finding,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -65,13 +86,6 @@ pub struct RunOptions {
     pub all_netns: bool,
 }
 
-/// State shared between the event loop and the HTTP handlers.
-pub struct Shared {
-    pub metrics: Mutex<Metrics>,
-    pub store: Mutex<Store>,
-    pub ready: AtomicBool,
-}
-
 const MAX_FINDINGS: usize = 4096;
 /// How often new pod namespaces and interfaces are picked up.
 const REFRESH: Duration = Duration::from_secs(2);
@@ -100,7 +114,7 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
 
     let (ring, mut maps) = KernelMaps::take(&mut loaded.ebpf)?;
     if !opts.all_netns {
-        maps.refresh_scope();
+        refresh_scope(&mut maps);
     }
     let mut tc = match TcIngress::load(&mut loaded.ebpf) {
         Ok(tc) => Some(tc),
@@ -113,11 +127,10 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
         sync_tc(tc, &mut loaded.ebpf, &mut maps);
     }
 
-    let shared = Arc::new(Shared {
-        metrics: Mutex::new(Metrics::new()),
-        store: Mutex::new(Store::new(opts.repeat_interval, MAX_FINDINGS)),
-        ready: AtomicBool::new(false),
-    });
+    let shared = Arc::new(Shared::new(
+        Metrics::new(),
+        Store::new(opts.repeat_interval, MAX_FINDINGS),
+    ));
 
     let listener = tokio::net::TcpListener::bind(opts.listen)
         .await
@@ -127,7 +140,7 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
         })?;
     let local = listener.local_addr()?;
     let server = tokio::spawn({
-        let app = crate::http::router(shared.clone());
+        let app = http::router(shared.clone());
         async move {
             if let Err(e) = axum::serve(listener, app).await {
                 warn!(error = %e, "HTTP server stopped");
@@ -137,7 +150,7 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
 
     let (tx, mut rx) = mpsc::unbounded_channel();
     let bad_records = Arc::new(AtomicU64::new(0));
-    let drainer = tokio::spawn(crate::events::drain(ring, tx, bad_records.clone()));
+    let drainer = tokio::spawn(crate::kernel::ring::drain(ring, tx, bad_records.clone()));
 
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
@@ -150,15 +163,10 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
             source,
         })?;
     }
-    shared.ready.store(true, Ordering::Relaxed);
+    shared.set_ready(true);
     info!(listen = %local, "ready");
 
-    let own_netns = std::fs::metadata("/proc/self/ns/net")
-        .map(|m| m.ino() as u32)
-        .unwrap_or(0);
-    let ifname =
-        move |netns: u32, ifindex: u32| (netns == own_netns).then(|| if_name(ifindex)).flatten();
-    let reasons = loaded.drop_reasons.clone();
+    let names = Names::for_this_node(loaded.drop_reasons.clone());
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     let mut refresh_tick = tokio::time::interval(REFRESH);
     refresh_tick.tick().await;
@@ -178,23 +186,23 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
                     warn!("event stream ended");
                     break;
                 };
-                let ctx = Context { drop_reasons: &reasons, now: SystemTime::now(), ifname: &ifname };
+                let ctx = Context { names: &names, now: SystemTime::now() };
                 if let Some(finding) = correlate(&ev, &ctx) {
-                    shared.metrics.lock().unwrap_or_else(|e| e.into_inner()).finding(&finding);
-                    let printed = shared.store.lock().unwrap_or_else(|e| e.into_inner()).record(finding, Instant::now());
+                    shared.metrics().finding(&finding);
+                    let printed = shared.store().record(finding, Instant::now());
                     if let Some(f) = printed {
                         print_finding(&f, opts.format);
                     }
                 }
             }
             _ = tick.tick() => {
-                let totals = maps.totals(&reasons, &ifname, bad_records.load(Ordering::Relaxed));
+                let totals = KernelTotals::named(&maps.counts(), &names, bad_records.load(Ordering::Relaxed));
                 let blackholes = maps.active_blackholes();
-                let mut metrics = shared.metrics.lock().unwrap_or_else(|e| e.into_inner());
+                let mut metrics = shared.metrics();
                 metrics.sync_kernel(totals);
                 metrics.set_blackholes(blackholes.len());
                 drop(metrics);
-                let resolved = shared.store.lock().unwrap_or_else(|e| e.into_inner()).resolve(
+                let resolved = shared.store().resolve(
                     |f| f.kind == Kind::PmtudBlackhole && !blackholes.iter().any(|k| flow_matches(f, k)),
                     SystemTime::now(),
                 );
@@ -216,7 +224,7 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
             }
             _ = refresh_tick.tick() => {
                 if !opts.all_netns {
-                    maps.refresh_scope();
+                    refresh_scope(&mut maps);
                 }
                 if let Some(tc) = tc.as_mut() {
                     sync_tc(tc, &mut loaded.ebpf, &mut maps);
@@ -227,13 +235,8 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
         }
     }
 
-    shared.ready.store(false, Ordering::Relaxed);
-    for f in shared
-        .store
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .unprinted()
-    {
+    shared.set_ready(false);
+    for f in shared.store().unprinted() {
         print_finding(&f, opts.format);
     }
     drainer.abort();
@@ -254,60 +257,6 @@ async fn next_change(rx: &mut Option<tokio::sync::mpsc::Receiver<()>>) -> Option
     }
 }
 
-/// Rebuilds the MTU model from netlink: gauges, and the overlay_mtu_mismatch and
-/// pmtud_disabled conditions (new ones printed, gone ones resolved).
-async fn refresh_mtu(shared: &Shared, format: OutputFormat) {
-    let snapshot = match tokio::task::spawn_blocking(crate::inventory::snapshot).await {
-        Ok(Ok(s)) => s,
-        Ok(Err(e)) => {
-            warn!(error = %e, "cannot read this node's interfaces; MTU model unchanged");
-            return;
-        }
-        Err(e) => {
-            warn!(error = %e, "MTU snapshot task failed");
-            return;
-        }
-    };
-    let now = SystemTime::now();
-    let verdicts = crate::mtu::verdicts(&snapshot);
-    shared
-        .metrics
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .set_mtu_model(
-            verdicts.iter().map(|v| {
-                (
-                    v.interface.clone(),
-                    v.kind.as_str().to_string(),
-                    v.netns_name.clone(),
-                    v.mtu,
-                )
-            }),
-            verdicts.iter().filter_map(|v| {
-                v.headroom
-                    .map(|h| (v.interface.clone(), v.netns_name.clone(), h))
-            }),
-        );
-    let findings = crate::mtu::findings(&snapshot, now);
-    let printed = shared
-        .store
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .sync_conditions(
-            &[Kind::OverlayMtuMismatch, Kind::PmtudDisabled],
-            findings,
-            now,
-            Instant::now(),
-        );
-    let metrics = shared.metrics.lock().unwrap_or_else(|e| e.into_inner());
-    for f in &printed {
-        if f.status == crate::findings::Status::Active {
-            metrics.finding(f);
-        }
-        print_finding(f, format);
-    }
-}
-
 /// Attaches TC ingress to the agent's namespace's interfaces as they come and go.
 fn sync_tc(tc: &mut TcIngress, ebpf: &mut aya::Ebpf, maps: &mut KernelMaps) {
     match crate::netlink::links() {
@@ -318,31 +267,17 @@ fn sync_tc(tc: &mut TcIngress, ebpf: &mut aya::Ebpf, maps: &mut KernelMaps) {
 
 /// Whether a flow finding is about `key`.
 fn flow_matches(f: &Finding, key: &FlowKey) -> bool {
-    let addr = |b: &[u8; 16]| crate::correlate::addr(key, b).to_string();
-    f.src.as_deref() == Some(addr(&key.saddr).as_str())
-        && f.dst.as_deref() == Some(addr(&key.daddr).as_str())
-        && f.dport == Some(key.dport)
+    let addr = |b: &[u8; 16]| crate::findings::correlate::addr(key, b);
+    f.src == Some(addr(&key.saddr)) && f.dst == Some(addr(&key.daddr)) && f.dport == Some(key.dport)
 }
 
-fn print_finding(f: &Finding, format: OutputFormat) {
-    let line = match format {
-        OutputFormat::Json => serde_json::to_string(f).unwrap_or_default(),
-        OutputFormat::Text => f.one_line(),
-    };
-    let mut out = std::io::stdout().lock();
-    // A closed stdout must not stop the agent: findings stay on /findings.
-    let _ = writeln!(out, "{line}");
-    let _ = out.flush();
-}
-
-fn if_name(ifindex: u32) -> Option<String> {
-    let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
-    // SAFETY: buf holds IF_NAMESIZE bytes as if_indextoname requires.
-    let p = unsafe { libc::if_indextoname(ifindex, buf.as_mut_ptr()) };
-    if p.is_null() {
-        return None;
+/// Makes the kernel's scope map this node's current set of network namespaces; on a
+/// netlink failure the previous scope stays.
+fn refresh_scope(maps: &mut KernelMaps) {
+    match crate::netlink::local_scope() {
+        Ok(scope) => maps.set_scope(&scope),
+        Err(e) => {
+            warn!(error = %e, "cannot list this node's network namespaces; keeping the previous scope");
+        }
     }
-    // SAFETY: if_indextoname wrote a NUL-terminated name into buf.
-    let name = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
-    Some(name.to_string_lossy().into_owned())
 }

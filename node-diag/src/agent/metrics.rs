@@ -9,7 +9,12 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use crate::findings::Finding;
+use node_diag_common::counter;
+
+use crate::{
+    findings::{Finding, names::Names},
+    kernel::maps::KernelCounts,
+};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
@@ -63,6 +68,35 @@ pub struct KernelTotals {
     pub drops: HashMap<String, u64>,
     /// DF oversize drops by egress interface name.
     pub oversize: HashMap<String, u64>,
+}
+
+impl KernelTotals {
+    /// The kernel's counts with their numbers named; `bad_records` are ring-buffer
+    /// records user space could not decode, lost like the ones the kernel could not send.
+    pub fn named(counts: &KernelCounts, names: &Names, bad_records: u64) -> Self {
+        let mut totals = Self {
+            refused: counts.get(counter::CONNECT_REFUSED),
+            timeout: counts.get(counter::CONNECT_TIMEOUT),
+            unreachable: counts.get(counter::CONNECT_UNREACHABLE),
+            rst_sent: counts.get(counter::RST_SENT),
+            rst_received: counts.get(counter::RST_RECEIVED),
+            events_lost: counts.get(counter::EVENTS_LOST) + bad_records,
+            frag_sent: counts.get(counter::ICMP_FRAG_SENT),
+            frag_received: counts.get(counter::ICMP_FRAG_RECEIVED),
+            frag_dropped: counts.get(counter::ICMP_FRAG_DROPPED),
+            ..Self::default()
+        };
+        for (&reason, &count) in &counts.drops {
+            *totals.drops.entry(names.drop_reason(reason)).or_default() += count;
+        }
+        for (&(netns, ifindex), &count) in &counts.oversize {
+            *totals
+                .oversize
+                .entry(names.interface_or_id(netns, ifindex))
+                .or_default() += count;
+        }
+        totals
+    }
 }
 
 pub struct Metrics {

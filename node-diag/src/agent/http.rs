@@ -2,7 +2,7 @@
 //! clients that do not ask for OpenMetrics), `/findings` (JSON array),
 //! `/healthz` (process alive) and `/readyz` (programs attached, serving).
 
-use std::sync::{Arc, atomic::Ordering};
+use std::sync::Arc;
 
 use axum::{
     Json, Router,
@@ -12,7 +12,8 @@ use axum::{
     routing::get,
 };
 
-use crate::{agent::Shared, findings::Finding};
+use super::state::Shared;
+use crate::findings::Finding;
 
 pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 pub const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -32,7 +33,7 @@ async fn metrics(State(s): State<Arc<Shared>>, headers: HeaderMap) -> impl IntoR
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.contains("application/openmetrics-text"));
-    let metrics = s.metrics.lock().unwrap_or_else(|e| e.into_inner());
+    let metrics = s.metrics();
     let (body, content_type) = if openmetrics {
         (metrics.encode(), OPENMETRICS)
     } else {
@@ -46,11 +47,11 @@ async fn metrics(State(s): State<Arc<Shared>>, headers: HeaderMap) -> impl IntoR
 }
 
 async fn findings(State(s): State<Arc<Shared>>) -> Json<Vec<Finding>> {
-    Json(s.store.lock().unwrap_or_else(|e| e.into_inner()).all())
+    Json(s.store().all())
 }
 
 async fn readyz(State(s): State<Arc<Shared>>) -> (StatusCode, &'static str) {
-    if s.ready.load(Ordering::Relaxed) {
+    if s.is_ready() {
         (StatusCode::OK, "ready\n")
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "starting\n")

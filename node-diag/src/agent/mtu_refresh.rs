@@ -1,0 +1,61 @@
+//! The MTU model's share of the agent: rebuilt from a netlink snapshot at start, on link
+//! notifications and periodically, it sets the MTU gauges and syncs the condition
+//! findings (`overlay_mtu_mismatch`, `pmtud_disabled`): new ones printed, gone ones
+//! resolved.
+
+use std::time::{Instant, SystemTime};
+
+use tracing::warn;
+
+use super::state::Shared;
+use crate::{
+    OutputFormat,
+    findings::{Kind, Status},
+    output::print_finding,
+};
+
+/// Rebuilds the MTU model from netlink: gauges, and the overlay_mtu_mismatch and
+/// pmtud_disabled conditions (new ones printed, gone ones resolved).
+pub async fn refresh_mtu(shared: &Shared, format: OutputFormat) {
+    let snapshot = match tokio::task::spawn_blocking(crate::inventory::snapshot).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            warn!(error = %e, "cannot read this node's interfaces; MTU model unchanged");
+            return;
+        }
+        Err(e) => {
+            warn!(error = %e, "MTU snapshot task failed");
+            return;
+        }
+    };
+    let now = SystemTime::now();
+    let verdicts = crate::mtu::verdicts(&snapshot);
+    shared.metrics().set_mtu_model(
+        verdicts.iter().map(|v| {
+            (
+                v.interface.clone(),
+                v.kind.as_str().to_string(),
+                v.netns_name.clone(),
+                v.mtu,
+            )
+        }),
+        verdicts.iter().filter_map(|v| {
+            v.headroom
+                .map(|h| (v.interface.clone(), v.netns_name.clone(), h))
+        }),
+    );
+    let findings = crate::mtu::findings(&snapshot, now);
+    let printed = shared.store().sync_conditions(
+        &[Kind::OverlayMtuMismatch, Kind::PmtudDisabled],
+        findings,
+        now,
+        Instant::now(),
+    );
+    let metrics = shared.metrics();
+    for f in &printed {
+        if f.status == Status::Active {
+            metrics.finding(f);
+        }
+        print_finding(f, format);
+    }
+}

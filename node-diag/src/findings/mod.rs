@@ -1,0 +1,237 @@
+//! Findings: the agent's output contract. A finding names what failed, the layer it failed
+//! in, the kernel evidence and the fix.
+//!
+//! - [`correlate`] turns one kernel verdict event into a [`Finding`] (pure).
+//! - [`names`] names what the kernel reports by number: drop reasons and interfaces.
+//! - [`store`] aggregates repeats (same kind, layer, flow minus the ephemeral source port,
+//!   and netns) and resolves conditions that went away.
+//!
+//! Addresses stay typed ([`IpAddr`]) here; they become text only when printed or
+//! serialised (`crate::output`, serde).
+
+pub mod correlate;
+pub mod names;
+pub mod store;
+
+use std::{net::IpAddr, time::SystemTime};
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    TcpRefused,
+    TcpTimeout,
+    TcpUnreachable,
+    TcpReset,
+    OverlayMtuMismatch,
+    DfOversizeDrop,
+    PmtudBlackhole,
+    PmtudDisabled,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Layer {
+    Listener,
+    Firewall,
+    CniRouting,
+    Peer,
+    OverlayMtu,
+    IcmpFiltered,
+    HostSysctl,
+    Unknown,
+}
+
+/// Whether the condition behind a finding still holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    #[default]
+    Active,
+    Resolved,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Severity {
+    Info,
+    Warning,
+    Critical,
+}
+
+macro_rules! names {
+    ($ty:ty { $($variant:ident => $name:literal),+ $(,)? }) => {
+        impl $ty {
+            /// The contract name, identical to the serde form.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $name),+
+                }
+            }
+        }
+        impl std::fmt::Display for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+names!(Kind {
+    TcpRefused => "tcp_refused",
+    TcpTimeout => "tcp_timeout",
+    TcpUnreachable => "tcp_unreachable",
+    TcpReset => "tcp_reset",
+    OverlayMtuMismatch => "overlay_mtu_mismatch",
+    DfOversizeDrop => "df_oversize_drop",
+    PmtudBlackhole => "pmtud_blackhole",
+    PmtudDisabled => "pmtud_disabled",
+});
+names!(Layer {
+    Listener => "listener",
+    Firewall => "firewall",
+    CniRouting => "cni_routing",
+    Peer => "peer",
+    OverlayMtu => "overlay_mtu",
+    IcmpFiltered => "icmp_filtered",
+    HostSysctl => "host_sysctl",
+    Unknown => "unknown",
+});
+names!(Status {
+    Active => "active",
+    Resolved => "resolved",
+});
+names!(Severity {
+    Info => "info",
+    Warning => "warning",
+    Critical => "critical",
+});
+
+/// One finding as printed, served on `/findings` and read back by `node-diag findings`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Finding {
+    pub kind: Kind,
+    pub layer: Layer,
+    pub severity: Severity,
+    pub summary: String,
+    pub remediation: String,
+    pub evidence: serde_json::Map<String, serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub src: Option<IpAddr>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dst: Option<IpAddr>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dport: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sport: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netns: Option<u32>,
+    /// The interface an interface-level finding (MTU, oversize drops) is about.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interface: Option<String>,
+    pub count: u64,
+    pub first_seen: String,
+    pub last_seen: String,
+    /// `resolved` once the condition went away (see [`store::Store::resolve`]).
+    #[serde(default)]
+    pub status: Status,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolved_at: Option<String>,
+}
+
+pub fn rfc3339(t: SystemTime) -> String {
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+impl Finding {
+    /// A finding seen once, now, with no flow or interface attached yet.
+    pub fn new(
+        kind: Kind,
+        layer: Layer,
+        severity: Severity,
+        summary: String,
+        remediation: String,
+        now: SystemTime,
+    ) -> Self {
+        let now = rfc3339(now);
+        Self {
+            kind,
+            layer,
+            severity,
+            summary,
+            remediation,
+            evidence: Default::default(),
+            src: None,
+            dst: None,
+            dport: None,
+            sport: None,
+            netns: None,
+            interface: None,
+            count: 1,
+            first_seen: now.clone(),
+            last_seen: now,
+            status: Status::Active,
+            resolved_at: None,
+        }
+    }
+}
+
+pub use store::Store;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_contract_field_names() {
+        let mut f = Finding::new(
+            Kind::TcpRefused,
+            Layer::Listener,
+            Severity::Warning,
+            "s".into(),
+            "r".into(),
+            SystemTime::UNIX_EPOCH,
+        );
+        f.src = Some([10, 0, 0, 1].into());
+        f.dst = Some([10, 0, 0, 2].into());
+        f.dport = Some(80);
+        f.sport = Some(7);
+        f.netns = Some(1);
+        let v = serde_json::to_value(&f).unwrap();
+        for k in [
+            "kind",
+            "layer",
+            "severity",
+            "summary",
+            "remediation",
+            "evidence",
+            "src",
+            "dst",
+            "dport",
+            "sport",
+            "netns",
+            "count",
+            "first_seen",
+            "last_seen",
+        ] {
+            assert!(v.get(k).is_some(), "missing {k}");
+        }
+        assert_eq!(v["kind"], "tcp_refused");
+        assert_eq!(v["layer"], "listener");
+        assert_eq!(v["severity"], "warning");
+        assert_eq!(v["src"], "10.0.0.1");
+        assert_eq!(v["dst"], "10.0.0.2");
+        for layer in [
+            Layer::Listener,
+            Layer::Firewall,
+            Layer::CniRouting,
+            Layer::Peer,
+            Layer::Unknown,
+        ] {
+            assert_eq!(serde_json::to_value(layer).unwrap(), layer.as_str());
+        }
+        let back: Finding = serde_json::from_value(v).unwrap();
+        assert_eq!(back, f);
+    }
+}

@@ -1,0 +1,90 @@
+//! The hook table: every tracepoint program the agent attaches, what it needs, and what
+//! the agent loses without it (for the degraded warning and `doctor`), plus the settings
+//! the loader writes into the programs' read-only globals.
+
+/// Consecutive full-size retransmits of one socket that make a PMTUD stall: with the
+/// 200 ms minimum RTO doubling, the third comes about 1.4 s into the stall.
+pub const FULLSIZE_RETRANS_THRESHOLD: u32 = 3;
+
+/// Drop reasons whose SYN drops are remembered per flow as timeout evidence.
+pub const FLOW_DROP_REASONS: &[&str] = &[
+    "NETFILTER_DROP",
+    "IP_NOROUTE",
+    "IP_INNOROUTES",
+    "IP_OUTNOROUTES",
+    "NEIGH_CREATEFAIL",
+    "NEIGH_FAILED",
+    "NEIGH_QUEUEFULL",
+    "NEIGH_DEAD",
+    "IP_RPFILTER",
+    "PKT_TOO_BIG",
+];
+
+/// One eBPF program and the tracepoint it attaches to.
+pub struct Hook {
+    pub program: &'static str,
+    pub category: &'static str,
+    pub name: &'static str,
+    /// What the agent loses without it, for the warning and `doctor`.
+    pub feature: &'static str,
+    /// Attached as a raw tracepoint (arguments, not the record), which needs BTF offsets.
+    pub raw: bool,
+}
+
+impl Hook {
+    pub fn label(&self) -> String {
+        format!("{}:{}", self.category, self.name)
+    }
+}
+
+pub const HOOKS: &[Hook] = &[
+    Hook {
+        program: "nd_set_state",
+        category: "sock",
+        name: "inet_sock_set_state",
+        feature: "connect tracking (refused/timeout/unreachable verdicts)",
+        raw: false,
+    },
+    Hook {
+        program: "nd_err_report",
+        category: "sock",
+        name: "inet_sk_error_report",
+        feature: "refused/unreachable/reset verdicts",
+        raw: true,
+    },
+    Hook {
+        program: "nd_retransmit",
+        category: "tcp",
+        name: "tcp_retransmit_skb",
+        feature: "connect timeout verdicts",
+        raw: false,
+    },
+    Hook {
+        program: "nd_rcv_reset",
+        category: "tcp",
+        name: "tcp_receive_reset",
+        feature: "received reset counts",
+        raw: false,
+    },
+    Hook {
+        program: "nd_snd_reset",
+        category: "tcp",
+        name: "tcp_send_reset",
+        feature: "sent reset counts",
+        raw: false,
+    },
+    Hook {
+        program: "nd_kfree_skb",
+        category: "skb",
+        name: "kfree_skb",
+        feature: "drop counts and firewall/routing evidence",
+        raw: false,
+    },
+    Hook {
+        program: "nd_icmp_send",
+        category: "icmp",
+        name: "icmp_send",
+        feature: "ICMP unreachable evidence",
+        raw: false,
+    },
+];

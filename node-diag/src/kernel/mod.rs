@@ -1,0 +1,21 @@
+//! The kernel side: everything that talks to eBPF, tracefs and BTF.
+//!
+//! - [`loader`] loads the embedded object, fills the programs' read-only `Config` from the
+//!   running kernel's tracepoint layouts ([`tracefs`]) and struct offsets ([`btf`]), and
+//!   attaches the programs of the [`hooks`] table.
+//! - [`tc`] attaches the TC ingress classifier to the node's interfaces as they come and go.
+//! - [`ring`] drains verdict events from the ring buffer; [`maps`] reads the aggregate maps
+//!   (counts keyed by the kernel's own numbers) and writes the maps the agent owns.
+//! - [`caps`] says which capabilities the process has.
+//!
+//! Nothing here names things for people or knows about metrics: that is `findings` and
+//! `agent`, which consume what this module reads.
+
+pub mod btf;
+pub mod caps;
+pub mod hooks;
+pub mod loader;
+pub mod maps;
+pub mod ring;
+pub mod tc;
+pub mod tracefs;

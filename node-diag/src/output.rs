@@ -1,0 +1,116 @@
+//! How findings are printed: one line per finding, readable text or one JSON object.
+//! The agent prints findings as it makes them and `node-diag findings` prints what it
+//! fetched from an agent, both through [`print_finding`].
+
+use std::io::Write as _;
+
+use crate::findings::{Finding, Status};
+
+/// How findings and reports are printed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum OutputFormat {
+    /// One readable line per finding.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Prints one finding on stdout in `format` and flushes, so a pipe sees it at once. A
+/// closed stdout must not stop the agent (findings stay on `/findings`), so write errors
+/// are ignored.
+pub fn print_finding(f: &Finding, format: OutputFormat) {
+    let line = match format {
+        OutputFormat::Json => serde_json::to_string(f).unwrap_or_default(),
+        OutputFormat::Text => text_line(f),
+    };
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+/// The readable one-liner of the text output.
+pub fn text_line(f: &Finding) -> String {
+    let flow = match (&f.src, &f.dst, f.dport) {
+        (Some(s), Some(d), Some(p)) => {
+            let sport = f.sport.map(|p| format!(":{p}")).unwrap_or_default();
+            format!(" {s}{sport} -> {d}:{p}")
+        }
+        _ => String::new(),
+    };
+    let repeat = if f.count > 1 {
+        format!(" (x{})", f.count)
+    } else {
+        String::new()
+    };
+    let iface = f
+        .interface
+        .as_ref()
+        .map(|i| format!(" interface={i}"))
+        .unwrap_or_default();
+    if f.status == Status::Resolved {
+        return format!(
+            "{} RESOLVED {} layer={}{}{}: {}",
+            f.resolved_at.as_deref().unwrap_or(&f.last_seen),
+            f.kind,
+            f.layer,
+            iface,
+            flow,
+            f.summary
+        );
+    }
+    format!(
+        "{} {:<8} {} layer={}{}{}{}: {} Fix: {}",
+        f.last_seen,
+        f.severity.as_str().to_uppercase(),
+        f.kind,
+        f.layer,
+        iface,
+        flow,
+        repeat,
+        f.summary,
+        f.remediation
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::SystemTime;
+
+    use super::*;
+    use crate::findings::{Kind, Layer, Severity};
+
+    fn refused() -> Finding {
+        let mut f = Finding::new(
+            Kind::TcpRefused,
+            Layer::Listener,
+            Severity::Warning,
+            "no listener".into(),
+            "start it".into(),
+            SystemTime::UNIX_EPOCH,
+        );
+        f.src = Some([10, 0, 0, 1].into());
+        f.dst = Some([10, 0, 0, 2].into());
+        f.dport = Some(80);
+        f.sport = Some(4000);
+        f
+    }
+
+    #[test]
+    fn active_line_has_severity_flow_and_fix() {
+        let mut f = refused();
+        f.count = 3;
+        let line = text_line(&f);
+        assert_eq!(
+            line,
+            "1970-01-01T00:00:00.000Z WARNING  tcp_refused layer=listener 10.0.0.1:4000 -> 10.0.0.2:80 (x3): no listener Fix: start it"
+        );
+    }
+
+    #[test]
+    fn resolved_line_says_resolved() {
+        let mut f = refused();
+        f.status = Status::Resolved;
+        f.resolved_at = Some("later".into());
+        assert!(text_line(&f).starts_with("later RESOLVED tcp_refused"));
+    }
+}
