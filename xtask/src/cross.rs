@@ -1,10 +1,12 @@
 //! `cargo xtask test`, step "cross builds": what CI can prove of the container image
 //! without a container engine. The release agent builds for each of the image's
 //! platforms, linux/amd64 and linux/arm64 (Debian's cross gcc links the arm64 one), and
-//! each binary is checked: an ELF for its architecture that embeds a little-endian
-//! eBPF object (aya-build compiles the eBPF crate for the target's endianness) holding
-//! the agent's programs. When `qemu-aarch64` is installed the arm64 binary also runs
-//! (`--version`).
+//! each binary is checked by parsing it (the `object` crate): an ELF for its
+//! architecture that embeds a little-endian eBPF object (aya-build compiles the eBPF
+//! crate for the target's endianness), itself parsed: every program of the agent is a
+//! function symbol in a section of its program type, and the maps section is there.
+//! A string that merely names a program (the loader's hook table does) does not pass.
+//! When `qemu-aarch64` is installed the arm64 binary also runs (`--version`).
 //!
 //! The Rust standard library for aarch64 comes from `rustup target add`, which needs the
 //! Rust distribution server; when it cannot be fetched, the arm64 build is reported as
@@ -17,15 +19,25 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
+use object::{Architecture, Endianness, Object as _, ObjectSection as _, ObjectSymbol as _};
 
 use crate::{agent, cmd};
 
-/// ELF machine numbers (`e_machine`).
-const EM_X86_64: u16 = 62;
-const EM_AARCH64: u16 = 183;
-const EM_BPF: u16 = 247;
-/// Programs every build of the agent embeds (names from node-diag-ebpf).
-const PROGRAMS: &[&str] = &["nd_set_state", "nd_kfree_skb", "nd_icmp_send"];
+/// Programs every build of the agent embeds (names from node-diag-ebpf), with the
+/// section their program type puts them in (aya's `#[tracepoint]`, `#[raw_tracepoint]`,
+/// `#[classifier]`).
+const PROGRAMS: &[(&str, &str)] = &[
+    ("nd_set_state", "tracepoint"),
+    ("nd_err_report", "raw_tp"),
+    ("nd_retransmit", "tracepoint"),
+    ("nd_rcv_reset", "tracepoint"),
+    ("nd_snd_reset", "tracepoint"),
+    ("nd_kfree_skb", "tracepoint"),
+    ("nd_icmp_send", "tracepoint"),
+    ("nd_tc_ingress", "classifier"),
+];
+/// The section aya's `#[map]` puts map definitions in.
+const MAPS_SECTION: &str = "maps";
 
 /// One platform of the container image.
 pub struct Target {
@@ -33,8 +45,8 @@ pub struct Target {
     pub triple: &'static str,
     /// The image's platform, for messages.
     pub platform: &'static str,
-    /// `e_machine` of its binaries.
-    machine: u16,
+    /// The architecture of its binaries.
+    arch: Architecture,
     /// Linker for a cross build (`CARGO_TARGET_<TRIPLE>_LINKER`), when not the host's.
     linker: Option<(&'static str, &'static str)>,
     /// Runs a binary of this target on this machine, when installed.
@@ -46,14 +58,14 @@ pub const TARGETS: &[Target] = &[
     Target {
         triple: "x86_64-unknown-linux-gnu",
         platform: "linux/amd64",
-        machine: EM_X86_64,
+        arch: Architecture::X86_64,
         linker: None,
         runner: None,
     },
     Target {
         triple: "aarch64-unknown-linux-gnu",
         platform: "linux/arm64",
-        machine: EM_AARCH64,
+        arch: Architecture::Aarch64,
         linker: Some((
             "CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER",
             "aarch64-linux-gnu-gcc",
@@ -150,44 +162,115 @@ fn build(target: &Target, host: &str) -> Result<()> {
 /// agent's programs; returns a one-line summary.
 fn check_binary(binary: &Path, target: &Target) -> Result<String> {
     let bytes = fs::read(binary).with_context(|| format!("cannot read {}", binary.display()))?;
-    let Some(header) = elf_header(&bytes, 0) else {
-        bail!("{} is not an ELF file", binary.display());
-    };
-    if header.machine != target.machine {
+    let outer = object::File::parse(&*bytes)
+        .with_context(|| format!("{} is not an object file", binary.display()))?;
+    if outer.format() != object::BinaryFormat::Elf || outer.architecture() != target.arch {
         bail!(
-            "{} is for ELF machine {}, expected {} ({})",
+            "{} is a {:?} {:?} file, expected an ELF for {:?} ({})",
             binary.display(),
-            header.machine,
-            target.machine,
+            outer.format(),
+            outer.architecture(),
+            target.arch,
             target.triple
         );
     }
-    let objects = embedded_bpf_objects(&bytes);
-    let Some(object) = objects.first() else {
+    let Some(object) = embedded_bpf_object(&bytes) else {
         bail!(
-            "{} embeds no eBPF object (no ELF with e_machine EM_BPF inside)",
+            "{} embeds no eBPF object (no ELF for the BPF architecture inside)",
             binary.display()
         );
     };
-    if !object.little_endian {
+    if object.endianness != Endianness::Little {
         bail!(
             "{} embeds a big-endian eBPF object, but {} is little-endian",
             binary.display(),
             target.triple
         );
     }
-    for program in PROGRAMS {
-        if !contains(&bytes, program.as_bytes()) {
-            bail!("{} lacks eBPF program {program}", binary.display());
-        }
+    let missing = missing_programs(&object);
+    if !missing.is_empty() {
+        bail!(
+            "the eBPF object in {} lacks {}",
+            binary.display(),
+            missing.join(", ")
+        );
     }
     Ok(format!(
-        "{:.1} MiB, ELF machine {}, embeds a little-endian eBPF object at offset {:#x} with {}",
+        "{:.1} MiB, {:?} ELF, embeds a little-endian eBPF object at offset {:#x} with {} programs and a {MAPS_SECTION} section",
         bytes.len() as f64 / (1024.0 * 1024.0),
-        header.machine,
+        outer.architecture(),
         object.offset,
-        PROGRAMS.join(", ")
+        PROGRAMS.len()
     ))
+}
+
+/// What the embedded eBPF object holds, as parsed.
+#[derive(Debug)]
+struct BpfObject {
+    offset: usize,
+    endianness: Endianness,
+    /// `(function symbol, section name)` pairs.
+    functions: Vec<(String, String)>,
+    sections: Vec<String>,
+}
+
+/// The first ELF object for the BPF architecture embedded in `bytes` (past the outer
+/// header). Candidates start at every ELF magic; only ones that parse count.
+fn embedded_bpf_object(bytes: &[u8]) -> Option<BpfObject> {
+    let mut from = 1;
+    while let Some(pos) = find(&bytes[from..], b"\x7fELF") {
+        let offset = from + pos;
+        from = offset + 1;
+        let Ok(file) = object::File::parse(&bytes[offset..]) else {
+            continue;
+        };
+        if file.architecture() != Architecture::Bpf {
+            continue;
+        }
+        let section_name = |index| {
+            file.section_by_index(index)
+                .ok()
+                .and_then(|s| s.name().ok().map(str::to_owned))
+                .unwrap_or_default()
+        };
+        let functions = file
+            .symbols()
+            .filter(|s| s.kind() == object::SymbolKind::Text)
+            .filter_map(|s| {
+                let name = s.name().ok()?.to_owned();
+                Some((name, section_name(s.section_index()?)))
+            })
+            .collect();
+        let sections = file
+            .sections()
+            .filter_map(|s| s.name().ok().map(str::to_owned))
+            .collect();
+        return Some(BpfObject {
+            offset,
+            endianness: file.endianness(),
+            functions,
+            sections,
+        });
+    }
+    None
+}
+
+/// The programs (and maps section) `object` lacks, as `name (section)`.
+fn missing_programs(object: &BpfObject) -> Vec<String> {
+    let mut missing: Vec<String> = PROGRAMS
+        .iter()
+        .filter(|(program, section)| {
+            !object
+                .functions
+                .iter()
+                .any(|(name, sec)| name == program && sec.starts_with(section))
+        })
+        .map(|(program, section)| format!("program {program} (in a {section} section)"))
+        .collect();
+    if !object.sections.iter().any(|s| s == MAPS_SECTION) {
+        missing.push(format!("the {MAPS_SECTION} section"));
+    }
+    missing
 }
 
 /// Runs `binary --version` under a user-mode emulator, when one is installed.
@@ -212,106 +295,70 @@ fn run_under(runner: &str, binary: &Path, target: &Target) -> Result<()> {
     Ok(())
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct ElfHeader {
-    offset: usize,
-    little_endian: bool,
-    machine: u16,
-}
-
-/// The ELF header at `offset`, if there is a plausible one.
-fn elf_header(bytes: &[u8], offset: usize) -> Option<ElfHeader> {
-    let ident = bytes.get(offset..offset + 20)?;
-    if &ident[..4] != b"\x7fELF" || !matches!(ident[4], 1 | 2) || ident[6] != 1 {
-        return None;
-    }
-    let little_endian = match ident[5] {
-        1 => true,
-        2 => false,
-        _ => return None,
-    };
-    let raw = [ident[18], ident[19]];
-    let machine = if little_endian {
-        u16::from_le_bytes(raw)
-    } else {
-        u16::from_be_bytes(raw)
-    };
-    Some(ElfHeader {
-        offset,
-        little_endian,
-        machine,
-    })
-}
-
-/// Every ELF object for EM_BPF embedded in `bytes` (past the outer header).
-fn embedded_bpf_objects(bytes: &[u8]) -> Vec<ElfHeader> {
-    let mut found = Vec::new();
-    let mut from = 1;
-    while let Some(pos) = find(&bytes[from..], b"\x7fELF") {
-        let offset = from + pos;
-        if let Some(header) = elf_header(bytes, offset)
-            && header.machine == EM_BPF
-        {
-            found.push(header);
-        }
-        from = offset + 1;
-    }
-    found
-}
-
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
-}
-
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    find(haystack, needle).is_some()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn elf(machine: u16, little_endian: bool) -> Vec<u8> {
-        let mut h = vec![
-            0x7f,
-            b'E',
-            b'L',
-            b'F',
-            2,
-            if little_endian { 1 } else { 2 },
-            1,
-        ];
-        h.resize(18, 0);
-        if little_endian {
-            h.extend_from_slice(&machine.to_le_bytes());
-        } else {
-            h.extend_from_slice(&machine.to_be_bytes());
+    /// The agent's eBPF object as this workspace built it (the build script's output),
+    /// when a build has run; the tests below need a real object to be meaningful.
+    fn built_object() -> Option<Vec<u8>> {
+        let build = cmd::target_dir().ok()?.join("debug").join("build");
+        fs::read_dir(build)
+            .ok()?
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("node-diag-"))
+            .map(|e| e.path().join("out").join("node-diag"))
+            .find(|p| p.is_file())
+            .and_then(|p| fs::read(p).ok())
+    }
+
+    #[test]
+    fn the_real_object_passes_and_a_renamed_program_fails() {
+        let Some(object_bytes) = built_object() else {
+            eprintln!("no eBPF object built yet; run `cargo build -p node-diag` first");
+            return;
+        };
+        // Wrapped in bytes the way the agent binary holds it: after other data.
+        let mut binary = b"\x7fELF not a header, then the object: ".to_vec();
+        binary.extend_from_slice(&object_bytes);
+        let object = embedded_bpf_object(&binary).expect("embedded object found");
+        assert_eq!(object.endianness, Endianness::Little);
+        assert!(missing_programs(&object).is_empty(), "{object:?}");
+
+        // Program names present only as strings (as in the loader's hook table) fail.
+        let mut renamed = object;
+        for (name, _) in &mut renamed.functions {
+            if name == "nd_tc_ingress" {
+                *name = "nd_tc_ingresz".into();
+            }
         }
-        h.resize(64, 0);
-        h
+        assert_eq!(
+            missing_programs(&renamed),
+            ["program nd_tc_ingress (in a classifier section)"]
+        );
+        // A program in the wrong kind of section fails too.
+        let mut moved = embedded_bpf_object(&binary).unwrap();
+        for (name, section) in &mut moved.functions {
+            if name == "nd_err_report" {
+                *section = "tracepoint".into();
+            }
+        }
+        assert_eq!(
+            missing_programs(&moved),
+            ["program nd_err_report (in a raw_tp section)"]
+        );
     }
 
     #[test]
-    fn finds_the_embedded_bpf_object_and_its_endianness() {
-        let mut binary = elf(EM_AARCH64, true);
-        binary.extend_from_slice(b"some rodata \x7fELF but not a header");
-        let at = binary.len();
-        binary.extend(elf(EM_BPF, true));
-        let outer = elf_header(&binary, 0).unwrap();
-        assert_eq!(outer.machine, EM_AARCH64);
-        let objects = embedded_bpf_objects(&binary);
-        assert_eq!(objects.len(), 1);
-        assert_eq!(objects[0].offset, at);
-        assert!(objects[0].little_endian);
-        let mut big = elf(EM_X86_64, true);
-        big.extend(elf(EM_BPF, false));
-        assert!(!embedded_bpf_objects(&big)[0].little_endian);
-    }
-
-    #[test]
-    fn a_binary_without_bpf_object_has_none() {
-        let binary = elf(EM_X86_64, true);
-        assert!(embedded_bpf_objects(&binary).is_empty());
+    fn bytes_without_a_bpf_object_have_none() {
+        assert!(embedded_bpf_object(b"\x7fELF\x02\x01\x01 truncated header").is_none());
+        let host = fs::read(std::env::current_exe().unwrap()).unwrap();
+        // The test binary itself is an ELF, but not a BPF one (its offset 0 is skipped).
+        assert!(embedded_bpf_object(&host).is_none());
     }
 
     #[test]
