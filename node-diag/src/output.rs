@@ -74,30 +74,12 @@ pub fn text_line(f: &Finding) -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::time::SystemTime;
-
     use super::*;
-    use crate::findings::{Kind, Layer, Severity};
-
-    fn refused() -> Finding {
-        let mut f = Finding::new(
-            Kind::TcpRefused,
-            Layer::Listener,
-            Severity::Warning,
-            "no listener".into(),
-            "start it".into(),
-            SystemTime::UNIX_EPOCH,
-        );
-        f.src = Some([10, 0, 0, 1].into());
-        f.dst = Some([10, 0, 0, 2].into());
-        f.dport = Some(80);
-        f.sport = Some(4000);
-        f
-    }
+    use crate::findings::fixtures::refused;
 
     #[test]
     fn active_line_has_severity_flow_and_fix() {
-        let mut f = refused();
+        let mut f = refused(4000);
         f.count = 3;
         let line = text_line(&f);
         assert_eq!(
@@ -108,7 +90,7 @@ mod tests {
 
     #[test]
     fn resolved_line_says_resolved() {
-        let mut f = refused();
+        let mut f = refused(4000);
         f.status = Status::Resolved;
         f.resolved_at = Some("later".into());
         assert!(text_line(&f).starts_with("later RESOLVED tcp_refused"));

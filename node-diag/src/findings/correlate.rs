@@ -384,7 +384,10 @@ fn with_sorted_keys(m: Map<String, Value>) -> Map<String, Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernel::tracefs::{DropReasons, Format};
+    use crate::{
+        findings::fixtures::event,
+        kernel::tracefs::{DropReasons, Format},
+    };
     use node_diag_common::{DropInfo, IcmpInfo};
 
     fn reasons() -> DropReasons {
@@ -392,25 +395,6 @@ mod tests {
             "skb:kfree_skb",
             r#"print fmt: "reason: %s", __print_symbolic(REC->reason, { 2, "NOT_SPECIFIED" }, { 12, "NETFILTER_DROP" }, { 88, "IP_INNOROUTES" }, { 58, "NEIGH_FAILED" })"#,
         ))
-    }
-
-    fn event(kind: u32, error: u32) -> Event {
-        let mut flow = FlowKey {
-            sport: 40000,
-            dport: 8080,
-            family: AF_INET,
-            ..Default::default()
-        };
-        flow.saddr[..4].copy_from_slice(&[10, 244, 1, 7]);
-        flow.daddr[..4].copy_from_slice(&[10, 244, 2, 9]);
-        Event {
-            ts_ns: 1,
-            kind,
-            error,
-            flow,
-            netns: 4026532000,
-            ..Default::default()
-        }
     }
 
     fn run(ev: &Event) -> Option<Finding> {

@@ -10,6 +10,8 @@
 //! serialised (`crate::output`, serde).
 
 pub mod correlate;
+#[cfg(test)]
+pub mod fixtures;
 pub mod names;
 pub mod store;
 
@@ -185,19 +187,7 @@ mod tests {
 
     #[test]
     fn json_contract_field_names() {
-        let mut f = Finding::new(
-            Kind::TcpRefused,
-            Layer::Listener,
-            Severity::Warning,
-            "s".into(),
-            "r".into(),
-            SystemTime::UNIX_EPOCH,
-        );
-        f.src = Some([10, 0, 0, 1].into());
-        f.dst = Some([10, 0, 0, 2].into());
-        f.dport = Some(80);
-        f.sport = Some(7);
-        f.netns = Some(1);
+        let f = fixtures::refused(7);
         let v = serde_json::to_value(&f).unwrap();
         for k in [
             "kind",

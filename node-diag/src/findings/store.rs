@@ -169,22 +169,10 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::findings::{Layer, Severity};
+    use crate::findings::{Layer, Severity, fixtures};
 
     fn refused(sport: u16) -> Finding {
-        let mut f = Finding::new(
-            Kind::TcpRefused,
-            Layer::Listener,
-            Severity::Warning,
-            "s".into(),
-            "r".into(),
-            SystemTime::UNIX_EPOCH,
-        );
-        f.src = Some([10, 0, 0, 1].into());
-        f.dst = Some([10, 0, 0, 2].into());
-        f.dport = Some(80);
-        f.sport = Some(sport);
-        f.netns = Some(1);
+        let mut f = fixtures::refused(sport);
         f.first_seen = "t0".into();
         f.last_seen = "t0".into();
         f
