@@ -7,9 +7,18 @@
 //! offsets read from tracefs and kernel struct offsets read from BTF, so nothing here
 //! depends on one kernel's layout.
 //!
+//! With the `openmetrics` feature it also holds the one OpenMetrics-to-text conversion
+//! ([`openmetrics::openmetrics_to_text`]), shared by the agent and the tests.
+//!
 //! Wire rules: `#[repr(C)]`, explicit padding, integers only (no `bool`, `Option` or Rust
 //! enums), and a size assert per type.
 #![no_std]
+
+#[cfg(feature = "openmetrics")]
+extern crate alloc;
+
+#[cfg(feature = "openmetrics")]
+pub mod openmetrics;
 
 /// Ring buffer of [`Event`]s.
 pub const MAP_EVENTS: &str = "EVENTS";

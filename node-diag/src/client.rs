@@ -1,23 +1,28 @@
-//! `node-diag findings`: reads a running agent's `/findings` over plain HTTP/1.1 and
-//! prints them, optionally following new and growing findings.
+//! `node-diag findings`: reads a running agent's `/findings` over plain HTTP/1.1 (ureq,
+//! no TLS) and prints them, optionally following new and growing findings.
 
-use std::{
-    collections::HashMap,
-    io::{Read as _, Write as _},
-    net::{TcpStream, ToSocketAddrs as _},
-    time::Duration,
-};
+use std::{collections::HashMap, io::Write as _, time::Duration};
 
 use crate::{OutputFormat, findings::Finding, output::print_finding};
+
+/// Bound on connecting to the agent.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// Bound on the whole request, connect to last body byte.
+const TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest `/findings` answer read.
+const MAX_BODY: u64 = 64 * 1024 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     #[error("bad server URL {0:?}: expected http://HOST:PORT")]
     Url(String),
     #[error("cannot reach the agent at {url}: {source} (is `node-diag run` running? see --server)")]
-    Connect { url: String, source: std::io::Error },
+    Connect {
+        url: String,
+        source: Box<ureq::Error>,
+    },
     #[error("the agent at {url} answered {status}")]
-    Status { url: String, status: String },
+    Status { url: String, status: u16 },
     #[error("the agent at {url} sent findings node-diag cannot parse: {source}")]
     Parse {
         url: String,
@@ -36,61 +41,34 @@ pub fn authority(url: &str) -> Result<String, ClientError> {
     Ok(auth.to_string())
 }
 
+/// `GET path` on the agent at `url`: the body of a `200` answer, decoded (chunked or not)
+/// as bytes before it is read as UTF-8 text.
 pub fn get(url: &str, path: &str) -> Result<String, ClientError> {
-    let auth = authority(url)?;
+    let target = format!("http://{}{path}", authority(url)?);
     let connect_err = |source| ClientError::Connect {
         url: url.to_string(),
-        source,
+        source: Box::new(source),
     };
-    let addr = auth
-        .to_socket_addrs()
-        .map_err(connect_err)?
-        .next()
-        .ok_or_else(|| ClientError::Url(url.to_string()))?;
-    let mut stream =
-        TcpStream::connect_timeout(&addr, Duration::from_secs(3)).map_err(connect_err)?;
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .map_err(connect_err)?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {auth}\r\nConnection: close\r\n\r\n"
-    )
-    .map_err(connect_err)?;
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).map_err(connect_err)?;
-    let text = String::from_utf8_lossy(&raw);
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head.lines().next().unwrap_or("").to_string();
-    if !status.contains(" 200 ") {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_connect(Some(CONNECT_TIMEOUT))
+        .timeout_global(Some(TIMEOUT))
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let mut response = agent.get(&target).call().map_err(connect_err)?;
+    let status = response.status().as_u16();
+    if status != 200 {
         return Err(ClientError::Status {
             url: url.to_string(),
             status,
         });
     }
-    let chunked = head
-        .lines()
-        .any(|l| l.to_ascii_lowercase().starts_with("transfer-encoding:") && l.contains("chunked"));
-    Ok(if chunked {
-        dechunk(body)
-    } else {
-        body.to_string()
-    })
-}
-
-fn dechunk(mut body: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = body.split_once("\r\n") {
-        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
-            break;
-        };
-        if n == 0 || rest.len() < n {
-            break;
-        }
-        out.push_str(&rest[..n]);
-        body = rest[n..].trim_start_matches("\r\n");
-    }
-    out
+    response
+        .body_mut()
+        .with_config()
+        .limit(MAX_BODY)
+        .read_to_string()
+        .map_err(connect_err)
 }
 
 pub fn fetch(url: &str) -> Result<Vec<Finding>, ClientError> {
@@ -145,8 +123,43 @@ mod tests {
         assert!(authority("http://nohostport").is_err());
     }
 
+    /// Serves `response` (raw bytes) to one connection on 127.0.0.1; returns the URL.
+    fn serve_once(response: &'static [u8]) -> String {
+        use std::io::{Read as _, Write as _};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        std::thread::spawn(move || {
+            let (mut conn, _) = listener.accept().unwrap();
+            let mut request = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !request.ends_with(b"\r\n\r\n") {
+                let n = conn.read(&mut buf).unwrap();
+                if n == 0 {
+                    return;
+                }
+                request.extend_from_slice(&buf[..n]);
+            }
+            conn.write_all(response).unwrap();
+        });
+        url
+    }
+
     #[test]
-    fn dechunks_bodies() {
-        assert_eq!(dechunk("3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"), "abcde");
+    fn chunk_boundary_inside_a_utf8_character() {
+        // "é" is C3 A9: the first chunk ends after C3, the second starts with A9.
+        let url = serve_once(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n\
+              3\r\n[\"\xc3\r\n3\r\n\xa9\"]\r\n0\r\n\r\n",
+        );
+        assert_eq!(get(&url, "/findings").unwrap(), "[\"\u{e9}\"]");
+    }
+
+    #[test]
+    fn status_is_checked_as_a_number() {
+        let url = serve_once(b"HTTP/1.1 404 Not 200 Found\r\nContent-Length: 0\r\n\r\n");
+        match get(&url, "/findings") {
+            Err(ClientError::Status { status, .. }) => assert_eq!(status, 404),
+            other => panic!("expected a status error, got {other:?}"),
+        }
     }
 }

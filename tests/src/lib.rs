@@ -1,34 +1,30 @@
-//! Integration-test harness for node-diag.
+//! Integration-test harness for node-diag: thin panicking conveniences over the testbed
+//! (`node-diag-testbed`), plus what only the tests need.
 //!
-//! Nothing here is mocked: the tests run as root on a real kernel, build real
-//! network namespaces, push real TCP traffic through a vxlan overlay, and run the
-//! real `node-diag` binary (from `NODE_DIAG_BIN`) with its real eBPF programs.
+//! Nothing here is mocked: the tests run as root on a real kernel, build real network
+//! namespaces, push real TCP traffic through a vxlan overlay, and run the real
+//! `node-diag` binary (from `NODE_DIAG_BIN`) with its real eBPF programs.
 //!
 //! # Pieces
 //!
-//! - [`Topology`]: two "nodes" joined by an underlay veth and a vxlan overlay, and
-//!   one "pod" per node (the layout described in `PLATFORM.md`, "Reproducing real
-//!   node faults in network namespaces"). Dropping it deletes all four namespaces,
-//!   and with them every veth, vxlan and nftables table inside.
-//! - [`in_netns`] / [`spawn_in_netns`]: run a closure on a thread that has entered
-//!   a namespace; sockets created there stay in it. The TCP helpers
-//!   ([`TcpServer`], [`tcp_connect`], [`tcp_request`], [`http_get`]) are built on
-//!   them, so no external tool is needed to make traffic.
-//! - [`Agent`]: `node-diag run` as a real process inside node A, with its stdout
-//!   findings (JSON lines) and stderr captured, and its `/metrics` scraped over
-//!   HTTP from inside node A.
-//! - [`cmd`]: run commands (in a namespace or not) with panics that show stderr.
+//! - [`Topology`]: the testbed's two nodes, vxlan overlay and pods, named uniquely per
+//!   test ([`unique_name`]); its fault injectors panic (with the command's output) on
+//!   failure. It dereferences to the testbed's topology for names and addresses.
+//! - [`Agent`]: the testbed's `node-diag run` in node A, whose waits and reads panic
+//!   with the agent's findings and stderr.
+//! - [`in_netns`] / [`spawn_in_netns`] and the TCP helpers ([`TcpServer`],
+//!   [`tcp_connect`], [`tcp_request`]) make traffic from inside a namespace; [`http_get`]
+//!   reads an HTTP endpoint there.
+//! - [`cmd`], [`process`]: commands and child processes that panic with what ran.
+//! - [`finding`]: reading and checking the agent's findings.
 //!
 //! # Rules every test follows
 //!
 //! - Run as root, one test at a time:
 //!   `cargo test -p node-diag-tests -- --test-threads=1`.
-//! - Every resource is owned by a guard whose `Drop` removes it, so a failing
-//!   assertion (a panic) still cleans up. Agents borrow their [`Topology`], so the
-//!   compiler makes them stop before the namespaces go.
-//! - Names are unique per test and per process ([`unique_name`]:
-//!   `ndt-<pid%10000>-<n>`), so a leftover from a crashed run never collides with a
-//!   live one; a leftover with the very same name is deleted before reuse.
+//! - Every resource is owned by a guard whose `Drop` removes it, so a failing assertion
+//!   (a panic) still cleans up. Agents borrow their [`Topology`], so the compiler makes
+//!   them stop before the namespaces go.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -43,36 +39,151 @@
 //! ```
 
 pub mod agent;
-pub mod cmd;
 pub mod finding;
-pub mod metrics;
-pub mod netns;
-pub mod process;
 pub mod tcp;
-pub mod topology;
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::fmt::Display;
+use std::net::Ipv4Addr;
+use std::ops::Deref;
+use std::thread::JoinHandle;
+use std::time::Duration;
 
 pub use agent::{Agent, node_diag_bin};
-pub use netns::{Netns, in_netns, spawn_in_netns};
-pub use tcp::{ConnectOutcome, ServerMode, TcpServer, http_get, tcp_connect, tcp_request};
-pub use topology::Topology;
+pub use node_diag_testbed::{netns, topology, unique_name};
+pub use tcp::{ConnectOutcome, ServerMode, TcpServer, tcp_connect, tcp_request};
 
-/// A name no other live test uses: `ndt-<pid%10000>-<n>`, `n` counting up
-/// within this process. Short enough to append a few characters and still fit
-/// an interface name (15 bytes).
-pub fn unique_name() -> String {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    format!("ndt-{}-{n}", std::process::id() % 10_000)
+/// Unwraps a testbed result, panicking with the error's message (which carries the
+/// command's or the agent's output).
+#[track_caller]
+pub fn ok<T>(result: Result<T, impl Display>) -> T {
+    result.unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Fails the test unless it runs as root: everything here needs it.
 pub fn require_root() {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let euid = unsafe { libc::geteuid() };
-    assert_eq!(
-        euid, 0,
-        "node-diag integration tests need root (network namespaces, eBPF); run them as root"
-    );
+    ok(node_diag_testbed::require_root());
+}
+
+/// The testbed's [`node_diag_testbed::Topology`] under a name unique to this test, with
+/// fault injectors that panic on failure.
+#[derive(Debug)]
+pub struct Topology(node_diag_testbed::Topology);
+
+impl Deref for Topology {
+    type Target = node_diag_testbed::Topology;
+
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl Topology {
+    /// Builds the topology and checks that the pods and nodes reach each other. Panics
+    /// (after cleaning up) when any step fails.
+    pub fn new() -> Topology {
+        require_root();
+        Topology(ok(node_diag_testbed::Topology::build(&unique_name())))
+    }
+
+    /// See [`node_diag_testbed::Topology::drop_forwarded_tcp`].
+    pub fn drop_forwarded_tcp(&self, node: &str, dport: u16) {
+        ok(self.0.drop_forwarded_tcp(node, dport));
+    }
+
+    /// See [`node_diag_testbed::Topology::set_pod_mtu`].
+    pub fn set_pod_mtu(&self, mtu: u32) {
+        ok(self.0.set_pod_mtu(mtu));
+    }
+
+    /// See [`node_diag_testbed::Topology::drop_frag_needed`].
+    pub fn drop_frag_needed(&self, node: &str) {
+        ok(self.0.drop_frag_needed(node));
+    }
+
+    /// See [`node_diag_testbed::Topology::delete_pod_route`].
+    pub fn delete_pod_route(&self, node: &str, pod_ip: Ipv4Addr) {
+        ok(self.0.delete_pod_route(node, pod_ip));
+    }
+
+    /// See [`node_diag_testbed::Topology::ping_until`].
+    pub fn ping_until(&self, from: &str, to: Ipv4Addr, timeout: Duration) -> bool {
+        ok(self.0.ping_until(from, to, timeout))
+    }
+}
+
+impl Default for Topology {
+    fn default() -> Topology {
+        Topology::new()
+    }
+}
+
+/// Runs `f` on a thread inside network namespace `netns` and returns its result.
+pub fn in_netns<T: Send>(netns: &str, f: impl FnOnce() -> T + Send) -> T {
+    ok(node_diag_testbed::in_netns(netns, f))
+}
+
+/// Starts `f` on a thread inside network namespace `netns`; join the handle for its
+/// result (a thread that cannot enter `netns` panics).
+pub fn spawn_in_netns<T, F>(netns: &str, f: F) -> JoinHandle<T>
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
+    let ns = netns.to_owned();
+    ok(std::thread::Builder::new().spawn(move || ok(node_diag_testbed::in_netns(&ns, f))))
+}
+
+/// An HTTP response: status code and body.
+pub type HttpResponse = (u16, String);
+
+/// `GET path` on `addr` (e.g. `"127.0.0.1:9090"`) from inside `netns`, with
+/// `Connection: close`. Panics on any failure but the status.
+pub fn http_get(netns: &str, addr: &str, path: &str) -> HttpResponse {
+    let response = ok(node_diag_testbed::http::get(netns, addr, path, None));
+    (response.status, response.body)
+}
+
+/// Commands that panic (showing stdout and stderr) when they cannot run or fail.
+pub mod cmd {
+    use std::process::Output;
+
+    use node_diag_testbed::cmd;
+
+    use crate::ok;
+
+    /// Runs `argv` and returns its output whatever its exit status.
+    pub fn try_run(argv: &[&str]) -> Output {
+        ok(cmd::try_run(argv))
+    }
+
+    /// Runs `argv` and returns its stdout; panics unless it exits 0.
+    pub fn run(argv: &[&str]) -> String {
+        ok(cmd::run(argv))
+    }
+
+    /// Runs `argv` inside network namespace `netns`; see [`try_run`].
+    pub fn try_run_in(netns: &str, argv: &[&str]) -> Output {
+        ok(cmd::try_run_in(netns, argv))
+    }
+
+    /// Runs `argv` inside network namespace `netns`; see [`run`].
+    pub fn run_in(netns: &str, argv: &[&str]) -> String {
+        ok(cmd::run_in(netns, argv))
+    }
+}
+
+/// Child processes with deadlines.
+pub mod process {
+    use std::process::Command;
+    use std::time::Duration;
+
+    pub use node_diag_testbed::process::{CapturedRun, send_signal, wait_timeout};
+
+    /// Runs `command` with captured output, killed after `timeout`; panics when it
+    /// cannot be started.
+    pub fn run_with_timeout(command: &mut Command, timeout: Duration) -> CapturedRun {
+        crate::ok(node_diag_testbed::process::run_with_timeout(
+            command, timeout,
+        ))
+    }
 }

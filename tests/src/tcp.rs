@@ -1,9 +1,8 @@
 //! TCP traffic made in-process from inside a namespace: a server guard, a
-//! connect that classifies how it failed, a request/response client, and a
-//! minimal HTTP/1.1 GET for the agent's endpoints.
+//! connect that classifies how it failed, and a request/response client.
 
 use std::io::{self, ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -13,7 +12,9 @@ use std::time::Duration;
 
 use socket2::SockRef;
 
-use crate::netns::{enter_netns, in_netns};
+use node_diag_testbed::netns::enter_netns;
+
+use crate::in_netns;
 
 /// How a TCP connect ended.
 #[derive(Debug)]
@@ -116,7 +117,10 @@ impl TcpServer {
             thread::Builder::new()
                 .name(format!("srv-{addr}"))
                 .spawn(move || {
-                    enter_netns(&ns);
+                    if let Err(e) = enter_netns(&ns) {
+                        let _ = bound_tx.send(Err(io::Error::other(e.to_string())));
+                        return;
+                    }
                     let listener = match TcpListener::bind(addr) {
                         Ok(l) => l,
                         Err(e) => {
@@ -232,135 +236,9 @@ fn handle_conn(mut stream: TcpStream, mode: ServerMode, stop: &AtomicBool) {
     }
 }
 
-/// An HTTP response: status code and body.
-pub type HttpResponse = (u16, String);
-
-/// `GET path` on `addr` (e.g. `"127.0.0.1:9090"`) from inside `netns`, over a
-/// plain HTTP/1.1 connection with `Connection: close`. Panics on any failure.
-pub fn http_get(netns: &str, addr: &str, path: &str) -> HttpResponse {
-    try_http_get(netns, addr, path)
-        .unwrap_or_else(|e| panic!("GET http://{addr}{path} in {netns} failed: {e}"))
-}
-
-/// Like [`http_get`], returning errors instead of panicking.
-pub fn try_http_get(netns: &str, addr: &str, path: &str) -> io::Result<HttpResponse> {
-    const TIMEOUT: Duration = Duration::from_secs(5);
-    in_netns(netns, || {
-        let sockaddr = addr.to_socket_addrs()?.next().ok_or_else(|| {
-            io::Error::new(ErrorKind::InvalidInput, "address resolves to nothing")
-        })?;
-        let mut stream = TcpStream::connect_timeout(&sockaddr, TIMEOUT)?;
-        stream.set_read_timeout(Some(TIMEOUT))?;
-        stream.set_write_timeout(Some(TIMEOUT))?;
-        write!(
-            stream,
-            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: */*\r\nConnection: close\r\n\r\n"
-        )?;
-        let mut raw = Vec::new();
-        stream.read_to_end(&mut raw)?;
-        parse_http_response(&raw)
-    })
-}
-
-fn bad(msg: impl Into<String>) -> io::Error {
-    io::Error::new(ErrorKind::InvalidData, msg.into())
-}
-
-/// Parses a complete HTTP/1.1 response (status line, headers, then a body
-/// delimited by `Content-Length`, chunked encoding, or the end of the stream).
-pub fn parse_http_response(raw: &[u8]) -> io::Result<HttpResponse> {
-    let head_end = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or_else(|| bad("no end of headers"))?;
-    let head = std::str::from_utf8(&raw[..head_end]).map_err(|_| bad("headers not UTF-8"))?;
-    let body = &raw[head_end + 4..];
-    let mut lines = head.split("\r\n");
-    let status_line = lines.next().unwrap_or_default();
-    let status = status_line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse::<u16>().ok())
-        .ok_or_else(|| bad(format!("bad status line {status_line:?}")))?;
-    let mut chunked = false;
-    let mut length = None;
-    for line in lines {
-        let Some((name, value)) = line.split_once(':') else {
-            continue;
-        };
-        let value = value.trim();
-        if name.eq_ignore_ascii_case("transfer-encoding") {
-            chunked = value.to_ascii_lowercase().contains("chunked");
-        } else if name.eq_ignore_ascii_case("content-length") {
-            length = Some(
-                value
-                    .parse::<usize>()
-                    .map_err(|_| bad("bad Content-Length"))?,
-            );
-        }
-    }
-    let body = if chunked {
-        decode_chunked(body)?
-    } else if let Some(n) = length {
-        body.get(..n)
-            .ok_or_else(|| bad("body shorter than Content-Length"))?
-            .to_vec()
-    } else {
-        body.to_vec()
-    };
-    let body = String::from_utf8(body).map_err(|_| bad("body not UTF-8"))?;
-    Ok((status, body))
-}
-
-fn decode_chunked(mut rest: &[u8]) -> io::Result<Vec<u8>> {
-    let mut out = Vec::new();
-    loop {
-        let eol = rest
-            .windows(2)
-            .position(|w| w == b"\r\n")
-            .ok_or_else(|| bad("truncated chunk size"))?;
-        let size_field = std::str::from_utf8(&rest[..eol]).map_err(|_| bad("bad chunk size"))?;
-        let size_hex = size_field.split(';').next().unwrap_or_default().trim();
-        let size = usize::from_str_radix(size_hex, 16).map_err(|_| bad("bad chunk size"))?;
-        rest = &rest[eol + 2..];
-        if size == 0 {
-            return Ok(out);
-        }
-        let chunk = rest.get(..size).ok_or_else(|| bad("truncated chunk"))?;
-        out.extend_from_slice(chunk);
-        rest = rest.get(size + 2..).ok_or_else(|| bad("truncated chunk"))?;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parses_content_length_body() {
-        let raw = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello";
-        let (status, body) = parse_http_response(raw).unwrap();
-        assert_eq!((status, body.as_str()), (200, "hello"));
-    }
-
-    #[test]
-    fn parses_chunked_body() {
-        let raw = b"HTTP/1.1 404 Not Found\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2;x=y\r\nde\r\n0\r\n\r\n";
-        let (status, body) = parse_http_response(raw).unwrap();
-        assert_eq!((status, body.as_str()), (404, "abcde"));
-    }
-
-    #[test]
-    fn body_until_close_without_length() {
-        let raw = b"HTTP/1.0 200 OK\r\n\r\nall of it";
-        assert_eq!(parse_http_response(raw).unwrap().1, "all of it");
-    }
-
-    #[test]
-    fn rejects_garbage() {
-        assert!(parse_http_response(b"nonsense").is_err());
-        assert!(parse_http_response(b"HTTP/1.1 abc\r\n\r\n").is_err());
-    }
 
     #[test]
     fn classifies_connect_errors() {

@@ -167,7 +167,7 @@ fn frag_needed_dropped_is_a_black_hole() {
 
 #[test]
 fn clear_errors_and_loopback() {
-    let ns = Netns::create(&unique_name());
+    let ns = Netns::create(&unique_name()).expect("create a namespace");
     let stderr = probe_error(ns.name(), &["10.9.9.9"]);
     assert!(stderr.contains("no route to 10.9.9.9"), "{stderr}");
     assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");

@@ -9,19 +9,18 @@
 
 use std::collections::BTreeSet;
 use std::fs;
-use std::io::{Read as _, Write as _};
+use std::io::Write as _;
 use std::marker::PhantomData;
-use std::net::{TcpListener, TcpStream};
-use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use node_diag_tests::tcp::parse_http_response;
+use node_diag_common::openmetrics::openmetrics_to_text;
+use node_diag_testbed::{http, process::die_with_parent};
 use node_diag_tests::topology::{POD_HOST_IF, POD_IF};
 use node_diag_tests::{
-    Agent, ConnectOutcome, ServerMode, TcpServer, Topology, in_netns, tcp_connect, tcp_request,
+    Agent, ConnectOutcome, ServerMode, TcpServer, Topology, ok, tcp_connect, tcp_request,
     unique_name,
 };
 use serde_json::Value;
@@ -45,16 +44,6 @@ fn repo_path(relative: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("..")
         .join(relative)
-}
-
-/// A free TCP port on 127.0.0.1 inside `netns`.
-fn free_port(netns: &str) -> u16 {
-    in_netns(netns, || {
-        TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("no free port")
-            .port()
-    })
 }
 
 /// `rules` with every `for:` set to `0s`, so that the test sees an alert fire as soon as
@@ -105,7 +94,7 @@ impl<'t> Prometheus<'t> {
             rules = dir.join("rules.yaml").display(),
         );
         fs::write(dir.join("prometheus.yml"), &config).expect("write config");
-        let port = free_port(&topo.node_a);
+        let port = ok(node_diag_testbed::agent::free_port(&topo.node_a));
         let addr = format!("127.0.0.1:{port}");
         let log = fs::File::create(dir.join("prometheus.log")).expect("create log");
         let mut command = Command::new("ip");
@@ -125,16 +114,8 @@ impl<'t> Prometheus<'t> {
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log fd"))
             .stderr(log);
-        // SAFETY: the closure only calls prctl, which is async-signal-safe. If the test
-        // runner dies, the kernel kills Prometheus too (`ip netns exec` execs it).
-        unsafe {
-            command.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        // If the test runner dies, the kernel kills Prometheus too.
+        die_with_parent(&mut command);
         let child = command
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {command:?}: {e}"));
@@ -170,7 +151,7 @@ impl<'t> Prometheus<'t> {
         }
     }
 
-    fn get(&self, path: &str) -> std::io::Result<(u16, String)> {
+    fn get(&self, path: &str) -> Result<(u16, String), node_diag_testbed::Error> {
         http_get_accept(&self.netns, &self.addr, path, "application/json").map(|r| (r.0, r.2))
     }
 
@@ -298,72 +279,9 @@ fn http_get_accept(
     addr: &str,
     path: &str,
     accept: &str,
-) -> std::io::Result<(u16, String, String)> {
-    const TIMEOUT: Duration = Duration::from_secs(5);
-    in_netns(netns, || {
-        let mut stream =
-            TcpStream::connect_timeout(&addr.parse().expect("socket address"), TIMEOUT)?;
-        stream.set_read_timeout(Some(TIMEOUT))?;
-        stream.set_write_timeout(Some(TIMEOUT))?;
-        write!(
-            stream,
-            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: {accept}\r\nConnection: close\r\n\r\n"
-        )?;
-        let mut raw = Vec::new();
-        stream.read_to_end(&mut raw)?;
-        let head_end = raw
-            .windows(4)
-            .position(|w| w == b"\r\n\r\n")
-            .unwrap_or(raw.len());
-        let content_type = String::from_utf8_lossy(&raw[..head_end])
-            .lines()
-            .find_map(|l| {
-                let (name, value) = l.split_once(':')?;
-                name.eq_ignore_ascii_case("content-type")
-                    .then(|| value.trim().to_owned())
-            })
-            .unwrap_or_default();
-        let (status, body) = parse_http_response(&raw)?;
-        Ok((status, content_type, body))
-    })
-}
-
-/// The Prometheus text format (0.0.4) of an OpenMetrics exposition, as a server that
-/// negotiates the format would serve it to a client without OpenMetrics: counter
-/// families named with their `_total` suffix, `info` families as gauges named `_info`,
-/// no `# UNIT` and no `# EOF`. Samples are unchanged.
-fn openmetrics_to_text(openmetrics: &str) -> String {
-    let mut out = String::new();
-    let mut help: Option<(String, String)> = None;
-    for line in openmetrics.lines() {
-        if line == "# EOF" || line.starts_with("# UNIT ") {
-            continue;
-        }
-        if let Some(rest) = line.strip_prefix("# HELP ") {
-            let (name, text) = rest.split_once(' ').unwrap_or((rest, ""));
-            help = Some((name.to_owned(), text.to_owned()));
-            continue;
-        }
-        if let Some(rest) = line.strip_prefix("# TYPE ") {
-            let (name, kind) = rest.split_once(' ').unwrap_or((rest, "untyped"));
-            let (new_name, new_kind) = match kind {
-                "counter" if !name.ends_with("_total") => (format!("{name}_total"), "counter"),
-                "info" => (format!("{name}_info"), "gauge"),
-                "stateset" | "gaugehistogram" | "unknown" => (name.to_owned(), "untyped"),
-                other => (name.to_owned(), other),
-            };
-            if let Some((help_name, text)) = help.take()
-                && help_name == name
-            {
-                out.push_str(&format!("# HELP {new_name} {text}\n"));
-            }
-            out.push_str(&format!("# TYPE {new_name} {new_kind}\n"));
-            continue;
-        }
-        out.push_str(line);
-        out.push('\n');
-    }
-    out
+) -> Result<(u16, String, String), node_diag_testbed::Error> {
+    let response = http::get(netns, addr, path, Some(accept))?;
+    Ok((response.status, response.content_type, response.body))
 }
 
 /// `promtool check metrics` on `text`: (success, what it printed).

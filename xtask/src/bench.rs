@@ -17,7 +17,6 @@
 mod agent;
 mod load;
 mod report;
-mod topology;
 
 use std::{
     collections::BTreeMap,
@@ -30,13 +29,13 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
+use node_diag_testbed::{Topology, netns};
 use serde::Serialize;
 
 use self::{
     agent::{Agent, ProcSample, RunStats},
     load::{ConnStats, EchoServer, IperfServer, StormStats},
     report::Report,
-    topology::Topology,
 };
 use crate::{cmd, prereqs};
 
@@ -324,7 +323,7 @@ struct Bench<'a> {
 impl<'a> Bench<'a> {
     fn new(binary: &'a Path, settings: &'a Settings) -> Result<Self> {
         println!("[bench] topology: two nodes, vxlan overlay, a pod per node");
-        let topo = Topology::build()?;
+        let topo = build_topology()?;
         let servers = (
             IperfServer::start(&topo.pod_b, IPERF_PORT)?,
             IperfServer::start(&topo.node_a, IPERF_PORT)?,
@@ -367,7 +366,7 @@ impl<'a> Bench<'a> {
 
     fn measure(&self, run: u32, workload: Workload, mode: Mode) -> Result<Sample> {
         let mut agent = match mode {
-            Mode::Agent => Some(Agent::start(self.binary, &self.topo.node_a, READY_TIMEOUT)?),
+            Mode::Agent => Some(Agent::start(self.binary, &self.topo, READY_TIMEOUT)?),
             Mode::Baseline => None,
         };
         thread::sleep(SETTLE);
@@ -456,6 +455,22 @@ impl<'a> Bench<'a> {
     }
 }
 
+/// Prefix of the bench's namespace names, followed by the bench's pid.
+const NETNS_PREFIX: &str = "ndb-";
+
+/// The testbed's topology as `ndb-<pid>-{na,nb,pa,pb}`, after deleting those of benches
+/// that died without cleaning up (their pid is gone), with pod A tuned for the load.
+fn build_topology() -> Result<Topology> {
+    for name in netns::remove_stale(NETNS_PREFIX) {
+        println!("[bench] deleted netns {name} left by a bench that died");
+    }
+    let topo = Topology::build(&format!("{NETNS_PREFIX}{}", std::process::id()))?;
+    // Pod A opens tens of thousands of short connections: give it every port.
+    topo.sysctl(&topo.pod_a, "net.ipv4.ip_local_port_range=1024 65535")?;
+    topo.sysctl(&topo.pod_a, "net.ipv4.tcp_tw_reuse=1")?;
+    Ok(topo)
+}
+
 /// The agent's state just before a workload.
 struct Before {
     startup_hwm_kib: u64,
@@ -533,11 +548,10 @@ fn refused_findings(agent: &Agent) -> Result<(u64, u64, u64)> {
 
 fn events_lost(agent: &Agent) -> Result<u64> {
     const METRIC: &str = "node_diag_events_lost_total";
-    let metrics = agent.metrics()?;
-    let lost = metrics
-        .get(METRIC)
+    let lost = agent
+        .metric(METRIC)?
         .with_context(|| format!("/metrics has no {METRIC}"))?;
-    Ok(*lost as u64)
+    Ok(lost as u64)
 }
 
 /// Waits until the agent accounts for all `refused` connects (findings' counts plus lost

@@ -2,172 +2,60 @@
 //! about it: `/proc` (CPU time, RSS), its eBPF programs' run statistics and its HTTP
 //! endpoints.
 
-use std::{
-    collections::BTreeMap,
-    fs,
-    io::{BufRead as _, BufReader, Read as _, Write as _},
-    net::{SocketAddr, TcpStream},
-    os::unix::process::CommandExt as _,
-    path::{Path, PathBuf},
-    process::{Child, Stdio},
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicU64, Ordering},
-    },
-    thread::{self, JoinHandle},
-    time::{Duration, Instant},
-};
+use std::{collections::BTreeMap, fs, path::Path, time::Duration};
 
 use anyhow::{Context as _, Result, bail};
+use node_diag_testbed::{Topology, metrics};
 use serde_json::Value;
 
-use super::{interrupted, topology};
+use super::interrupted;
 use crate::cmd;
 
 /// Where the agent listens, inside node A's namespace.
 const LISTEN: &str = "127.0.0.1:9464";
-/// How much of the agent's stderr is kept for error messages.
+/// How much of the agent's stderr goes into an error message.
 const STDERR_KEEP: usize = 16 * 1024;
 
-/// `node-diag run --format json` in node A; killed on drop if still running.
-pub struct Agent {
-    child: Child,
-    netns: String,
-    ready_file: PathBuf,
-    stdout_lines: Arc<AtomicU64>,
-    stderr: Arc<Mutex<String>>,
-    readers: Vec<JoinHandle<()>>,
+/// The testbed's `node-diag run --format json` in node A, with what the bench reads
+/// about it; killed on drop if still running.
+pub struct Agent<'t> {
+    inner: node_diag_testbed::Agent<'t>,
 }
 
-impl Agent {
-    /// Starts the agent in `netns` and waits (at most `timeout`) for its ready file.
-    pub fn start(binary: &Path, netns: &str, timeout: Duration) -> Result<Self> {
-        let ready_file = std::env::temp_dir().join(format!("{netns}.ready"));
-        let _ = fs::remove_file(&ready_file);
-        let mut command = topology::exec_in(netns, &[]);
-        command
-            .arg(binary)
-            .args([
-                "run",
-                "--format",
-                "json",
-                "--listen",
-                LISTEN,
-                "--ready-file",
-            ])
-            .arg(&ready_file)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        // SAFETY: the closure only calls prctl, which is async-signal-safe. If the bench
-        // dies, the kernel kills the agent (`ip netns exec` execs it, keeping the setting).
-        unsafe {
-            command.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
+impl<'t> Agent<'t> {
+    /// Starts the agent in node A and waits (at most `timeout`) for its ready file.
+    pub fn start(binary: &Path, topo: &'t Topology, timeout: Duration) -> Result<Self> {
+        let mut inner = node_diag_testbed::Agent::start(topo, binary, Some(LISTEN), &[])?;
+        if let Err(err) = inner.wait_ready_or(timeout, interrupted) {
+            let what = if interrupted() {
+                "interrupted"
+            } else {
+                "the agent did not become ready"
+            };
+            bail!(
+                "{what}; its stderr:\n{}\n({})",
+                stderr_tail(&inner),
+                first_line(&err)
+            );
         }
-        let line = cmd::display(&command);
-        let mut child = command
-            .spawn()
-            .with_context(|| format!("failed to spawn `{line}`"))?;
-        let stdout = child.stdout.take().context("agent stdout not piped")?;
-        let stderr = child.stderr.take().context("agent stderr not piped")?;
-        let stdout_lines = Arc::new(AtomicU64::new(0));
-        let stderr_text = Arc::new(Mutex::new(String::new()));
-        let readers = vec![
-            {
-                let lines = Arc::clone(&stdout_lines);
-                thread::spawn(move || {
-                    for line in BufReader::new(stdout).lines() {
-                        if line.is_err() {
-                            break;
-                        }
-                        lines.fetch_add(1, Ordering::Relaxed);
-                    }
-                })
-            },
-            {
-                let text = Arc::clone(&stderr_text);
-                thread::spawn(move || {
-                    for line in BufReader::new(stderr).lines() {
-                        let Ok(line) = line else { break };
-                        let mut text = text.lock().unwrap_or_else(|e| e.into_inner());
-                        text.push_str(&line);
-                        text.push('\n');
-                        if text.len() > 2 * STDERR_KEEP {
-                            let cut = text.len() - STDERR_KEEP;
-                            let cut = (cut..text.len())
-                                .find(|&i| text.is_char_boundary(i))
-                                .unwrap_or(text.len());
-                            text.drain(..cut);
-                        }
-                    }
-                })
-            },
-        ];
-        let mut agent = Self {
-            child,
-            netns: netns.to_owned(),
-            ready_file,
-            stdout_lines,
-            stderr: stderr_text,
-            readers,
-        };
-        agent.wait_ready(timeout)?;
-        Ok(agent)
-    }
-
-    fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
-        let deadline = Instant::now() + timeout;
-        while !self.ready_file.exists() {
-            if let Some(status) = self.child.try_wait()? {
-                self.join_readers();
-                bail!(
-                    "the agent exited ({status}) before it was ready; its stderr:\n{}",
-                    self.stderr_tail()
-                );
-            }
-            if interrupted() {
-                bail!("interrupted");
-            }
-            if Instant::now() >= deadline {
-                bail!(
-                    "the agent was not ready within {timeout:?}; its stderr:\n{}",
-                    self.stderr_tail()
-                );
-            }
-            thread::sleep(Duration::from_millis(20));
-        }
-        Ok(())
+        Ok(Self { inner })
     }
 
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.inner.pid()
     }
 
     /// Lines the agent printed on stdout so far (one per finding printed).
     pub fn stdout_lines(&self) -> u64 {
-        self.stdout_lines.load(Ordering::Relaxed)
-    }
-
-    /// The last lines of the agent's stderr.
-    pub fn stderr_tail(&self) -> String {
-        self.stderr
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.inner.stdout_lines()
     }
 
     /// Fails (with its stderr) when the agent has exited.
     pub fn check_alive(&mut self) -> Result<()> {
-        if let Some(status) = self.child.try_wait()? {
-            self.join_readers();
+        if let Some(status) = self.inner.exit_status() {
             bail!(
                 "the agent exited ({status}) during the bench; its stderr:\n{}",
-                self.stderr_tail()
+                stderr_tail(&self.inner)
             );
         }
         Ok(())
@@ -194,61 +82,59 @@ impl Agent {
 
     /// `GET /findings`, parsed.
     pub fn findings(&self) -> Result<Vec<Value>> {
-        let body = http_get(&self.netns, "/findings")?;
-        serde_json::from_str(&body).context("GET /findings: not a JSON array")
+        self.inner
+            .findings_endpoint()
+            .map_err(|e| anyhow::anyhow!("{}", first_line(&e)))
     }
 
-    /// `GET /metrics`: every sample, `name{labels}` to value.
-    pub fn metrics(&self) -> Result<BTreeMap<String, f64>> {
-        Ok(parse_metrics(&http_get(&self.netns, "/metrics")?))
+    /// The value of `series` in `GET /metrics`, if exposed.
+    pub fn metric(&self, series: &str) -> Result<Option<f64>> {
+        let text = self
+            .inner
+            .metrics_text()
+            .map_err(|e| anyhow::anyhow!("{}", first_line(&e)))?;
+        Ok(metrics::find_value(&text, series)?)
     }
 
     /// SIGTERM, then waits up to 10 s (SIGKILL after); fails unless it exited 0.
     pub fn stop(mut self) -> Result<()> {
-        // SAFETY: kill has no memory-safety preconditions; the pid is our child's.
-        unsafe { libc::kill(self.pid() as libc::pid_t, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let status = loop {
-            if let Some(status) = self.child.try_wait()? {
-                break status;
-            }
-            if Instant::now() >= deadline {
-                let _ = self.child.kill();
-                let status = self.child.wait()?;
-                self.join_readers();
-                bail!(
-                    "the agent did not exit within 10 s of SIGTERM ({status}); its stderr:\n{}",
-                    self.stderr_tail()
-                );
-            }
-            thread::sleep(Duration::from_millis(20));
-        };
-        self.join_readers();
-        if !status.success() {
+        let end = self.inner.terminate()?;
+        if end.killed {
             bail!(
-                "the agent exited with {status} on SIGTERM; its stderr:\n{}",
-                self.stderr_tail()
+                "the agent did not exit within 10 s of SIGTERM ({}); its stderr:\n{}",
+                end.status,
+                stderr_tail(&self.inner)
+            );
+        }
+        if !end.status.success() {
+            bail!(
+                "the agent exited with {} on SIGTERM; its stderr:\n{}",
+                end.status,
+                stderr_tail(&self.inner)
             );
         }
         Ok(())
     }
-
-    fn join_readers(&mut self) {
-        for reader in self.readers.drain(..) {
-            let _ = reader.join();
-        }
-    }
 }
 
-impl Drop for Agent {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-        self.join_readers();
-        let _ = fs::remove_file(&self.ready_file);
-    }
+/// The last [`STDERR_KEEP`] bytes of the agent's stderr.
+fn stderr_tail(agent: &node_diag_testbed::Agent<'_>) -> String {
+    let text = agent.stderr();
+    let cut = text.len().saturating_sub(STDERR_KEEP);
+    let cut = (cut..text.len())
+        .find(|&i| text.is_char_boundary(i))
+        .unwrap_or(text.len());
+    text[cut..].to_owned()
+}
+
+/// The first line of an error: the testbed appends the agent's whole output, which the
+/// bench shows as a stderr tail instead.
+fn first_line(err: &node_diag_testbed::Error) -> String {
+    err.to_string()
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_owned()
 }
 
 /// CPU time and memory of a process, from `/proc/PID/stat` and `/proc/PID/status`.
@@ -408,79 +294,6 @@ fn held_programs(pid: u32) -> Result<BTreeMap<u64, RunStats>> {
     Ok(by_id)
 }
 
-/// `GET path` on the agent from inside its namespace; the body of a 200 response.
-fn http_get(netns: &str, path: &str) -> Result<String> {
-    const TIMEOUT: Duration = Duration::from_secs(5);
-    let addr: SocketAddr = LISTEN.parse().expect("LISTEN is an address");
-    let raw = topology::in_netns(netns, || {
-        let mut stream = TcpStream::connect_timeout(&addr, TIMEOUT)?;
-        stream.set_read_timeout(Some(TIMEOUT))?;
-        stream.set_write_timeout(Some(TIMEOUT))?;
-        write!(
-            stream,
-            "GET {path} HTTP/1.1\r\nHost: {LISTEN}\r\nConnection: close\r\n\r\n"
-        )?;
-        let mut raw = Vec::new();
-        stream.read_to_end(&mut raw)?;
-        Ok(raw)
-    })
-    .with_context(|| format!("GET http://{LISTEN}{path} in {netns}"))?;
-    parse_http(&raw).with_context(|| format!("GET http://{LISTEN}{path}: bad response"))
-}
-
-/// The body of a complete `200` HTTP/1.1 response (Content-Length, chunked, or to EOF).
-fn parse_http(raw: &[u8]) -> Result<String> {
-    let end = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .context("no end of headers")?;
-    let head = std::str::from_utf8(&raw[..end]).context("headers are not UTF-8")?;
-    let mut body = &raw[end + 4..];
-    let mut lines = head.split("\r\n");
-    let status = lines.next().unwrap_or_default();
-    if status.split_whitespace().nth(1) != Some("200") {
-        bail!("status line {status:?}");
-    }
-    let mut decoded = Vec::new();
-    let chunked = lines.any(|line| {
-        line.split_once(':').is_some_and(|(name, value)| {
-            name.eq_ignore_ascii_case("transfer-encoding") && value.contains("chunked")
-        })
-    });
-    if chunked {
-        loop {
-            let eol = body
-                .windows(2)
-                .position(|w| w == b"\r\n")
-                .context("truncated chunk")?;
-            let size = std::str::from_utf8(&body[..eol])?;
-            let size = usize::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16)
-                .context("bad chunk size")?;
-            body = &body[eol + 2..];
-            if size == 0 {
-                break;
-            }
-            decoded.extend_from_slice(body.get(..size).context("truncated chunk")?);
-            body = body.get(size + 2..).context("truncated chunk")?;
-        }
-    } else {
-        decoded.extend_from_slice(body);
-    }
-    String::from_utf8(decoded).context("body is not UTF-8")
-}
-
-/// OpenMetrics text: `name{labels} value` lines (comments skipped), keyed by everything
-/// before the value.
-fn parse_metrics(text: &str) -> BTreeMap<String, f64> {
-    text.lines()
-        .filter(|line| !line.starts_with('#'))
-        .filter_map(|line| {
-            let (key, value) = line.rsplit_once(' ')?;
-            Some((key.trim().to_owned(), value.trim().parse().ok()?))
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -497,26 +310,5 @@ mod tests {
         assert_eq!(status_kib(status, "VmHWM"), Some(20_480));
         assert_eq!(status_kib(status, "VmRSS"), Some(18_000));
         assert_eq!(status_kib(status, "VmSwap"), None);
-    }
-
-    #[test]
-    fn http_bodies() {
-        let plain = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n[]";
-        assert_eq!(parse_http(plain).unwrap(), "[]");
-        let chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n[]\r\n0\r\n\r\n";
-        assert_eq!(parse_http(chunked).unwrap(), "[]");
-        assert!(parse_http(b"HTTP/1.1 404 Not Found\r\n\r\n").is_err());
-    }
-
-    #[test]
-    fn metrics_lines() {
-        let text = "# TYPE node_diag_events_lost counter\nnode_diag_events_lost_total 3\n\
-                    node_diag_findings_total{kind=\"tcp_refused\",layer=\"listener\"} 2\n# EOF\n";
-        let metrics = parse_metrics(text);
-        assert_eq!(metrics["node_diag_events_lost_total"], 3.0);
-        assert_eq!(
-            metrics["node_diag_findings_total{kind=\"tcp_refused\",layer=\"listener\"}"],
-            2.0
-        );
     }
 }

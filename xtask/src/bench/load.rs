@@ -5,7 +5,7 @@
 use std::{
     io::{self, ErrorKind, Read as _, Write as _},
     net::{SocketAddr, TcpListener, TcpStream},
-    os::{fd::AsRawFd as _, unix::process::CommandExt as _},
+    os::fd::AsRawFd as _,
     process::{Child, Output, Stdio},
     sync::{
         Arc,
@@ -19,7 +19,9 @@ use anyhow::{Context as _, Result, bail};
 use serde::Serialize;
 use socket2::{Domain, Socket, Type};
 
-use super::{interrupted, topology};
+use node_diag_testbed::{cmd::exec_in, in_netns, netns::enter_netns, process::die_with_parent};
+
+use super::interrupted;
 use crate::cmd;
 
 /// Bytes each short connection sends and gets echoed back.
@@ -38,7 +40,7 @@ impl IperfServer {
     /// Starts the server on `port` in `netns` and waits until it listens.
     pub fn start(netns: &str, port: u16) -> Result<Self> {
         let port_arg = port.to_string();
-        let mut command = topology::exec_in(netns, &["iperf3", "-s", "-p", &port_arg]);
+        let mut command = exec_in(netns, &["iperf3", "-s", "-p", &port_arg]);
         command.stdin(Stdio::null()).stdout(Stdio::null());
         die_with_parent(&mut command);
         let line = cmd::display(&command);
@@ -50,10 +52,7 @@ impl IperfServer {
         let filter = format!("sport = :{port}");
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            let listening = cmd::output(&mut topology::exec_in(
-                netns,
-                &["ss", "-Hltn", filter.as_str()],
-            ))?;
+            let listening = cmd::output(&mut exec_in(netns, &["ss", "-Hltn", filter.as_str()]))?;
             if !listening.trim().is_empty() {
                 return Ok(server);
             }
@@ -79,7 +78,7 @@ pub fn iperf(netns: &str, server: SocketAddr, duration: Duration) -> Result<f64>
         server.port().to_string(),
         duration.as_secs().max(1).to_string(),
     );
-    let mut command = topology::exec_in(
+    let mut command = exec_in(
         netns,
         &["iperf3", "-c", &host, "-p", &port, "-t", &secs, "-J"],
     );
@@ -145,19 +144,6 @@ fn output_within(command: &mut std::process::Command, timeout: Duration) -> Resu
     })
 }
 
-/// Makes the kernel kill the child when the bench dies (crash or signal).
-fn die_with_parent(command: &mut std::process::Command) {
-    // SAFETY: the closure only calls prctl, which is async-signal-safe.
-    unsafe {
-        command.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-}
-
 /// A TCP echo server for [`conn_rate`]: each connection gets its request echoed and is
 /// closed by the server (so the TIME_WAIT state stays on the server side). Stops on drop.
 pub struct EchoServer {
@@ -169,14 +155,14 @@ impl EchoServer {
     /// Listens on `addr` in `netns`, served by `threads` accept loops.
     pub fn start(netns: &str, addr: SocketAddr, threads: usize) -> Result<Self> {
         // A socket keeps the namespace it was created in, whichever thread uses it.
-        let listener = topology::in_netns(netns, || {
+        let listener = in_netns(netns, || -> io::Result<TcpListener> {
             let socket = Socket::new(Domain::IPV4, Type::STREAM, None)?;
             socket.set_reuse_address(true)?;
             socket.bind(&addr.into())?;
             socket.listen(4096)?;
             socket.set_nonblocking(true)?;
             Ok(TcpListener::from(socket))
-        })
+        })?
         .with_context(|| format!("echo server: cannot listen on {addr} in {netns}"))?;
         let stop = Arc::new(AtomicBool::new(false));
         let mut handles = Vec::with_capacity(threads);
@@ -276,7 +262,7 @@ pub fn conn_rate(
             thread::Builder::new()
                 .name(format!("conn-{i}"))
                 .spawn(move || {
-                    topology::enter(&netns)?;
+                    enter_netns(&netns)?;
                     Ok(paced_connections(server, first, interval, end))
                 })
                 .context("cannot spawn a load thread")
@@ -414,7 +400,7 @@ pub fn refused_storm(
             thread::Builder::new()
                 .name(format!("storm-{i}"))
                 .spawn(move || -> Result<StormStats> {
-                    topology::enter(&netns)?;
+                    enter_netns(&netns)?;
                     let mut stats = StormStats::default();
                     while issued.fetch_add(1, Ordering::Relaxed) < total
                         && Instant::now() < deadline

@@ -11,12 +11,16 @@
 //!
 //! Node A routes `10.244.1.7/32 dev vpod0` and `10.244.2.0/24 via 10.200.0.2
 //! dev vx0 onlink`; node B the mirror image. Both nodes forward.
+//!
+//! Every namespace is owned by a [`Netns`] guard: dropping the [`Topology`] (also when
+//! unwinding from a failure) deletes the namespaces and with them every device, route
+//! and nftables table inside. The fault injectors below change one thing each, as a
+//! misconfigured node would.
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::time::{Duration, Instant};
 
-use crate::cmd;
-use crate::netns::Netns;
+use crate::{Error, Result, cmd, netns::Netns};
 
 /// Underlay veth on each node.
 pub const UNDERLAY_IF: &str = "ul0";
@@ -76,20 +80,17 @@ struct NodeSide<'a> {
     peer_pod_cidr: &'a str,
 }
 
-impl Default for Topology {
-    fn default() -> Topology {
-        Topology::new()
-    }
-}
-
 impl Topology {
-    /// Builds the topology and checks that pod A can ping pod B through the
-    /// overlay. Panics (after cleaning up) when any step fails.
-    pub fn new() -> Topology {
-        crate::require_root();
-        let base = crate::unique_name();
+    /// Builds the namespaces `<base>-{na,nb,pa,pb}`, their devices and routes, and checks
+    /// that pod A reaches pod B through the overlay and node B reaches node A across the
+    /// underlay. On failure, whatever was built is deleted again.
+    pub fn build(base: &str) -> Result<Topology> {
+        crate::require_root()?;
         let names = ["na", "nb", "pa", "pb"].map(|suffix| format!("{base}-{suffix}"));
-        let namespaces: Vec<Netns> = names.iter().map(|n| Netns::create(n)).collect();
+        let namespaces = names
+            .iter()
+            .map(|n| Netns::create(n))
+            .collect::<Result<Vec<Netns>>>()?;
         let [node_a, node_b, pod_a, pod_b] = names;
 
         let topo = Topology {
@@ -121,7 +122,7 @@ impl Topology {
             UNDERLAY_IF,
             "netns",
             &topo.node_b,
-        ]);
+        ])?;
         topo.setup_node(&NodeSide {
             node: &topo.node_a,
             pod: &topo.pod_a,
@@ -131,7 +132,7 @@ impl Topology {
             peer_overlay: topo.node_b_overlay,
             pod_ip: topo.pod_a_ip,
             peer_pod_cidr: "10.244.2.0/24",
-        });
+        })?;
         topo.setup_node(&NodeSide {
             node: &topo.node_b,
             pod: &topo.pod_b,
@@ -141,22 +142,29 @@ impl Topology {
             peer_overlay: topo.node_a_overlay,
             pod_ip: topo.pod_b_ip,
             peer_pod_cidr: "10.244.1.0/24",
-        });
+        })?;
 
-        let (from, to) = (topo.pod_a.clone(), topo.pod_b_ip);
-        assert!(
-            topo.ping_until(&from, to, Duration::from_secs(5)),
-            "topology {}: pod A cannot ping pod B {to} through the overlay",
-            topo.node_a
-        );
-        topo
+        let timeout = Duration::from_secs(5);
+        for (from, to) in [
+            (&topo.pod_a, topo.pod_b_ip),
+            (&topo.node_b, topo.node_a_underlay),
+        ] {
+            if !topo.ping_until(from, to, timeout)? {
+                return Err(Error::Unreachable {
+                    from: from.clone(),
+                    to: to.to_string(),
+                    timeout,
+                });
+            }
+        }
+        Ok(topo)
     }
 
-    fn setup_node(&self, s: &NodeSide<'_>) {
+    fn setup_node(&self, s: &NodeSide<'_>) -> Result<()> {
         let ip = |args: &[&str]| {
             let mut argv = vec!["ip", "-n", s.node];
             argv.extend_from_slice(args);
-            cmd::run(&argv);
+            cmd::run(&argv).map(drop)
         };
         let underlay_cidr = format!("{}/24", s.underlay);
         let underlay_mtu = UNDERLAY_MTU.to_string();
@@ -171,8 +179,8 @@ impl Topology {
         let peer_overlay = s.peer_overlay.to_string();
 
         // Underlay.
-        ip(&["addr", "add", &underlay_cidr, "dev", UNDERLAY_IF]);
-        ip(&["link", "set", UNDERLAY_IF, "mtu", &underlay_mtu, "up"]);
+        ip(&["addr", "add", &underlay_cidr, "dev", UNDERLAY_IF])?;
+        ip(&["link", "set", UNDERLAY_IF, "mtu", &underlay_mtu, "up"])?;
         // Overlay: the kernel derives the vxlan MTU (1450) from `dev`.
         ip(&[
             "link",
@@ -190,9 +198,9 @@ impl Topology {
             &vx_port,
             "dev",
             UNDERLAY_IF,
-        ]);
-        ip(&["addr", "add", &overlay_cidr, "dev", VXLAN_IF]);
-        ip(&["link", "set", VXLAN_IF, "up"]);
+        ])?;
+        ip(&["addr", "add", &overlay_cidr, "dev", VXLAN_IF])?;
+        ip(&["link", "set", VXLAN_IF, "up"])?;
         // Pod veth.
         ip(&[
             "link",
@@ -205,21 +213,21 @@ impl Topology {
             POD_IF,
             "netns",
             s.pod,
-        ]);
-        ip(&["addr", "add", &gateway_cidr, "dev", POD_HOST_IF]);
-        ip(&["link", "set", POD_HOST_IF, "mtu", &pod_mtu, "up"]);
+        ])?;
+        ip(&["addr", "add", &gateway_cidr, "dev", POD_HOST_IF])?;
+        ip(&["link", "set", POD_HOST_IF, "mtu", &pod_mtu, "up"])?;
         let pod_ip = |args: &[&str]| {
             let mut argv = vec!["ip", "-n", s.pod];
             argv.extend_from_slice(args);
-            cmd::run(&argv);
+            cmd::run(&argv).map(drop)
         };
-        pod_ip(&["addr", "add", &pod_cidr, "dev", POD_IF]);
-        pod_ip(&["link", "set", POD_IF, "mtu", &pod_mtu, "up"]);
+        pod_ip(&["addr", "add", &pod_cidr, "dev", POD_IF])?;
+        pod_ip(&["link", "set", POD_IF, "mtu", &pod_mtu, "up"])?;
         pod_ip(&[
             "route", "add", "default", "via", &gateway, "dev", POD_IF, "onlink",
-        ]);
+        ])?;
         // Node routes: own pod on the veth, peer pods over the overlay.
-        ip(&["route", "add", &pod_cidr, "dev", POD_HOST_IF]);
+        ip(&["route", "add", &pod_cidr, "dev", POD_HOST_IF])?;
         ip(&[
             "route",
             "add",
@@ -229,8 +237,8 @@ impl Topology {
             "dev",
             VXLAN_IF,
             "onlink",
-        ]);
-        cmd::run_in(s.node, &["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+        ])?;
+        self.sysctl(s.node, "net.ipv4.ip_forward=1")
     }
 
     /// All four namespace names: node A, node B, pod A, pod B.
@@ -254,8 +262,8 @@ impl Topology {
     /// Drops forwarded TCP to `dport` in node namespace `node` (nftables
     /// table `inet ndtest`, forward hook), as a misconfigured firewall would.
     /// The table goes with the namespace.
-    pub fn drop_forwarded_tcp(&self, node: &str, dport: u16) {
-        cmd::run_in(node, &["nft", "add table inet ndtest"]);
+    pub fn drop_forwarded_tcp(&self, node: &str, dport: u16) -> Result<()> {
+        cmd::run_in(node, &["nft", "add table inet ndtest"])?;
         // nft 1.0.6 reserves `fwd`, hence the chain name.
         cmd::run_in(
             node,
@@ -263,55 +271,62 @@ impl Topology {
                 "nft",
                 "add chain inet ndtest ndfwd { type filter hook forward priority 0; policy accept; }",
             ],
-        );
+        )?;
         let rule = format!("add rule inet ndtest ndfwd tcp dport {dport} drop");
-        cmd::run_in(node, &["nft", &rule]);
+        cmd::run_in(node, &["nft", &rule]).map(drop)
     }
 
     /// Sets every pod interface and its node-side veth to `mtu` on both nodes and
     /// flushes learned PMTUs. 1500 over the 1450 vxlan is the seed's misconfiguration;
     /// both pods, since a 1450 peer would advertise an MSS that hides it.
-    pub fn set_pod_mtu(&self, mtu: u32) {
+    pub fn set_pod_mtu(&self, mtu: u32) -> Result<()> {
         let mtu = mtu.to_string();
         for (node, pod) in [(&self.node_a, &self.pod_a), (&self.node_b, &self.pod_b)] {
-            cmd::run(&["ip", "-n", pod, "link", "set", POD_IF, "mtu", &mtu]);
-            cmd::run(&["ip", "-n", node, "link", "set", POD_HOST_IF, "mtu", &mtu]);
-            cmd::run(&["ip", "-n", pod, "route", "flush", "cache"]);
+            cmd::run(&["ip", "-n", pod, "link", "set", POD_IF, "mtu", &mtu])?;
+            cmd::run(&["ip", "-n", node, "link", "set", POD_HOST_IF, "mtu", &mtu])?;
+            cmd::run(&["ip", "-n", pod, "route", "flush", "cache"])?;
         }
+        Ok(())
     }
 
     /// Drops the ICMP frag-needed node `node` generates (nftables table `inet ndicmp`,
     /// output hook), as a host firewall filtering ICMP would. The table goes with the
     /// namespace.
-    pub fn drop_frag_needed(&self, node: &str) {
+    pub fn drop_frag_needed(&self, node: &str) -> Result<()> {
         for rule in [
             "add table inet ndicmp",
             "add chain inet ndicmp out { type filter hook output priority 0; policy accept; }",
             "add rule inet ndicmp out icmp type destination-unreachable icmp code frag-needed drop",
         ] {
-            cmd::run_in(node, &["nft", rule]);
+            cmd::run_in(node, &["nft", rule])?;
         }
+        Ok(())
     }
 
     /// Deletes node `node`'s route to its pod `pod_ip` (`/32 dev vpod0`), the
     /// CNI fault of a node that lost a pod route.
-    pub fn delete_pod_route(&self, node: &str, pod_ip: Ipv4Addr) {
+    pub fn delete_pod_route(&self, node: &str, pod_ip: Ipv4Addr) -> Result<()> {
         let cidr = format!("{pod_ip}/32");
-        cmd::run(&["ip", "-n", node, "route", "del", &cidr, "dev", POD_HOST_IF]);
+        cmd::run(&["ip", "-n", node, "route", "del", &cidr, "dev", POD_HOST_IF]).map(drop)
+    }
+
+    /// Sets `setting` (`name=value`) with `sysctl -qw` inside namespace `netns`.
+    pub fn sysctl(&self, netns: &str, setting: &str) -> Result<()> {
+        cmd::run_in(netns, &["sysctl", "-qw", setting]).map(drop)
     }
 
     /// Pings `to` from namespace `from` (one echo, 1 s wait) until it answers
-    /// or `timeout` passes; the first echo may be lost to neighbour resolution.
-    pub fn ping_until(&self, from: &str, to: Ipv4Addr, timeout: Duration) -> bool {
+    /// or `timeout` passes (`false`); the first echo may be lost to neighbour resolution.
+    pub fn ping_until(&self, from: &str, to: Ipv4Addr, timeout: Duration) -> Result<bool> {
         let deadline = Instant::now() + timeout;
         let to = to.to_string();
         loop {
-            let out = cmd::try_run_in(from, &["ping", "-n", "-q", "-c", "1", "-W", "1", &to]);
+            let out = cmd::try_run_in(from, &["ping", "-n", "-q", "-c", "1", "-W", "1", &to])?;
             if out.status.success() {
-                return true;
+                return Ok(true);
             }
             if Instant::now() >= deadline {
-                return false;
+                return Ok(false);
             }
         }
     }

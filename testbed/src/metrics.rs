@@ -4,6 +4,8 @@
 
 use std::collections::BTreeMap;
 
+use crate::Error;
+
 /// Label names to values.
 pub type Labels = BTreeMap<String, String>;
 
@@ -115,16 +117,16 @@ pub fn parse_exposition(text: &str) -> Result<Vec<Sample>, String> {
 }
 
 /// The value of the series `series` (e.g.
-/// `node_diag_tcp_resets_total{direction="sent"}`) in `text`, if present.
-/// Panics when `series` or `text` cannot be parsed.
-pub fn find_value(text: &str, series: &str) -> Option<f64> {
-    let (name, labels) =
-        parse_series(series).unwrap_or_else(|e| panic!("bad series {series:?}: {e}"));
-    let samples = parse_exposition(text).unwrap_or_else(|e| panic!("bad exposition: {e}\n{text}"));
-    samples
+/// `node_diag_tcp_resets_total{direction="sent"}`) in `text`, if present. Fails when
+/// `series` or `text` cannot be parsed.
+pub fn find_value(text: &str, series: &str) -> Result<Option<f64>, Error> {
+    let (name, labels) = parse_series(series)
+        .map_err(|e| Error::Exposition(format!("bad series {series:?}: {e}")))?;
+    let samples = parse_exposition(text).map_err(|e| Error::Exposition(format!("{e}\n{text}")))?;
+    Ok(samples
         .into_iter()
         .find(|s| s.name == name && s.labels == labels)
-        .map(|s| s.value)
+        .map(|s| s.value))
 }
 
 #[cfg(test)]
@@ -149,14 +151,16 @@ ignored 1
             find_value(
                 TEXT,
                 r#"node_diag_tcp_connect_failures_total{reason="refused"}"#
-            ),
+            )
+            .unwrap(),
             Some(3.0)
         );
         assert_eq!(
             find_value(
                 TEXT,
                 r#"node_diag_tcp_connect_failures_total{reason="timeout"}"#
-            ),
+            )
+            .unwrap(),
             Some(15.0)
         );
     }
@@ -165,32 +169,41 @@ ignored 1
     fn labels_are_a_set() {
         let series =
             r#"node_diag_findings_total{severity="warning",kind="tcp_refused",layer="listener"}"#;
-        assert_eq!(find_value(TEXT, series), Some(2.0));
+        assert_eq!(find_value(TEXT, series).unwrap(), Some(2.0));
         // A subset of the labels is a different series.
         assert_eq!(
-            find_value(TEXT, r#"node_diag_findings_total{kind="tcp_refused"}"#),
+            find_value(TEXT, r#"node_diag_findings_total{kind="tcp_refused"}"#).unwrap(),
             None
         );
     }
 
     #[test]
     fn unlabelled_escaped_and_missing() {
-        assert_eq!(find_value(TEXT, "node_diag_events_lost_total"), Some(0.0));
+        assert_eq!(
+            find_value(TEXT, "node_diag_events_lost_total").unwrap(),
+            Some(0.0)
+        );
         assert_eq!(
             find_value(
                 TEXT,
                 r#"node_diag_odd{k="v",msg="a \"quoted\", {brace} \\ x"}"#
-            ),
+            )
+            .unwrap(),
             Some(f64::INFINITY)
         );
         assert_eq!(
             find_value(
                 TEXT,
                 r#"node_diag_tcp_connect_failures_total{reason="unreachable"}"#
-            ),
+            )
+            .unwrap(),
             None
         );
-        assert_eq!(find_value(TEXT, "ignored"), None, "nothing after # EOF");
+        assert_eq!(
+            find_value(TEXT, "ignored").unwrap(),
+            None,
+            "nothing after # EOF"
+        );
     }
 
     #[test]

@@ -1,26 +1,34 @@
-//! Child processes with deadlines: waiting on a pidfd (no sleep loops), and
-//! running a command to completion with its output captured.
+//! Child processes with deadlines: waiting on a pidfd (no sleep loops), signals, dying
+//! with the parent, and running a command to completion with its output captured.
 
-use std::io::{self, Read};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::thread;
-use std::time::{Duration, Instant};
+use std::{
+    io::{self, Read},
+    os::{
+        fd::{AsRawFd, FromRawFd, OwnedFd},
+        unix::process::CommandExt as _,
+    },
+    process::{Child, Command, ExitStatus, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
 
-/// Waits until `child` exits or `timeout` passes; `None` on timeout (the
-/// child is left running).
+use crate::{Error, Result, cmd};
+
+/// Waits until `child` exits or `timeout` passes; `None` on timeout (the child is left
+/// running).
 pub fn wait_timeout(child: &mut Child, timeout: Duration) -> io::Result<Option<ExitStatus>> {
     if let Some(status) = child.try_wait()? {
         return Ok(Some(status));
     }
-    let pid = libc::pid_t::try_from(child.id()).expect("pid fits pid_t");
+    let pid = libc::pid_t::try_from(child.id()).map_err(io::Error::other)?;
     // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
     let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
     if raw < 0 {
         return Err(io::Error::last_os_error());
     }
+    let raw = i32::try_from(raw).map_err(io::Error::other)?;
     // SAFETY: the syscall returned a fresh descriptor that nothing else owns.
-    let pidfd = unsafe { OwnedFd::from_raw_fd(raw as i32) };
+    let pidfd = unsafe { OwnedFd::from_raw_fd(raw) };
     let deadline = Instant::now() + timeout;
     loop {
         let remaining = deadline.saturating_duration_since(Instant::now());
@@ -49,12 +57,27 @@ pub fn wait_timeout(child: &mut Child, timeout: Duration) -> io::Result<Option<E
 
 /// Sends `signal` to process `pid`.
 pub fn send_signal(pid: u32, signal: i32) -> io::Result<()> {
-    let pid = libc::pid_t::try_from(pid).expect("pid fits pid_t");
+    let pid = libc::pid_t::try_from(pid).map_err(io::Error::other)?;
     // SAFETY: kill has no memory-safety preconditions.
     if unsafe { libc::kill(pid, signal) } == 0 {
         Ok(())
     } else {
         Err(io::Error::last_os_error())
+    }
+}
+
+/// Makes the kernel kill the child (SIGKILL) when this process dies, crash or signal, so
+/// no agent or server outlives its test or bench. `ip netns exec` execs its command,
+/// which keeps the setting.
+pub fn die_with_parent(command: &mut Command) {
+    // SAFETY: the closure only calls prctl, which is async-signal-safe.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
     }
 }
 
@@ -78,31 +101,37 @@ impl CapturedRun {
     }
 }
 
-/// Runs `cmd` with no stdin and captured output; kills it (SIGKILL) if it
-/// has not exited after `timeout`.
-pub fn run_with_timeout(cmd: &mut Command, timeout: Duration) -> CapturedRun {
+/// Runs `command` with no stdin and captured output; kills it (SIGKILL) if it has not
+/// exited after `timeout`.
+pub fn run_with_timeout(command: &mut Command, timeout: Duration) -> Result<CapturedRun> {
     let start = Instant::now();
-    let mut child = cmd
+    let line = cmd::display(command);
+    let mut child = command
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
-    let out = drain(child.stdout.take().expect("piped stdout"));
-    let err = drain(child.stderr.take().expect("piped stderr"));
-    let status = wait_timeout(&mut child, timeout)
-        .unwrap_or_else(|e| panic!("waiting for {cmd:?} failed: {e}"));
+        .map_err(|source| Error::Spawn {
+            command: line.clone(),
+            source,
+        })?;
+    let out = child.stdout.take().map(drain);
+    let err = child.stderr.take().map(drain);
+    let status = wait_timeout(&mut child, timeout);
     let elapsed = start.elapsed();
-    if status.is_none() {
+    if !matches!(status, Ok(Some(_))) {
         let _ = child.kill();
         let _ = child.wait();
     }
-    CapturedRun {
+    let status = status.map_err(|e| Error::io(format!("waiting for `{line}`"), e))?;
+    let joined =
+        |h: Option<thread::JoinHandle<String>>| h.and_then(|h| h.join().ok()).unwrap_or_default();
+    Ok(CapturedRun {
         status,
-        stdout: out.join().unwrap_or_default(),
-        stderr: err.join().unwrap_or_default(),
+        stdout: joined(out),
+        stderr: joined(err),
         elapsed,
-    }
+    })
 }
 
 fn drain(mut pipe: impl Read + Send + 'static) -> thread::JoinHandle<String> {
