@@ -12,9 +12,11 @@ use aya_ebpf::{
 };
 use node_diag_common::{FlowState, IPPROTO_TCP, counter, event_kind, tcp_state};
 
-use crate::maps::{
-    CONNECTS, Extra, ICMP_SENT, config, emit, field, in_scope, inc, kread, now, read_tuple,
-    sock_netns, sock_tuple, syn_drop,
+use crate::{
+    config::{config, in_scope, now},
+    emit::{Extra, emit, inc, syn_drop},
+    kernel::{field, kread, read_tuple, sock_netns, sock_tuple},
+    maps::{CONNECTS, ICMP_SENT},
 };
 
 /// How recent a generated ICMP error must be to explain a connect failure.
