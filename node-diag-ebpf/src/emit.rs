@@ -1,8 +1,21 @@
 //! What leaves the programs: verdict events on the ring buffer (with the per-flow ICMP
 //! and drop evidence the maps hold), the per-CPU counters, and the count-and-remember
 //! update every per-flow evidence map shares ([`bump_lru`]).
+//!
+//! Verdicts are rare, so this is also where the programs log (`aya-log`), and nowhere
+//! else: no log call sits on a per-packet path. Every log call is behind aya-log's
+//! `AYA_LOG_LEVEL`, a read-only global the agent sets at load (`--ebpf-log`, off by
+//! default), so with logging off the verifier sees each log branch as dead and prunes it.
 
-use aya_ebpf::maps::{LruHashMap, PerCpuHashMap};
+use aya_ebpf::{
+    EbpfContext,
+    maps::{LruHashMap, PerCpuHashMap},
+};
+use aya_log_ebpf::{
+    debug,
+    macro_support::{Level, level_enabled},
+    warn,
+};
 use node_diag_common::{DropInfo, DropKey, Event, FlowKey, IcmpInfo, counter, event_kind};
 
 use crate::{
@@ -82,9 +95,18 @@ pub struct Extra {
 /// Pushes a verdict for `key`, attaching the ICMP evidence the maps hold for the flow.
 /// A failed reservation is counted, never silently lost.
 #[inline(always)]
-pub fn emit(kind: u32, error: u32, key: &FlowKey, netns: u32, retrans: u32, extra: Extra) {
+pub fn emit<C: EbpfContext>(
+    ctx: &C,
+    kind: u32,
+    error: u32,
+    key: &FlowKey,
+    netns: u32,
+    retrans: u32,
+    extra: Extra,
+) {
     let Some(mut entry) = EVENTS.reserve::<Event>(0) else {
         inc(counter::EVENTS_LOST);
+        warn!(ctx, "event ring buffer full: verdict {} lost", kind);
         return;
     };
     // SAFETY (all map reads below): values are copied out at once.
@@ -116,6 +138,34 @@ pub fn emit(kind: u32, error: u32, key: &FlowKey, netns: u32, retrans: u32, extr
         len: extra.len,
     });
     entry.submit(0);
+    // Checked here too, so that with logging off even the call is dead code.
+    if level_enabled(Level::Debug) {
+        log_verdict(ctx, kind, error, key, netns, retrans);
+    }
+}
+
+/// Logs an emitted verdict. Out of line: the log record is built on its own stack frame,
+/// which the largest programs (kfree_skb) have no room for.
+#[inline(never)]
+fn log_verdict<C: EbpfContext>(
+    ctx: &C,
+    kind: u32,
+    error: u32,
+    key: &FlowKey,
+    netns: u32,
+    retrans: u32,
+) {
+    debug!(
+        ctx,
+        "verdict {} error {} family {} sport {} dport {} netns {} retrans {}",
+        kind,
+        error,
+        key.family,
+        key.sport,
+        key.dport,
+        netns,
+        retrans
+    );
 }
 
 /// The SYN drop recorded for a connecting flow, as verdict evidence.

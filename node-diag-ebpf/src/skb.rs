@@ -35,7 +35,7 @@ fn try_kfree_skb(ctx: &TracePointContext) -> Option<()> {
     bump(&DROPS, &key);
     let protocol = field::<u16>(ctx, config!(kfree_protocol))?;
     if reason == config!(reason_pkt_too_big) {
-        oversize(skb, protocol, netns);
+        oversize(ctx, skb, protocol, netns);
     } else if reason == config!(reason_netfilter_drop) {
         frag_needed_dropped(skb, protocol, netns, ifindex);
     }
@@ -73,7 +73,7 @@ fn flow_reason(reason: u32) -> bool {
 /// A DF packet dropped for exceeding its route's MTU (the forwarding path, where no
 /// socket is involved): counted per egress device, and the flow's first one reported.
 #[inline(always)]
-fn oversize(skb: u64, protocol: u16, netns: u32) -> Option<()> {
+fn oversize(ctx: &TracePointContext, skb: u64, protocol: u16, netns: u32) -> Option<()> {
     inc(counter::DF_OVERSIZE_DROPS);
     let refdst = kread::<u64>(skb, config!(skb_refdst))? & !1;
     let dev = kread::<u64>(refdst, config!(dst_dev))?;
@@ -100,6 +100,7 @@ fn oversize(skb: u64, protocol: u16, netns: u32) -> Option<()> {
     };
     if bump_lru(&OVERSIZE, &packet.flow, &mut info)? {
         emit(
+            ctx,
             event_kind::DF_OVERSIZE,
             0,
             &packet.flow,

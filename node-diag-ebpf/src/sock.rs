@@ -94,6 +94,7 @@ fn try_set_state(ctx: &TracePointContext) -> Option<()> {
     let key = read_tuple(ctx, config!(set_state))?;
     inc(counter::ESTABLISHED_RESET);
     emit(
+        ctx,
         event_kind::ESTABLISHED_RESET,
         error as u32,
         &key,
@@ -156,7 +157,15 @@ fn try_err_report(ctx: &RawTracePointContext) -> Option<()> {
     if counter != u32::MAX {
         inc(counter);
     }
-    emit(kind, error as u32, &key, netns, syn_retrans, syn_drop(&key));
+    emit(
+        ctx,
+        kind,
+        error as u32,
+        &key,
+        netns,
+        syn_retrans,
+        syn_drop(&key),
+    );
     Some(())
 }
 

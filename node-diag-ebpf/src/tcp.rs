@@ -56,6 +56,7 @@ fn try_retransmit(ctx: &TracePointContext) -> Option<()> {
         inc(counter::CONNECT_TIMEOUT);
         let key = read_tuple(ctx, config!(retrans))?;
         emit(
+            ctx,
             event_kind::CONNECT_TIMEOUT,
             0,
             &key,
@@ -139,6 +140,7 @@ fn data_retransmit(ctx: &TracePointContext, sk: u64) -> Option<()> {
     inc(counter::FULLSIZE_RETRANSMITS);
     if fire {
         emit(
+            ctx,
             event_kind::PMTUD_STALL,
             0,
             &flow,

@@ -14,6 +14,7 @@ use tracing::{info, warn};
 
 use crate::{
     btf::Btf,
+    ebpf_log,
     tracefs::{self, DropReasons, Format, TracefsError},
 };
 
@@ -134,12 +135,15 @@ pub struct Loaded {
     /// `(tracepoint, error)` for hooks that could not be attached.
     pub degraded: Vec<(String, String)>,
     pub btf_ok: bool,
+    /// The programs' log stream, when `--ebpf-log` is not off.
+    pub ebpf_log: Option<ebpf_log::Logs>,
 }
 
 pub struct Options {
     pub syn_retrans_threshold: u32,
     /// Report only for the namespaces in the scope map (see `netlink::local_scope`).
     pub scoped: bool,
+    pub ebpf_log: ebpf_log::Level,
 }
 
 pub fn load(opts: &Options) -> Result<Loaded, LoadError> {
@@ -190,7 +194,12 @@ pub fn load(opts: &Options) -> Result<Loaded, LoadError> {
 
     let mut ebpf = EbpfLoader::new()
         .override_global(GLOBAL_CONFIG, &config, true)
+        .override_global(aya_log::LEVEL, &opts.ebpf_log.global(), true)
         .load(EBPF_OBJECT)?;
+    let ebpf_log = ebpf_log::init(&mut ebpf, opts.ebpf_log).unwrap_or_else(|e| {
+        warn!(error = %e, "eBPF programs' logs unavailable");
+        None
+    });
     let mut attached = Vec::new();
     for hook in usable {
         if hook.raw && !btf_ok {
@@ -217,6 +226,7 @@ pub fn load(opts: &Options) -> Result<Loaded, LoadError> {
         attached,
         degraded,
         btf_ok,
+        ebpf_log,
     })
 }
 
