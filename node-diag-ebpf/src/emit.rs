@@ -50,27 +50,22 @@ pub trait Counted {
     fn set_count(&mut self, count: u32);
 }
 
-impl Counted for DropInfo {
-    #[inline(always)]
-    fn count(&self) -> u32 {
-        self.count
-    }
-    #[inline(always)]
-    fn set_count(&mut self, count: u32) {
-        self.count = count;
-    }
+/// Both evidence records keep their count in a `count` field.
+macro_rules! counted {
+    ($($info:ty),+) => {$(
+        impl Counted for $info {
+            #[inline(always)]
+            fn count(&self) -> u32 {
+                self.count
+            }
+            #[inline(always)]
+            fn set_count(&mut self, count: u32) {
+                self.count = count;
+            }
+        }
+    )+};
 }
-
-impl Counted for IcmpInfo {
-    #[inline(always)]
-    fn count(&self) -> u32 {
-        self.count
-    }
-    #[inline(always)]
-    fn set_count(&mut self, count: u32) {
-        self.count = count;
-    }
-}
+counted!(DropInfo, IcmpInfo);
 
 /// Stores `info` as the latest evidence for `key`, its count one more than the entry it
 /// replaces (1 for a flow not seen yet, or evicted). Returns whether the flow was new;
@@ -140,31 +135,23 @@ pub fn emit<C: EbpfContext>(
     entry.submit(0);
     // Checked here too, so that with logging off even the call is dead code.
     if level_enabled(Level::Debug) {
-        log_verdict(ctx, kind, error, key, netns, retrans);
+        log_verdict(ctx, kind, error, key, netns);
     }
 }
 
 /// Logs an emitted verdict. Out of line: the log record is built on its own stack frame,
 /// which the largest programs (kfree_skb) have no room for.
 #[inline(never)]
-fn log_verdict<C: EbpfContext>(
-    ctx: &C,
-    kind: u32,
-    error: u32,
-    key: &FlowKey,
-    netns: u32,
-    retrans: u32,
-) {
+fn log_verdict<C: EbpfContext>(ctx: &C, kind: u32, error: u32, key: &FlowKey, netns: u32) {
     debug!(
         ctx,
-        "verdict {} error {} family {} sport {} dport {} netns {} retrans {}",
+        "verdict {} error {} family {} sport {} dport {} netns {}",
         kind,
         error,
         key.family,
         key.sport,
         key.dport,
-        netns,
-        retrans
+        netns
     );
 }
 
