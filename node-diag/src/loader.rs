@@ -1,7 +1,7 @@
 //! Loads and attaches the eBPF programs: resolves every tracepoint field offset from
-//! tracefs and every kernel struct offset from BTF into [`Config`], writes it into the
-//! programs' read-only global, and attaches each tracepoint. A tracepoint this kernel
-//! lacks disables the features that need it rather than the agent.
+//! tracefs and every kernel struct offset from BTF into [`Config`], writes it (and the
+//! eBPF log level) into the programs' read-only globals, and attaches each tracepoint. A
+//! tracepoint this kernel lacks disables the features that need it rather than the agent.
 
 use std::path::PathBuf;
 
@@ -143,6 +143,8 @@ pub struct Options {
     pub syn_retrans_threshold: u32,
     /// Report only for the namespaces in the scope map (see `netlink::local_scope`).
     pub scoped: bool,
+    /// Written into the programs' `AYA_LOG_LEVEL` global: `off` makes every log call
+    /// dead code to the verifier.
     pub ebpf_log: ebpf_log::Level,
 }
 
