@@ -6,8 +6,12 @@
 use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
 use node_diag_common::{IcmpInfo, counter};
 
-use crate::maps::{
-    ETH_P_IP, ICMP_SENT, config, field, in_scope, inc, kread, now, skb_dev, skb_flow,
+use crate::{
+    config::{config, in_scope, now},
+    emit::{bump_lru, inc},
+    kernel::{field, kread, skb_dev},
+    maps::ICMP_SENT,
+    packet::{ETH_P_IP, skb_flow},
 };
 
 const ICMP_DEST_UNREACH: i32 = 3;
@@ -42,18 +46,14 @@ fn try_icmp_send(ctx: &TracePointContext) -> Option<()> {
     let packet = skb_flow(skb, ETH_P_IP)?;
     // Not scoped: the entry is evidence about a flow, consulted only for this node's own
     // sockets.
-    let count = match unsafe { ICMP_SENT.get(&packet.flow) } {
-        Some(prev) => prev.count + 1,
-        None => 1,
-    };
-    let info = IcmpInfo {
+    let mut info = IcmpInfo {
         last_ns: now(),
         icmp_type: icmp_type as u32,
         icmp_code: icmp_code as u32,
         netns,
         ifindex,
         mtu,
-        count,
+        count: 0,
     };
-    ICMP_SENT.insert(&packet.flow, &info, 0).ok()
+    bump_lru(&ICMP_SENT, &packet.flow, &mut info).map(|_new| ())
 }

@@ -14,14 +14,23 @@
 //! device, and frag-needed dropped by netfilter; `tcp` counts full-size retransmits per
 //! socket. Together they make the PMTUD black-hole verdict.
 //!
+//! What the hooks share: `maps` (every map), `config` (the read-only global `CONFIG`,
+//! the clock, the namespace scope check), `kernel` (tracepoint fields and kernel struct
+//! reads), `packet` (IP/TCP/ICMP parsing of an skb) and `emit` (verdict events, counters,
+//! the per-flow evidence update, and the programs' only log calls).
+//!
 //! Events reach user space only for verdicts ([`node_diag_common::Event`]); everything
 //! else is aggregated in maps. Field offsets and kernel struct offsets come from the
 //! read-only global `CONFIG`, filled by the agent from tracefs and BTF.
 #![no_std]
 #![no_main]
 
+mod config;
+mod emit;
 mod icmp;
+mod kernel;
 mod maps;
+mod packet;
 mod skb;
 mod sock;
 mod tc;

@@ -4,10 +4,12 @@
 use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
 use node_diag_common::{DropInfo, DropKey, counter, event_kind};
 
-use crate::maps::{
-    DROPS, Extra, FRAG_DROPPED, OVERSIZE, OVERSIZE_BY_DEV, SYN_DROPS, TCP_FLAG_ACK, TCP_FLAG_SYN,
-    bump, config, emit, field, in_scope, inc, ip_flow, is_frag_needed, kread, now, skb_dev,
-    skb_flow, skb_tcp_flow,
+use crate::{
+    config::{config, in_scope, now},
+    emit::{Extra, bump, bump_lru, emit, inc},
+    kernel::{field, kread, skb_dev},
+    maps::{DROPS, FRAG_DROPPED, OVERSIZE, OVERSIZE_BY_DEV, SYN_DROPS},
+    packet::{TCP_FLAG_ACK, TCP_FLAG_SYN, ip_flow, is_frag_needed, skb_flow, skb_tcp_flow},
 };
 
 #[tracepoint]
@@ -33,7 +35,7 @@ fn try_kfree_skb(ctx: &TracePointContext) -> Option<()> {
     bump(&DROPS, &key);
     let protocol = field::<u16>(ctx, config!(kfree_protocol))?;
     if reason == config!(reason_pkt_too_big) {
-        oversize(skb, protocol, netns);
+        oversize(ctx, skb, protocol, netns);
     } else if reason == config!(reason_netfilter_drop) {
         frag_needed_dropped(skb, protocol, netns, ifindex);
     }
@@ -44,18 +46,14 @@ fn try_kfree_skb(ctx: &TracePointContext) -> Option<()> {
     if flags & TCP_FLAG_SYN == 0 || flags & TCP_FLAG_ACK != 0 {
         return None;
     }
-    let count = match unsafe { SYN_DROPS.get(&flow) } {
-        Some(prev) => prev.count + 1,
-        None => 1,
-    };
-    let info = DropInfo {
+    let mut info = DropInfo {
         last_ns: now(),
         reason,
-        count,
+        count: 0,
         netns,
         ifindex,
     };
-    SYN_DROPS.insert(&flow, &info, 0).ok()
+    bump_lru(&SYN_DROPS, &flow, &mut info).map(|_new| ())
 }
 
 #[inline(always)]
@@ -75,7 +73,7 @@ fn flow_reason(reason: u32) -> bool {
 /// A DF packet dropped for exceeding its route's MTU (the forwarding path, where no
 /// socket is involved): counted per egress device, and the flow's first one reported.
 #[inline(always)]
-fn oversize(skb: u64, protocol: u16, netns: u32) -> Option<()> {
+fn oversize(ctx: &TracePointContext, skb: u64, protocol: u16, netns: u32) -> Option<()> {
     inc(counter::DF_OVERSIZE_DROPS);
     let refdst = kread::<u64>(skb, config!(skb_refdst))? & !1;
     let dev = kread::<u64>(refdst, config!(dst_dev))?;
@@ -93,17 +91,16 @@ fn oversize(skb: u64, protocol: u16, netns: u32) -> Option<()> {
     );
     let packet = skb_flow(skb, protocol)?;
     let len = kread::<u32>(skb, config!(skb_len)).unwrap_or(0);
-    let prev = unsafe { OVERSIZE.get(&packet.flow) }.copied();
-    let info = DropInfo {
+    let mut info = DropInfo {
         last_ns: now(),
         reason: config!(reason_pkt_too_big),
-        count: prev.map_or(1, |p| p.count + 1),
+        count: 0,
         netns,
         ifindex: egress,
     };
-    OVERSIZE.insert(&packet.flow, &info, 0).ok()?;
-    if prev.is_none() {
+    if bump_lru(&OVERSIZE, &packet.flow, &mut info)? {
         emit(
+            ctx,
             event_kind::DF_OVERSIZE,
             0,
             &packet.flow,
@@ -129,16 +126,12 @@ fn frag_needed_dropped(skb: u64, protocol: u16, netns: u32, ifindex: u32) -> Opt
     }
     let inner = ip_flow(packet.l4 + 8, protocol)?;
     inc(counter::ICMP_FRAG_DROPPED);
-    let count = match unsafe { FRAG_DROPPED.get(&inner.flow) } {
-        Some(prev) => prev.count + 1,
-        None => 1,
-    };
-    let info = DropInfo {
+    let mut info = DropInfo {
         last_ns: now(),
         reason: config!(reason_netfilter_drop),
-        count,
+        count: 0,
         netns,
         ifindex,
     };
-    FRAG_DROPPED.insert(&inner.flow, &info, 0).ok()
+    bump_lru(&FRAG_DROPPED, &inner.flow, &mut info).map(|_new| ())
 }

@@ -12,9 +12,11 @@ use aya_ebpf::{
 };
 use node_diag_common::{FlowState, IPPROTO_TCP, counter, event_kind, tcp_state};
 
-use crate::maps::{
-    CONNECTS, Extra, ICMP_SENT, config, emit, field, in_scope, inc, kread, now, read_tuple,
-    sock_netns, sock_tuple, syn_drop,
+use crate::{
+    config::{config, in_scope, now},
+    emit::{Extra, emit, inc, syn_drop},
+    kernel::{field, kread, read_tuple, sock_netns, sock_tuple},
+    maps::{CONNECTS, ICMP_SENT},
 };
 
 /// How recent a generated ICMP error must be to explain a connect failure.
@@ -92,6 +94,7 @@ fn try_set_state(ctx: &TracePointContext) -> Option<()> {
     let key = read_tuple(ctx, config!(set_state))?;
     inc(counter::ESTABLISHED_RESET);
     emit(
+        ctx,
         event_kind::ESTABLISHED_RESET,
         error as u32,
         &key,
@@ -154,7 +157,15 @@ fn try_err_report(ctx: &RawTracePointContext) -> Option<()> {
     if counter != u32::MAX {
         inc(counter);
     }
-    emit(kind, error as u32, &key, netns, syn_retrans, syn_drop(&key));
+    emit(
+        ctx,
+        kind,
+        error as u32,
+        &key,
+        netns,
+        syn_retrans,
+        syn_drop(&key),
+    );
     Some(())
 }
 

@@ -5,9 +5,13 @@
 use aya_ebpf::{bindings::TC_ACT_UNSPEC, macros::classifier, programs::TcContext};
 use node_diag_common::{AF_INET, AF_INET6, FlowKey, IcmpInfo, counter};
 
-use crate::maps::{
-    ETH_P_IP, ETH_P_IPV6, ICMP_RCVD, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP,
-    L3_OFFSET, inc, now, set_v4,
+use crate::{
+    config::now,
+    emit::{bump_lru, inc},
+    maps::{ICMP_RCVD, L3_OFFSET},
+    packet::{
+        ETH_P_IP, ETH_P_IPV6, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP, set_v4,
+    },
 };
 
 /// Largest link-layer header the classifier skips (bounds the offset for the verifier).
@@ -87,18 +91,14 @@ fn try_tc_ingress(ctx: &TcContext) -> Option<()> {
         flow.dport = u16::from_be(ctx.load::<u16>(l4.1 + 2).ok()?);
     }
     inc(counter::ICMP_FRAG_RECEIVED);
-    let count = match unsafe { ICMP_RCVD.get(&flow) } {
-        Some(prev) => prev.count + 1,
-        None => 1,
-    };
-    let info = IcmpInfo {
+    let mut info = IcmpInfo {
         last_ns: now(),
         icmp_type: icmp_type as u32,
         icmp_code: code as u32,
         netns: 0,
         ifindex,
         mtu,
-        count,
+        count: 0,
     };
-    ICMP_RCVD.insert(&flow, &info, 0).ok()
+    bump_lru(&ICMP_RCVD, &flow, &mut info).map(|_new| ())
 }

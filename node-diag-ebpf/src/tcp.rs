@@ -4,9 +4,11 @@
 use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
 use node_diag_common::{FlowState, RetransState, counter, event_kind, tcp_state};
 
-use crate::maps::{
-    CONNECTS, Extra, OVERSIZE, RETRANS, config, emit, field, in_scope, inc, kread, now, read_tuple,
-    skb_dev, sock_netns, syn_drop,
+use crate::{
+    config::{config, in_scope, now},
+    emit::{Extra, emit, inc, syn_drop},
+    kernel::{field, kread, read_tuple, skb_dev, sock_netns},
+    maps::{CONNECTS, OVERSIZE, RETRANS},
 };
 
 #[tracepoint]
@@ -54,6 +56,7 @@ fn try_retransmit(ctx: &TracePointContext) -> Option<()> {
         inc(counter::CONNECT_TIMEOUT);
         let key = read_tuple(ctx, config!(retrans))?;
         emit(
+            ctx,
             event_kind::CONNECT_TIMEOUT,
             0,
             &key,
@@ -137,6 +140,7 @@ fn data_retransmit(ctx: &TracePointContext, sk: u64) -> Option<()> {
     inc(counter::FULLSIZE_RETRANSMITS);
     if fire {
         emit(
+            ctx,
             event_kind::PMTUD_STALL,
             0,
             &flow,

@@ -99,6 +99,11 @@ struct RunArgs {
     /// Minimum seconds between repeated prints of the same aggregated finding.
     #[arg(long, default_value_t = 10, value_name = "SECONDS")]
     repeat_interval: u64,
+    /// Log level of the eBPF programs themselves, forwarded to stderr under the target
+    /// node_diag::ebpf (whatever --log-level says). They log only verdicts and lost
+    /// events. `off` leaves the log calls out of the verified programs entirely.
+    #[arg(long, value_enum, default_value = "off", value_name = "LEVEL")]
+    ebpf_log: kernel::ebpf_log::Level,
 }
 
 #[derive(clap::Args)]
@@ -151,8 +156,13 @@ struct MtuArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log_level)
+    let mut filter = tracing_subscriber::EnvFilter::try_new(&cli.log_level)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    if let Command::Run(args) = &cli.command
+        && let Some(directive) = args.ebpf_log.directive()
+    {
+        filter = filter.add_directive(directive);
+    }
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -181,6 +191,7 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
                 syn_retries: args.syn_retries,
                 repeat_interval: Duration::from_secs(args.repeat_interval),
                 all_netns: args.all_netns,
+                ebpf_log: args.ebpf_log,
             }))?;
             // Stop lingering blocking tasks instead of waiting for them.
             rt.shutdown_timeout(Duration::from_millis(200));

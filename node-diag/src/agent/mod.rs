@@ -84,6 +84,8 @@ pub struct RunOptions {
     pub repeat_interval: Duration,
     /// Report for every network namespace on the kernel, not just this node's.
     pub all_netns: bool,
+    /// The eBPF programs' own log level.
+    pub ebpf_log: crate::kernel::ebpf_log::Level,
 }
 
 const MAX_FINDINGS: usize = 4096;
@@ -101,6 +103,7 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
     let mut loaded = loader::load(&loader::Options {
         syn_retrans_threshold: opts.syn_retries,
         scoped: !opts.all_netns,
+        ebpf_log: opts.ebpf_log,
     })?;
     info!(
         attached = ?loaded.attached,
@@ -151,6 +154,13 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
     let (tx, mut rx) = mpsc::unbounded_channel();
     let bad_records = Arc::new(AtomicU64::new(0));
     let drainer = tokio::spawn(crate::kernel::ring::drain(ring, tx, bad_records.clone()));
+    let ebpf_logs = loaded.ebpf_log.take().map(|logs| {
+        tokio::spawn(async {
+            if let Err(e) = crate::kernel::ebpf_log::drain(logs).await {
+                warn!(error = %e, "eBPF log stream stopped");
+            }
+        })
+    });
 
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
@@ -240,6 +250,9 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
         print_finding(&f, opts.format);
     }
     drainer.abort();
+    if let Some(task) = ebpf_logs {
+        task.abort();
+    }
     server.abort();
     if let Some(path) = &opts.ready_file {
         let _ = std::fs::remove_file(path);

@@ -1,7 +1,7 @@
 //! Loads and attaches the eBPF programs: resolves every tracepoint field offset from
-//! tracefs and every kernel struct offset from BTF into [`Config`], writes it into the
-//! programs' read-only global, and attaches each tracepoint. A tracepoint this kernel
-//! lacks disables the features that need it rather than the agent.
+//! tracefs and every kernel struct offset from BTF into [`Config`], writes it (and the
+//! eBPF log level) into the programs' read-only globals, and attaches each tracepoint. A
+//! tracepoint this kernel lacks disables the features that need it rather than the agent.
 
 use std::path::PathBuf;
 
@@ -14,6 +14,7 @@ use tracing::{info, warn};
 
 use super::{
     btf::Btf,
+    ebpf_log,
     hooks::{FLOW_DROP_REASONS, FULLSIZE_RETRANS_THRESHOLD, HOOKS, Hook},
     tracefs::{self, DropReasons, Format, TracefsError},
 };
@@ -48,12 +49,17 @@ pub struct Loaded {
     /// `(tracepoint, error)` for hooks that could not be attached.
     pub degraded: Vec<(String, String)>,
     pub btf_ok: bool,
+    /// The programs' log stream, when `--ebpf-log` is not off.
+    pub ebpf_log: Option<ebpf_log::Logs>,
 }
 
 pub struct Options {
     pub syn_retrans_threshold: u32,
     /// Report only for the namespaces in the scope map (see `netlink::local_scope`).
     pub scoped: bool,
+    /// Written into the programs' `AYA_LOG_LEVEL` global: `off` makes every log call
+    /// dead code to the verifier.
+    pub ebpf_log: ebpf_log::Level,
 }
 
 pub fn load(opts: &Options) -> Result<Loaded, LoadError> {
@@ -104,7 +110,12 @@ pub fn load(opts: &Options) -> Result<Loaded, LoadError> {
 
     let mut ebpf = EbpfLoader::new()
         .override_global(GLOBAL_CONFIG, &config, true)
+        .override_global(aya_log::LEVEL, &opts.ebpf_log.global(), true)
         .load(EBPF_OBJECT)?;
+    let ebpf_log = ebpf_log::init(&mut ebpf, opts.ebpf_log).unwrap_or_else(|e| {
+        warn!(error = %e, "eBPF programs' logs unavailable");
+        None
+    });
     let mut attached = Vec::new();
     for hook in usable {
         if hook.raw && !btf_ok {
@@ -131,6 +142,7 @@ pub fn load(opts: &Options) -> Result<Loaded, LoadError> {
         attached,
         degraded,
         btf_ok,
+        ebpf_log,
     })
 }
 

@@ -6,13 +6,15 @@
 //! - [`tc`] attaches the TC ingress classifier to the node's interfaces as they come and go.
 //! - [`ring`] drains verdict events from the ring buffer; [`maps`] reads the aggregate maps
 //!   (counts keyed by the kernel's own numbers) and writes the maps the agent owns.
-//! - [`caps`] says which capabilities the process has.
+//! - [`caps`] says which capabilities the process has; [`ebpf_log`] drains the programs'
+//!   own log records (aya-log) into `tracing` when `--ebpf-log` asks for them.
 //!
 //! Nothing here names things for people or knows about metrics: that is `findings` and
 //! `agent`, which consume what this module reads.
 
 pub mod btf;
 pub mod caps;
+pub mod ebpf_log;
 pub mod hooks;
 pub mod loader;
 pub mod maps;

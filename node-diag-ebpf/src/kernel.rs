@@ -1,0 +1,113 @@
+//! Reads from the kernel: tracepoint record fields at the offsets tracefs gave, and
+//! kernel structs (`struct sock`, `struct sk_buff`, `struct net_device`, `struct net`)
+//! at the offsets BTF gave, all through [`CONFIG`](crate::config). Every read can fail
+//! and says so with `None`; attribution to a namespace or device degrades to 0 instead.
+
+use aya_ebpf::{helpers::bpf_probe_read_kernel, programs::TracePointContext};
+use node_diag_common::{AF_INET, AF_INET6, FlowKey, TupleOffsets};
+
+use crate::{config::config, packet::set_v4};
+
+/// One field of the tracepoint record at `offset`.
+#[inline(always)]
+pub fn field<T>(ctx: &TracePointContext, offset: u16) -> Option<T> {
+    // SAFETY: read_at goes through a probe read, which fails rather than faults on a bad
+    // offset.
+    unsafe { ctx.read_at::<T>(offset as usize) }.ok()
+}
+
+/// A `T` at kernel address `base + offset` (`None` for a null base or a faulting read).
+#[inline(always)]
+pub fn kread<T>(base: u64, offset: u32) -> Option<T> {
+    if base == 0 {
+        return None;
+    }
+    // SAFETY: bpf_probe_read_kernel checks the address and fails instead of faulting.
+    unsafe { bpf_probe_read_kernel((base + offset as u64) as *const T) }.ok()
+}
+
+/// The flow tuple of a sock-based tracepoint record (local end first).
+#[inline(always)]
+pub fn read_tuple(ctx: &TracePointContext, o: TupleOffsets) -> Option<FlowKey> {
+    let mut key = FlowKey {
+        saddr: [0; 16],
+        daddr: [0; 16],
+        sport: field(ctx, o.sport)?,
+        dport: field(ctx, o.dport)?,
+        family: field(ctx, o.family)?,
+        _pad: 0,
+    };
+    if key.family == AF_INET {
+        let s: [u8; 4] = field(ctx, o.saddr)?;
+        let d: [u8; 4] = field(ctx, o.daddr)?;
+        set_v4(&mut key.saddr, s);
+        set_v4(&mut key.daddr, d);
+    } else if key.family == AF_INET6 {
+        key.saddr = field(ctx, o.saddr_v6)?;
+        key.daddr = field(ctx, o.daddr_v6)?;
+    } else {
+        return None;
+    }
+    Some(key)
+}
+
+/// The flow tuple of a `struct sock *` (local end first), read at the BTF offsets.
+#[inline(always)]
+pub fn sock_tuple(sk: u64) -> Option<FlowKey> {
+    let mut key = FlowKey {
+        saddr: [0; 16],
+        daddr: [0; 16],
+        sport: kread::<u16>(sk, config!(sk_num))?,
+        dport: u16::from_be(kread::<u16>(sk, config!(sk_dport))?),
+        family: kread::<u16>(sk, config!(sk_family))?,
+        _pad: 0,
+    };
+    if key.family == AF_INET {
+        set_v4(&mut key.saddr, kread::<[u8; 4]>(sk, config!(sk_saddr))?);
+        set_v4(&mut key.daddr, kread::<[u8; 4]>(sk, config!(sk_daddr))?);
+    } else if key.family == AF_INET6 && config!(sk_v6_daddr) != 0 {
+        key.saddr = kread::<[u8; 16]>(sk, config!(sk_v6_saddr))?;
+        key.daddr = kread::<[u8; 16]>(sk, config!(sk_v6_daddr))?;
+    } else {
+        return None;
+    }
+    Some(key)
+}
+
+/// Network namespace inode of a `struct net *`.
+#[inline(always)]
+fn net_inum(net: u64) -> u32 {
+    kread::<u32>(net, config!(net_inum)).unwrap_or(0)
+}
+
+/// Network namespace inode of a `struct sock *` (0 when BTF offsets are unknown).
+#[inline(always)]
+pub fn sock_netns(sk: u64) -> u32 {
+    if config!(btf_ok) == 0 {
+        return 0;
+    }
+    kread::<u64>(sk, config!(sk_net)).map_or(0, net_inum)
+}
+
+/// `(netns inode, ifindex)` of the device an skb is on, zeros when unknown. A locally
+/// generated packet before its output hook has no device yet: its route's device says
+/// where it is.
+#[inline(always)]
+pub fn skb_dev(skb: u64) -> (u32, u32) {
+    if config!(btf_ok) == 0 {
+        return (0, 0);
+    }
+    let mut dev = kread::<u64>(skb, config!(skb_dev)).unwrap_or(0);
+    if dev == 0 {
+        dev = kread::<u64>(skb, config!(skb_refdst))
+            .filter(|d| *d & !1 != 0)
+            .and_then(|d| kread::<u64>(d & !1, config!(dst_dev)))
+            .unwrap_or(0);
+    }
+    if dev == 0 {
+        return (0, 0);
+    }
+    let ifindex = kread::<u32>(dev, config!(dev_ifindex)).unwrap_or(0);
+    let netns = kread::<u64>(dev, config!(dev_net)).map_or(0, net_inum);
+    (netns, ifindex)
+}

@@ -1,0 +1,109 @@
+//! Packet parsing from kernel memory: the IPv4/IPv6 header (and TCP/UDP ports or the
+//! ICMP type/code) at an skb's network header, read at the BTF offsets of `struct
+//! sk_buff`. The TC classifier parses its own packets with direct loads; it shares only
+//! the protocol numbers and [`set_v4`].
+
+use node_diag_common::{AF_INET, AF_INET6, FlowKey};
+
+use crate::{config::config, kernel::kread};
+
+pub const TCP_FLAG_SYN: u8 = 0x02;
+pub const TCP_FLAG_ACK: u8 = 0x10;
+pub const ETH_P_IP: u16 = 0x0800;
+pub const ETH_P_IPV6: u16 = 0x86DD;
+pub const IPPROTO_TCP: u8 = 6;
+pub const IPPROTO_UDP: u8 = 17;
+pub const IPPROTO_ICMP: u8 = 1;
+pub const IPPROTO_ICMPV6: u8 = 58;
+
+/// Stores an IPv4 address in the first four bytes of a [`FlowKey`] address.
+#[inline(always)]
+pub fn set_v4(dst: &mut [u8; 16], v4: [u8; 4]) {
+    dst[0] = v4[0];
+    dst[1] = v4[1];
+    dst[2] = v4[2];
+    dst[3] = v4[3];
+}
+
+/// What [`skb_flow`] found at the network header of an skb.
+pub struct Packet {
+    /// Sender first; ports only for TCP/UDP.
+    pub flow: FlowKey,
+    pub l4proto: u8,
+    /// TCP flags, or the ICMP type.
+    pub flags: u8,
+    /// ICMP code (0 otherwise).
+    pub code: u8,
+    /// Address of the transport header.
+    pub l4: u64,
+}
+
+/// Parses the IP header (and ports) at the skb's network header. IPv6 extension headers
+/// are not walked.
+#[inline(always)]
+pub fn skb_flow(skb: u64, protocol: u16) -> Option<Packet> {
+    if config!(btf_ok) == 0 {
+        return None;
+    }
+    let head = kread::<u64>(skb, config!(skb_head))?;
+    let nh = kread::<u16>(skb, config!(skb_network_header))?;
+    if nh == 0xffff {
+        return None;
+    }
+    ip_flow(head + nh as u64, protocol)
+}
+
+/// Parses an IPv4/IPv6 header at kernel address `ip`.
+#[inline(always)]
+pub fn ip_flow(ip: u64, protocol: u16) -> Option<Packet> {
+    let mut flow = FlowKey::default();
+    let (l4, l4proto) = if protocol == ETH_P_IP {
+        let ver_ihl = kread::<u8>(ip, 0)?;
+        if ver_ihl >> 4 != 4 {
+            return None;
+        }
+        flow.family = AF_INET;
+        set_v4(&mut flow.saddr, kread::<[u8; 4]>(ip, 12)?);
+        set_v4(&mut flow.daddr, kread::<[u8; 4]>(ip, 16)?);
+        (ip + ((ver_ihl & 0x0f) as u64) * 4, kread::<u8>(ip, 9)?)
+    } else if protocol == ETH_P_IPV6 {
+        flow.family = AF_INET6;
+        flow.saddr = kread::<[u8; 16]>(ip, 8)?;
+        flow.daddr = kread::<[u8; 16]>(ip, 24)?;
+        (ip + 40, kread::<u8>(ip, 6)?)
+    } else {
+        return None;
+    };
+    let (mut flags, mut code) = (0, 0);
+    if l4proto == IPPROTO_TCP || l4proto == IPPROTO_UDP {
+        flow.sport = u16::from_be(kread::<u16>(l4, 0)?);
+        flow.dport = u16::from_be(kread::<u16>(l4, 2)?);
+        if l4proto == IPPROTO_TCP {
+            flags = kread::<u8>(l4, 13)?;
+        }
+    } else if l4proto == IPPROTO_ICMP || l4proto == IPPROTO_ICMPV6 {
+        flags = kread::<u8>(l4, 0)?;
+        code = kread::<u8>(l4, 1)?;
+    }
+    Some(Packet {
+        flow,
+        l4proto,
+        flags,
+        code,
+        l4,
+    })
+}
+
+/// The TCP flow of a packet (sender first) and its TCP flags.
+#[inline(always)]
+pub fn skb_tcp_flow(skb: u64, protocol: u16) -> Option<(FlowKey, u8)> {
+    let p = skb_flow(skb, protocol)?;
+    (p.l4proto == IPPROTO_TCP).then_some((p.flow, p.flags))
+}
+
+/// Whether an ICMP(v6) type/code is "fragmentation needed" / "packet too big".
+#[inline(always)]
+pub fn is_frag_needed(l4proto: u8, icmp_type: u8, code: u8) -> bool {
+    (l4proto == IPPROTO_ICMP && icmp_type == 3 && code == 4)
+        || (l4proto == IPPROTO_ICMPV6 && icmp_type == 2)
+}
