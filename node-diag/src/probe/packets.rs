@@ -9,7 +9,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use pnet_packet::{
-    MutablePacket as _, Packet as _,
+    Packet as _,
     icmp::{
         self, IcmpPacket, IcmpTypes,
         destination_unreachable::{DestinationUnreachablePacket, IcmpCodes},
@@ -72,22 +72,28 @@ impl Family {
 /// checksum is filled in here; for ICMPv6 the kernel always computes it on raw sockets
 /// (it covers a pseudo-header with addresses we do not pick), so it stays zero.
 pub fn build_echo(family: Family, id: u16, seq: u16, payload_len: usize) -> Vec<u8> {
+    const SIZED: &str = "the buffer holds an echo header";
     let mut pkt = vec![0; ICMP_HEADER as usize + payload_len];
-    let mut echo = MutableEchoRequestPacket::new(&mut pkt).expect("buffer holds an echo header");
-    // The ICMPv6 echo request has the same layout, only its type number differs.
-    echo.set_icmp_type(match family {
-        Family::V4 => IcmpTypes::EchoRequest,
-        Family::V6 => icmp::IcmpType(Icmpv6Types::EchoRequest.0),
-    });
-    echo.set_identifier(id);
-    echo.set_sequence_number(seq);
     // A recognisable pattern (like ping's) makes the probes easy to spot in tcpdump.
-    for (i, b) in echo.payload_mut().iter_mut().enumerate() {
+    for (i, b) in pkt[ICMP_HEADER as usize..].iter_mut().enumerate() {
         *b = i as u8;
     }
-    if family == Family::V4 {
-        let sum = icmp::checksum(&IcmpPacket::new(echo.packet()).expect("echo is ICMP"));
-        echo.set_checksum(sum);
+    match family {
+        Family::V4 => {
+            let mut echo = MutableEchoRequestPacket::new(&mut pkt).expect(SIZED);
+            echo.set_icmp_type(IcmpTypes::EchoRequest);
+            echo.set_identifier(id);
+            echo.set_sequence_number(seq);
+            let sum = icmp::checksum(&IcmpPacket::new(echo.packet()).expect(SIZED));
+            echo.set_checksum(sum);
+        }
+        Family::V6 => {
+            let mut echo =
+                icmpv6::echo_request::MutableEchoRequestPacket::new(&mut pkt).expect(SIZED);
+            echo.set_icmpv6_type(Icmpv6Types::EchoRequest);
+            echo.set_identifier(id);
+            echo.set_sequence_number(seq);
+        }
     }
     pkt
 }
