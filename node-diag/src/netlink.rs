@@ -640,6 +640,48 @@ pub fn local_scope() -> Result<BTreeSet<u32>, NetlinkError> {
     );
     Ok(scope)
 }
+
+/// The kernel's route lookup for `dst` (`ip route get DST`): the output interface, the
+/// preferred source address and the route's MTU metric (a locked `mtu`, or a path MTU
+/// learnt for DST), each of the last two when the answer carries it. `Ok(None)` when the
+/// answer names no output interface. A lookup the kernel refuses stays
+/// [`NetlinkError::Kernel`] (negative errno: `ENETUNREACH`, `EHOSTUNREACH`, `EINVAL` for
+/// no route), so callers can tell "no route" from other failures.
+#[expect(
+    clippy::type_complexity,
+    reason = "the route's three facts travel as a tuple so this lookup adds one item, not two"
+)]
+pub fn route_get(dst: IpAddr) -> Result<Option<(u32, Option<IpAddr>, Option<u32>)>, NetlinkError> {
+    use netlink_packet_route::route::RouteMetric;
+    let sock = socket()?;
+    let mut msg = RouteMessage::default();
+    msg.header.address_family = family_of(dst);
+    msg.header.destination_prefix_length = if dst.is_ipv4() { 32 } else { 128 };
+    msg.attributes
+        .push(RouteAttribute::Destination(RouteAddress::from(dst)));
+    let replies = request(&sock, RouteNetlinkMessage::GetRoute(msg), 0)?;
+    Ok(replies.into_iter().find_map(|m| {
+        let RouteNetlinkMessage::NewRoute(r) = m else {
+            return None;
+        };
+        let oif = route_oif_of(&r)?;
+        let (mut src, mut mtu) = (None, None);
+        for a in r.attributes {
+            match a {
+                RouteAttribute::PrefSource(RouteAddress::Inet(a)) => src = Some(a.into()),
+                RouteAttribute::PrefSource(RouteAddress::Inet6(a)) => src = Some(a.into()),
+                RouteAttribute::Metrics(metrics) => {
+                    mtu = metrics.into_iter().find_map(|m| match m {
+                        RouteMetric::Mtu(m) if m != 0 => Some(m),
+                        _ => None,
+                    });
+                }
+                _ => {}
+            }
+        }
+        Some((oif, src, mtu))
+    }))
+}
 /// Link messages as the kernel sends them, built and serialized with the crate's types
 /// and parsed back the way a dump is: fixtures for the tunnel kinds this kernel lacks.
 #[cfg(test)]

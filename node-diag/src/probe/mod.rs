@@ -1,0 +1,180 @@
+//! `node-diag probe DST`: the path MTU to DST and whether PMTUD works on the way, found
+//! the way `ping -M do -s N` would, plus an optional TCP connect check.
+//!
+//! - The outgoing interface and its MTU come from the kernel's route to DST (rtnetlink
+//!   `RTM_GETROUTE`, then the link: [`egress`]), so the search starts at the largest
+//!   packet this node could send at all.
+//! - Probes are ICMP echo requests on a raw socket with `IP_PMTUDISC_PROBE`
+//!   (`IPV6_PMTUDISC_PROBE`): DF set, and the kernel's cached path MTU ignored, so every
+//!   size really goes out and a local `EMSGSIZE` only means "bigger than the interface"
+//!   ([`icmp`]).
+//! - Each size is classified ([`packets::Outcome`]): an echo reply means it fits; an ICMP
+//!   frag-needed (IPv6 packet too big) quoting our probe means a router refused it and
+//!   said which MTU it has; silence, twice, means it vanished, which is what a PMTUD black
+//!   hole looks like from the sender. [`search::search`] binary-searches the largest size
+//!   that fits over an abstract probe function, so it is tested without sockets.
+//! - `--port` classifies a TCP connect to DST:P as ok, refused, timed out or unreachable
+//!   ([`tcp`]).
+//! - [`report`] turns the search into a verdict and the text or JSON `run` returns.
+//!
+//! Sizes are IP packet sizes throughout (ICMP payload + 28 for IPv4, + 48 for IPv6), the
+//! unit MTUs are given in. Every wait is bounded by `--timeout-ms`.
+
+mod egress;
+mod icmp;
+mod packets;
+mod report;
+mod search;
+mod tcp;
+
+use std::{
+    io,
+    net::{IpAddr, ToSocketAddrs},
+    time::Duration,
+};
+
+use crate::netlink::NetlinkError;
+
+use self::{
+    egress::egress,
+    icmp::IcmpProber,
+    packets::Family,
+    report::{Ceiling, Report},
+    search::search,
+    tcp::tcp_check,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    #[error("invalid destination {0:?}: expected an IPv4 or IPv6 address or a resolvable name")]
+    BadDestination(String),
+    #[error("cannot probe {0}: the destination must be a unicast address")]
+    NotUnicast(IpAddr),
+    #[error("no route to {0} from this network namespace")]
+    NoRoute(IpAddr),
+    #[error("route lookup for {dst}")]
+    Route {
+        dst: IpAddr,
+        #[source]
+        source: NetlinkError,
+    },
+    /// The kernel refused the lookup for a reason other than "no route".
+    #[error("route lookup for {dst}")]
+    RouteRefused {
+        dst: IpAddr,
+        #[source]
+        source: io::Error,
+    },
+    #[error("route lookup for {dst}: output interface {oif} not found")]
+    NoInterface { dst: IpAddr, oif: u32 },
+    #[error("route lookup for {dst}: interface {interface} reports no MTU")]
+    NoMtu { dst: IpAddr, interface: String },
+    #[error(
+        "opening a raw ICMP socket needs CAP_NET_RAW: run as root or grant the capability ({0})"
+    )]
+    NoRawSocket(io::Error),
+    #[error("raw ICMP socket: {0}")]
+    Socket(io::Error),
+    #[error("sending a {size}-byte probe to {dst}: {source}")]
+    Send {
+        dst: IpAddr,
+        size: u32,
+        source: io::Error,
+    },
+    #[error("receiving ICMP: {0}")]
+    Receive(io::Error),
+}
+
+/// What `node-diag probe` was asked to do.
+#[derive(Debug, Clone)]
+pub struct ProbeOptions {
+    /// Address (or name) to probe.
+    pub dst: String,
+    /// TCP port to connect to, if any.
+    pub port: Option<u16>,
+    /// Bound on every wait: each echo, and the TCP connect.
+    pub timeout: Duration,
+    /// Largest packet size to try, when lower than the interface MTU.
+    pub max_mtu: Option<u32>,
+}
+
+/// Resolves DST: an address literal, else a name (IPv4 answers first).
+fn resolve(dst: &str) -> Result<IpAddr, ProbeError> {
+    let bad = || ProbeError::BadDestination(dst.to_string());
+    let addr = match dst.parse::<IpAddr>() {
+        Ok(a) => a,
+        // Something meant as an address literal (a typo like 10.0.0.300, a CIDR) is an
+        // error here, not a name to send to DNS.
+        Err(_)
+            if dst.is_empty()
+                || dst.contains(|c: char| c.is_whitespace() || c == '/' || c == ':')
+                || dst.chars().all(|c| c.is_ascii_digit() || c == '.') =>
+        {
+            return Err(bad());
+        }
+        Err(_) => {
+            let addrs: Vec<IpAddr> = (dst, 0)
+                .to_socket_addrs()
+                .map_err(|_| bad())?
+                .map(|a| a.ip())
+                .collect();
+            addrs
+                .iter()
+                .find(|a| a.is_ipv4())
+                .or(addrs.first())
+                .copied()
+                .ok_or_else(bad)?
+        }
+    };
+    let unicast = match addr {
+        IpAddr::V4(a) => !(a.is_unspecified() || a.is_multicast() || a.is_broadcast()),
+        IpAddr::V6(a) => !(a.is_unspecified() || a.is_multicast()),
+    };
+    if unicast {
+        Ok(addr)
+    } else {
+        Err(ProbeError::NotUnicast(addr))
+    }
+}
+
+/// Runs the probe: route lookup, path MTU search, then the TCP check if asked.
+pub fn run(opts: &ProbeOptions) -> Result<Report, ProbeError> {
+    let dst = resolve(&opts.dst)?;
+    let family = Family::of(dst);
+    let egress = egress(dst)?;
+    let ceiling = Ceiling::new(egress.mtu, opts.max_mtu, family);
+    tracing::debug!(%dst, interface = %egress.interface, mtu = egress.mtu, ceiling = ceiling.size, "probing");
+    let mut prober = IcmpProber::open(dst, opts.timeout)?;
+    let found = search(family.min_mtu(), ceiling.size, |size| prober.probe(size))?;
+    let tcp = opts.port.map(|p| tcp_check(dst, p, opts.timeout));
+    Ok(Report::new(dst, egress, ceiling, found, tcp))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejects_bad_destinations() {
+        assert!(matches!(resolve("10.244.2.9"), Ok(IpAddr::V4(_))));
+        assert!(matches!(resolve("::1"), Ok(IpAddr::V6(_))));
+        assert!(matches!(
+            resolve("10.0.0.1/24"),
+            Err(ProbeError::BadDestination(_))
+        ));
+        assert!(matches!(resolve(""), Err(ProbeError::BadDestination(_))));
+        assert!(matches!(
+            resolve("10.0.0.300"),
+            Err(ProbeError::BadDestination(_))
+        ));
+        assert!(matches!(
+            resolve("fe80::zz"),
+            Err(ProbeError::BadDestination(_))
+        ));
+        assert!(matches!(resolve("0.0.0.0"), Err(ProbeError::NotUnicast(_))));
+        assert!(matches!(
+            resolve("224.0.0.1"),
+            Err(ProbeError::NotUnicast(_))
+        ));
+    }
+}
