@@ -164,7 +164,7 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
     refresh_tick.tick().await;
     let mut mtu_tick = tokio::time::interval(MTU_REFRESH);
     mtu_tick.tick().await;
-    let mut link_changes = match crate::inventory::watch() {
+    let mut link_changes = match crate::host_network::watch() {
         Ok(rx) => Some(rx),
         Err(e) => {
             warn!(error = %e, "no link notifications: MTU changes are picked up every {}s", MTU_REFRESH.as_secs());
@@ -257,7 +257,7 @@ async fn next_change(rx: &mut Option<tokio::sync::mpsc::Receiver<()>>) -> Option
 /// Rebuilds the MTU model from netlink: gauges, and the overlay_mtu_mismatch and
 /// pmtud_disabled conditions (new ones printed, gone ones resolved).
 async fn refresh_mtu(shared: &Shared, format: OutputFormat) {
-    let snapshot = match tokio::task::spawn_blocking(crate::inventory::snapshot).await {
+    let snapshot = match tokio::task::spawn_blocking(crate::host_network::snapshot).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
             warn!(error = %e, "cannot read this node's interfaces; MTU model unchanged");
@@ -310,7 +310,7 @@ async fn refresh_mtu(shared: &Shared, format: OutputFormat) {
 
 /// Attaches TC ingress to the agent's namespace's interfaces as they come and go.
 fn sync_tc(tc: &mut TcIngress, ebpf: &mut aya::Ebpf, maps: &mut KernelMaps) {
-    match crate::netlink::links() {
+    match crate::host_network::links() {
         Ok(links) => tc.sync(ebpf, &links, &mut maps.l3_offset),
         Err(e) => warn!(error = %e, "cannot list interfaces; TC attachments unchanged"),
     }

@@ -116,7 +116,7 @@ impl KernelMaps {
 
     /// Makes the kernel's scope map equal to this node's current set of namespaces.
     pub fn refresh_scope(&mut self) {
-        let scope = match crate::netlink::local_scope() {
+        let scope = match crate::host_network::local_scope() {
             Ok(scope) => scope,
             Err(e) => {
                 warn!(error = %e, "cannot list this node's network namespaces; keeping the previous scope");

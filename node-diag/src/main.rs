@@ -14,13 +14,12 @@ mod correlate;
 mod doctor;
 mod events;
 mod findings;
+mod host_network;
 mod http;
-mod inventory;
 mod kernel;
 mod loader;
 mod metrics;
 mod mtu;
-mod netlink;
 mod probe;
 mod tc;
 mod tracefs;
@@ -231,7 +230,7 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Mtu(args) => {
-            let snapshot = inventory::snapshot()
+            let snapshot = host_network::snapshot()
                 .map_err(|e| anyhow::anyhow!("cannot read this node's interfaces: {e}"))?;
             let report = mtu::report(&snapshot, std::time::SystemTime::now());
             match args.format {

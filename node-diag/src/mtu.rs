@@ -36,8 +36,7 @@ use serde::Serialize;
 
 use crate::{
     findings::{Finding, Kind, Layer, Severity},
-    inventory::{Family, Interface, LinkKind, Snapshot, UnderlaySource},
-    netlink::UdpEncap,
+    host_network::{Family, Interface, LinkKind, Snapshot, UdpEncap, UnderlaySource},
 };
 
 /// Inner Ethernet header, carried by layer-2 overlays (VXLAN, Geneve, GRETAP).
@@ -820,10 +819,6 @@ pub fn findings_of(
 }
 
 /// `overlay_mtu_mismatch` and `pmtud_disabled` findings of a snapshot.
-#[allow(
-    dead_code,
-    reason = "the agent's entry point; the mtu subcommand goes through `report`"
-)]
 pub fn findings(snap: &Snapshot, now: SystemTime) -> Vec<Finding> {
     findings_of(&verdicts(snap), &sysctl_verdicts(snap), now)
 }
@@ -1018,9 +1013,8 @@ mod tests {
     use std::net::IpAddr;
 
     use super::*;
-    use crate::{
-        inventory::{Namespace, Sysctls, Underlay, VethPeer, tunnel_family},
-        netlink::{Link, Tunnel, fixtures},
+    use crate::host_network::{
+        Link, Namespace, Sysctls, Tunnel, Underlay, VethPeer, fixtures, tunnel_family,
     };
 
     const NODE: u32 = 100;
