@@ -269,26 +269,13 @@ async fn refresh_mtu(shared: &Shared, format: OutputFormat) {
         }
     };
     let now = SystemTime::now();
-    let verdicts = crate::mtu::verdicts(&snapshot);
+    let model = crate::mtu::Model::from(&snapshot);
     shared
         .metrics
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .set_mtu_model(
-            verdicts.iter().map(|v| {
-                (
-                    v.interface.clone(),
-                    v.kind.as_str().to_string(),
-                    v.netns_name.clone(),
-                    v.mtu,
-                )
-            }),
-            verdicts.iter().filter_map(|v| {
-                v.headroom
-                    .map(|h| (v.interface.clone(), v.netns_name.clone(), h))
-            }),
-        );
-    let findings = crate::mtu::findings(&snapshot, now);
+        .set_mtu_model(&model.gauges());
+    let findings = model.findings(now);
     let printed = shared
         .store
         .lock()

@@ -9,7 +9,7 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use crate::findings::Finding;
+use crate::{findings::Finding, mtu::InterfaceMtu};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
@@ -251,28 +251,29 @@ impl Metrics {
         self.blackholes.set(flows as i64);
     }
 
-    /// Replaces the MTU gauges with the current model: `(interface, kind, netns, mtu)`
-    /// and `(interface, netns, headroom)`.
-    pub fn set_mtu_model(
-        &self,
-        interfaces: impl IntoIterator<Item = (String, String, String, u32)>,
-        headroom: impl IntoIterator<Item = (String, String, i64)>,
-    ) {
+    /// Replaces the MTU gauges with the current model: each interface's MTU, and its
+    /// headroom where the model holds it to a limit.
+    pub fn set_mtu_model(&self, interfaces: &[InterfaceMtu]) {
         self.interface_mtu.clear();
-        for (interface, kind, netns, mtu) in interfaces {
+        for i in interfaces {
             self.interface_mtu
                 .get_or_create(&InterfaceMtuLabels {
-                    interface,
-                    kind,
-                    netns,
+                    interface: i.interface.clone(),
+                    kind: i.kind.as_str().to_string(),
+                    netns: i.netns.clone(),
                 })
-                .set(i64::from(mtu));
+                .set(i64::from(i.mtu));
         }
         self.headroom.clear();
-        for (interface, netns, bytes) in headroom {
-            self.headroom
-                .get_or_create(&InterfaceNetnsLabels { interface, netns })
-                .set(bytes);
+        for i in interfaces {
+            if let Some(bytes) = i.headroom {
+                self.headroom
+                    .get_or_create(&InterfaceNetnsLabels {
+                        interface: i.interface.clone(),
+                        netns: i.netns.clone(),
+                    })
+                    .set(bytes);
+            }
         }
     }
 
@@ -340,6 +341,7 @@ impl Default for Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::host_network::LinkKind;
 
     #[test]
     fn kernel_totals_become_monotonic_counters() {
@@ -369,15 +371,13 @@ mod tests {
         assert!(text.contains("node_diag_icmp_frag_needed_total{direction=\"dropped\"} 3"));
         assert!(text.contains("node_diag_icmp_frag_needed_total{direction=\"sent\"} 0"));
         m.set_blackholes(1);
-        m.set_mtu_model(
-            [(
-                "eth0".to_string(),
-                "veth".to_string(),
-                "pod-a".to_string(),
-                1500,
-            )],
-            [("eth0".to_string(), "pod-a".to_string(), -50)],
-        );
+        m.set_mtu_model(&[InterfaceMtu {
+            interface: "eth0".to_string(),
+            kind: LinkKind::Veth,
+            netns: "pod-a".to_string(),
+            mtu: 1500,
+            headroom: Some(-50),
+        }]);
         let text = m.encode().unwrap();
         assert!(text.contains("node_diag_pmtud_blackholes 1"));
         let classic = m.encode_text().unwrap();

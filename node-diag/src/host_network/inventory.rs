@@ -417,7 +417,7 @@ mod tests {
         assert_eq!(pod_ns.sysctls.ip_no_pmtu_disc, Some(1));
         assert_eq!(snap.namespaces[0].sysctls.ip_no_pmtu_disc, Some(0));
 
-        let findings = crate::mtu::findings(&snap, std::time::SystemTime::now());
+        let findings = crate::mtu::Model::from(&snap).findings(std::time::SystemTime::now());
         let about: Vec<_> = findings
             .iter()
             .map(|f| (f.kind.as_str(), f.interface.clone().unwrap_or_default()))
