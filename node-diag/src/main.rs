@@ -16,10 +16,9 @@ mod agent;
 mod client;
 mod doctor;
 mod findings;
-mod inventory;
+mod host_network;
 mod kernel;
 mod mtu;
-mod netlink;
 mod output;
 mod probe;
 
@@ -232,7 +231,7 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Mtu(args) => {
-            let snapshot = inventory::snapshot()
+            let snapshot = host_network::snapshot()
                 .map_err(|e| anyhow::anyhow!("cannot read this node's interfaces: {e}"))?;
             let report = mtu::report(&snapshot, std::time::SystemTime::now());
             match args.format {

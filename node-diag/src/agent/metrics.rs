@@ -14,6 +14,7 @@ use node_diag_common::counter;
 use crate::{
     findings::{Finding, names::Names},
     kernel::maps::KernelCounts,
+    mtu::InterfaceMtu,
 };
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -285,28 +286,29 @@ impl Metrics {
         self.blackholes.set(flows as i64);
     }
 
-    /// Replaces the MTU gauges with the current model: `(interface, kind, netns, mtu)`
-    /// and `(interface, netns, headroom)`.
-    pub fn set_mtu_model(
-        &self,
-        interfaces: impl IntoIterator<Item = (String, String, String, u32)>,
-        headroom: impl IntoIterator<Item = (String, String, i64)>,
-    ) {
+    /// Replaces the MTU gauges with the current model: each interface's MTU, and its
+    /// headroom where the model holds it to a limit.
+    pub fn set_mtu_model(&self, interfaces: &[InterfaceMtu]) {
         self.interface_mtu.clear();
-        for (interface, kind, netns, mtu) in interfaces {
+        for i in interfaces {
             self.interface_mtu
                 .get_or_create(&InterfaceMtuLabels {
-                    interface,
-                    kind,
-                    netns,
+                    interface: i.interface.clone(),
+                    kind: i.kind.as_str().to_string(),
+                    netns: i.netns.clone(),
                 })
-                .set(i64::from(mtu));
+                .set(i64::from(i.mtu));
         }
         self.headroom.clear();
-        for (interface, netns, bytes) in headroom {
-            self.headroom
-                .get_or_create(&InterfaceNetnsLabels { interface, netns })
-                .set(bytes);
+        for i in interfaces {
+            if let Some(bytes) = i.headroom {
+                self.headroom
+                    .get_or_create(&InterfaceNetnsLabels {
+                        interface: i.interface.clone(),
+                        netns: i.netns.clone(),
+                    })
+                    .set(bytes);
+            }
         }
     }
 
@@ -324,7 +326,46 @@ impl Metrics {
     }
 }
 
-pub use node_diag_common::openmetrics::openmetrics_to_text;
+/// Rewrites OpenMetrics metadata into the 0.0.4 text format: metadata names the samples
+/// (`_total` counters, `_info` gauges), no `# UNIT`, no `# EOF`.
+pub fn openmetrics_to_text(om: &str) -> String {
+    let mut renamed: HashMap<String, (String, &str)> = HashMap::new();
+    for line in om.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ")
+            && let Some((name, kind)) = rest.split_once(' ')
+        {
+            let entry = match kind {
+                "counter" => (format!("{name}_total"), "counter"),
+                "info" => (format!("{name}_info"), "gauge"),
+                other => (name.to_string(), other),
+            };
+            renamed.insert(name.to_string(), entry);
+        }
+    }
+    let mut out = String::new();
+    for line in om.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ")
+            && let Some((name, _)) = rest.split_once(' ')
+            && let Some((new, kind)) = renamed.get(name)
+        {
+            out.push_str(&format!("# TYPE {new} {kind}\n"));
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# HELP ")
+            && let Some((name, help)) = rest.split_once(' ')
+            && let Some((new, _)) = renamed.get(name)
+        {
+            out.push_str(&format!("# HELP {new} {help}\n"));
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -335,6 +376,7 @@ impl Default for Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::host_network::LinkKind;
 
     #[test]
     fn kernel_totals_become_monotonic_counters() {
@@ -364,15 +406,13 @@ mod tests {
         assert!(text.contains("node_diag_icmp_frag_needed_total{direction=\"dropped\"} 3"));
         assert!(text.contains("node_diag_icmp_frag_needed_total{direction=\"sent\"} 0"));
         m.set_blackholes(1);
-        m.set_mtu_model(
-            [(
-                "eth0".to_string(),
-                "veth".to_string(),
-                "pod-a".to_string(),
-                1500,
-            )],
-            [("eth0".to_string(), "pod-a".to_string(), -50)],
-        );
+        m.set_mtu_model(&[InterfaceMtu {
+            interface: "eth0".to_string(),
+            kind: LinkKind::Veth,
+            netns: "pod-a".to_string(),
+            mtu: 1500,
+            headroom: Some(-50),
+        }]);
         let text = m.encode().unwrap();
         assert!(text.contains("node_diag_pmtud_blackholes 1"));
         let classic = m.encode_text().unwrap();

@@ -182,7 +182,7 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
     refresh_tick.tick().await;
     let mut mtu_tick = tokio::time::interval(MTU_REFRESH);
     mtu_tick.tick().await;
-    let mut link_changes = match crate::inventory::watch() {
+    let mut link_changes = match crate::host_network::watch() {
         Ok(rx) => Some(rx),
         Err(e) => {
             warn!(error = %e, "no link notifications: MTU changes are picked up every {}s", MTU_REFRESH.as_secs());
@@ -272,7 +272,7 @@ async fn next_change(rx: &mut Option<tokio::sync::mpsc::Receiver<()>>) -> Option
 
 /// Attaches TC ingress to the agent's namespace's interfaces as they come and go.
 fn sync_tc(tc: &mut TcIngress, ebpf: &mut aya::Ebpf, maps: &mut KernelMaps) {
-    match crate::netlink::links() {
+    match crate::host_network::links() {
         Ok(links) => tc.sync(ebpf, &links, &mut maps.l3_offset),
         Err(e) => warn!(error = %e, "cannot list interfaces; TC attachments unchanged"),
     }
@@ -287,7 +287,7 @@ fn flow_matches(f: &Finding, key: &FlowKey) -> bool {
 /// Makes the kernel's scope map this node's current set of network namespaces; on a
 /// netlink failure the previous scope stays.
 fn refresh_scope(maps: &mut KernelMaps) {
-    match crate::netlink::local_scope() {
+    match crate::host_network::local_scope() {
         Ok(scope) => maps.set_scope(&scope),
         Err(e) => {
             warn!(error = %e, "cannot list this node's network namespaces; keeping the previous scope");

@@ -17,7 +17,7 @@ use crate::{
 /// Rebuilds the MTU model from netlink: gauges, and the overlay_mtu_mismatch and
 /// pmtud_disabled conditions (new ones printed, gone ones resolved).
 pub async fn refresh_mtu(shared: &Shared, format: OutputFormat) {
-    let snapshot = match tokio::task::spawn_blocking(crate::inventory::snapshot).await {
+    let snapshot = match tokio::task::spawn_blocking(crate::host_network::snapshot).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
             warn!(error = %e, "cannot read this node's interfaces; MTU model unchanged");
@@ -29,22 +29,9 @@ pub async fn refresh_mtu(shared: &Shared, format: OutputFormat) {
         }
     };
     let now = SystemTime::now();
-    let verdicts = crate::mtu::verdicts(&snapshot);
-    shared.metrics().set_mtu_model(
-        verdicts.iter().map(|v| {
-            (
-                v.interface.clone(),
-                v.kind.as_str().to_string(),
-                v.netns_name.clone(),
-                v.mtu,
-            )
-        }),
-        verdicts.iter().filter_map(|v| {
-            v.headroom
-                .map(|h| (v.interface.clone(), v.netns_name.clone(), h))
-        }),
-    );
-    let findings = crate::mtu::findings(&snapshot, now);
+    let model = crate::mtu::Model::from(&snapshot);
+    shared.metrics().set_mtu_model(&model.gauges());
+    let findings = model.findings(now);
     let printed = shared.store().sync_conditions(
         &[Kind::OverlayMtuMismatch, Kind::PmtudDisabled],
         findings,

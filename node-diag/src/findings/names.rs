@@ -20,7 +20,8 @@ impl Names {
     /// Drop reasons from the loaded kernel; interfaces of the agent's own network
     /// namespace by `if_indextoname` (another namespace's ifindex means nothing here).
     pub fn for_this_node(reasons: DropReasons) -> Self {
-        let own_netns = crate::netlink::netns_inode(Path::new("/proc/self/ns/net")).unwrap_or(0);
+        let own_netns =
+            crate::host_network::netns_inode(Path::new("/proc/self/ns/net")).unwrap_or(0);
         Self::new(reasons, move |netns, ifindex| {
             (netns == own_netns).then(|| if_name(ifindex)).flatten()
         })

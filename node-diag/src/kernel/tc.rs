@@ -15,7 +15,7 @@ use aya::{
 };
 use tracing::{debug, info, warn};
 
-use crate::netlink::Link;
+use crate::host_network::Link;
 
 pub const PROGRAM: &str = "nd_tc_ingress";
 const ARPHRD_ETHER: u16 = 1;

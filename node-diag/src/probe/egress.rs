@@ -1,10 +1,10 @@
 //! Where DST's packets leave this node: the kernel's route to DST and the MTU of its
 //! output interface, which is where the search starts. Both come from rtnetlink through
-//! [`crate::netlink`].
+//! [`crate::host_network`].
 
 use std::{io, net::IpAddr};
 
-use crate::netlink::{self, NetlinkError};
+use crate::host_network::{self as netlink, NetlinkError, Route};
 
 use super::ProbeError;
 
@@ -29,7 +29,12 @@ pub fn egress(dst: IpAddr) -> Result<Egress, ProbeError> {
         },
         source => ProbeError::Route { dst, source },
     })?;
-    let Some((oif, prefsrc, route_mtu)) = route else {
+    let Some(Route {
+        oif,
+        prefsrc,
+        mtu: route_mtu,
+    }) = route
+    else {
         return Err(ProbeError::NoRoute(dst));
     };
     tracing::debug!(%dst, oif, ?prefsrc, ?route_mtu, "route");

@@ -33,7 +33,7 @@ use std::{
     time::Duration,
 };
 
-use crate::netlink::NetlinkError;
+use crate::host_network::NetlinkError;
 
 use self::{
     egress::egress,

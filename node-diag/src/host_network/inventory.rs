@@ -1,0 +1,464 @@
+//! Interface inventory: a [`Snapshot`] of every interface of the agent's network
+//! namespace and of each pod namespace attached to it by a veth, with what the MTU model
+//! needs: kind, MTU, the lower or underlay device of tunnels, the tunnel family, veth
+//! peers, and each namespace's PMTUD sysctls.
+//!
+//! Each namespace is read from inside it (`read_here`), the pod ones from a short-lived
+//! thread that joined them (`namespaces::in_netns`): netlink sockets belong to the
+//! namespace they are opened in, and `/proc/sys/net` shows the namespace of whoever opens
+//! it. `assemble` then joins the reads: names the devices tunnels sit on and pairs the
+//! two ends of each veth across namespaces.
+
+use std::{collections::HashMap, fs, path::Path};
+
+use tracing::warn;
+
+use super::{
+    interfaces::{
+        DeviceRef, Interface, LinkKind, Namespace, Snapshot, Sysctls, Underlay, UnderlaySource,
+        VethPeer,
+    },
+    links::{self, Link},
+    namespaces::{self, NetnsFile, in_netns},
+    rtnetlink::NetlinkError,
+    underlay::{resolve_underlay, tunnel_family},
+};
+
+/// One namespace as read from inside it.
+struct Raw {
+    links: Vec<Link>,
+    sysctls: Sysctls,
+    /// Tunnel ifindex → its underlay's ifindex and how it was found.
+    underlays: HashMap<u32, (u32, UnderlaySource)>,
+}
+
+/// Snapshot of the calling thread's namespace and the pod namespaces attached to it.
+/// Blocking (netlink round trips, one thread per pod namespace): call it from a blocking
+/// context (`spawn_blocking` in the agent). Only a failure to read the agent's own
+/// namespace is an error; an unreadable pod namespace is recorded in its `error`.
+pub fn snapshot() -> Result<Snapshot, NetlinkError> {
+    let own = namespaces::netns_inode(Path::new("/proc/thread-self/ns/net"))
+        .or_else(|| namespaces::netns_inode(Path::new("/proc/self/ns/net")))
+        .unwrap_or(0);
+    let own_raw = read_here()?;
+    let files = namespaces::namespace_files();
+    let own_name = files
+        .iter()
+        .find(|f| f.inode == own)
+        .map_or_else(|| own.to_string(), |f| f.name.clone());
+    let others: Vec<NetnsFile> = files.into_iter().filter(|f| f.inode != own).collect();
+    let mut peers = namespaces::veth_peer_namespaces(&own_raw.links, &others)?;
+    peers.sort_by(|a, b| a.1.name.cmp(&b.1.name));
+
+    let mut namespaces = vec![Namespace {
+        inode: own,
+        name: own_name,
+        own: true,
+        sysctls: own_raw.sysctls,
+        error: None,
+    }];
+    let mut raws = vec![own_raw];
+    let mut nsid_to_inode = HashMap::new();
+    for (nsid, file) in peers {
+        nsid_to_inode.insert(nsid, file.inode);
+        let (raw, error) = match in_netns(&file, read_here) {
+            Ok(Ok(raw)) => (raw, None),
+            Ok(Err(e)) => (Raw::empty(), Some(e.to_string())),
+            Err(e) => (Raw::empty(), Some(e.to_string())),
+        };
+        if let Some(e) = &error {
+            warn!(netns = %file.name, error = %e, "cannot read a pod network namespace");
+        }
+        namespaces.push(Namespace {
+            inode: file.inode,
+            name: file.name,
+            own: false,
+            sysctls: raw.sysctls,
+            error,
+        });
+        raws.push(raw);
+    }
+    Ok(assemble(namespaces, raws, &nsid_to_inode))
+}
+
+impl Raw {
+    fn empty() -> Self {
+        Self {
+            links: Vec::new(),
+            sysctls: Sysctls::default(),
+            underlays: HashMap::new(),
+        }
+    }
+}
+
+fn read_sysctl(name: &str) -> Option<u32> {
+    fs::read_to_string(format!("/proc/sys/net/ipv4/{name}"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Reads the calling thread's namespace.
+fn read_here() -> Result<Raw, NetlinkError> {
+    let links = links::links()?;
+    let sysctls = Sysctls {
+        ip_no_pmtu_disc: read_sysctl("ip_no_pmtu_disc"),
+        tcp_mtu_probing: read_sysctl("tcp_mtu_probing"),
+    };
+    let mut underlays = HashMap::new();
+    for link in &links {
+        let kind = LinkKind::from_kernel(link.kind.as_deref(), link.link_type);
+        if !kind.is_tunnel() {
+            continue;
+        }
+        let tunnel = link.tunnel.clone().unwrap_or_default();
+        if let Some(u) = resolve_underlay(link, &kind, &tunnel, &links) {
+            underlays.insert(link.index, u);
+        }
+    }
+    Ok(Raw {
+        links,
+        sysctls,
+        underlays,
+    })
+}
+
+/// Joins the per-namespace reads: names the devices tunnels sit on and pairs veth ends.
+fn assemble(
+    namespaces: Vec<Namespace>,
+    raws: Vec<Raw>,
+    nsid_to_inode: &HashMap<i32, u32>,
+) -> Snapshot {
+    let own = namespaces[0].inode;
+    // Node-side veth ends, by the (namespace, ifindex) of their pod-side peer.
+    let mut node_end = HashMap::new();
+    for l in &raws[0].links {
+        if l.kind.as_deref() == Some("veth")
+            && let (Some(id), Some(peer)) = (l.link_netnsid, l.link)
+            && let Some(&ns) = nsid_to_inode.get(&id)
+        {
+            node_end.insert((ns, peer), l.index);
+        }
+    }
+    let joined = Joined {
+        own,
+        namespaces: &namespaces,
+        raws: &raws,
+        nsid_to_inode,
+        node_end,
+    };
+
+    let mut interfaces = Vec::new();
+    for (pos, (ns, raw)) in namespaces.iter().zip(&raws).enumerate() {
+        let mut links: Vec<&Link> = raw.links.iter().collect();
+        links.sort_by_key(|l| l.index);
+        for l in links {
+            let kind = LinkKind::from_kernel(l.kind.as_deref(), l.link_type);
+            let tunnel_cfg = kind
+                .is_tunnel()
+                .then(|| l.tunnel.clone().unwrap_or_default());
+            let lower = if kind == LinkKind::Veth || l.link_netnsid.is_some() {
+                None
+            } else {
+                tunnel_cfg
+                    .as_ref()
+                    .and_then(|t| t.bound_to)
+                    .or(l.link)
+                    .and_then(|i| device(raw, i))
+            };
+            let underlay = raw.underlays.get(&l.index).and_then(|&(idx, source)| {
+                device(raw, idx).map(|d| Underlay {
+                    ifindex: d.ifindex,
+                    name: d.name,
+                    mtu: d.mtu,
+                    source,
+                })
+            });
+            let veth_peer = if kind == LinkKind::Veth {
+                joined.veth_peer(pos, l)
+            } else {
+                None
+            };
+            interfaces.push(Interface {
+                netns: ns.inode,
+                netns_name: ns.name.clone(),
+                name: l.name.clone(),
+                ifindex: l.index,
+                mtu: l.mtu.unwrap_or(0),
+                up: l.up,
+                lower,
+                underlay,
+                remote_family: tunnel_cfg.as_ref().and_then(|t| tunnel_family(&kind, t)),
+                tunnel: tunnel_cfg,
+                veth_peer,
+                kind,
+            });
+        }
+    }
+    Snapshot {
+        own_netns: own,
+        namespaces,
+        interfaces,
+    }
+}
+
+fn device(raw: &Raw, idx: u32) -> Option<DeviceRef> {
+    raw.links
+        .iter()
+        .find(|l| l.index == idx)
+        .map(|l| DeviceRef {
+            ifindex: l.index,
+            name: l.name.clone(),
+            mtu: l.mtu.unwrap_or(0),
+        })
+}
+
+/// Every namespace's read, for resolving links that cross namespaces.
+struct Joined<'a> {
+    own: u32,
+    namespaces: &'a [Namespace],
+    raws: &'a [Raw],
+    nsid_to_inode: &'a HashMap<i32, u32>,
+    /// Node-side veth ifindex by its pod-side peer's (namespace, ifindex).
+    node_end: HashMap<(u32, u32), u32>,
+}
+
+impl Joined<'_> {
+    fn peer_in(&self, inode: u32, ifindex: u32) -> VethPeer {
+        let pos = self.namespaces.iter().position(|n| n.inode == inode);
+        VethPeer {
+            netns: Some(inode),
+            netns_name: pos.map(|p| self.namespaces[p].name.clone()),
+            ifindex,
+            name: pos.and_then(|p| {
+                self.raws[p]
+                    .links
+                    .iter()
+                    .find(|l| l.index == ifindex)
+                    .map(|l| l.name.clone())
+            }),
+        }
+    }
+
+    /// The other end of veth `l` of the namespace at `pos`.
+    fn veth_peer(&self, pos: usize, l: &Link) -> Option<VethPeer> {
+        let ns = self.namespaces[pos].inode;
+        if ns != self.own
+            && let Some(&node) = self.node_end.get(&(ns, l.index))
+        {
+            return Some(self.peer_in(self.own, node));
+        }
+        let peer = l.link?;
+        let unmapped = VethPeer {
+            netns: None,
+            netns_name: None,
+            ifindex: peer,
+            name: None,
+        };
+        Some(match l.link_netnsid {
+            // Both ends in this namespace.
+            None => self.peer_in(ns, peer),
+            Some(id) if ns == self.own => match self.nsid_to_inode.get(&id) {
+                Some(&peer_ns) => self.peer_in(peer_ns, peer),
+                None => unmapped,
+            },
+            // A pod's veth to something other than the node: its namespace ids are the
+            // pod's own, which this snapshot does not map.
+            Some(_) => unmapped,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{process::Command, thread, time::Duration, time::Instant};
+
+    use super::*;
+    use crate::host_network::{interfaces::Family, monitor::watch};
+
+    #[test]
+    fn snapshot_of_this_namespace() {
+        let snap = snapshot().expect("snapshot");
+        assert!(snap.namespaces[0].own);
+        assert!(
+            snap.interfaces
+                .iter()
+                .any(|i| i.kind == LinkKind::Loopback && i.netns == snap.own_netns),
+            "{snap:#?}"
+        );
+    }
+
+    /// Named namespaces built with `ip`, deleted on drop.
+    struct Netns(Vec<String>);
+
+    impl Drop for Netns {
+        fn drop(&mut self) {
+            for n in &self.0 {
+                let _ = Command::new("ip").args(["netns", "del", n]).status();
+            }
+        }
+    }
+
+    fn ip(args: &str) {
+        let ok = Command::new("ip")
+            .args(args.split_whitespace())
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "ip {args}");
+    }
+
+    fn sh(cmd: &str) {
+        let ok = Command::new("sh")
+            .args(["-c", cmd])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "{cmd}");
+    }
+
+    /// A node namespace with an underlay veth to a peer "node", a bound vxlan, an unbound
+    /// one forced to 1500, and a pod at 1500 with PMTUD disabled; read from inside the
+    /// node namespace like the agent reads its own. Needs root (skipped otherwise).
+    #[test]
+    fn live_node_with_vxlan_and_pod() {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        if unsafe { libc::geteuid() } != 0 || Command::new("ip").arg("-V").output().is_err() {
+            eprintln!("skipped: needs root and iproute2");
+            return;
+        }
+        let tag = std::process::id() % 100_000;
+        let (node, far, pod) = (
+            format!("mtuu{tag}n"),
+            format!("mtuu{tag}f"),
+            format!("mtuu{tag}p"),
+        );
+        let _guard = Netns(vec![node.clone(), far.clone(), pod.clone()]);
+        for n in [&node, &far, &pod] {
+            ip(&format!("netns add {n}"));
+        }
+        ip(&format!(
+            "-n {node} link add ul0 type veth peer name ul1 netns {far}"
+        ));
+        ip(&format!("-n {node} addr add 10.78.0.1/24 dev ul0"));
+        ip(&format!("-n {node} link set ul0 up"));
+        ip(&format!("-n {far} link set ul1 up"));
+        ip(&format!(
+            "-n {node} link add vx0 type vxlan id 42 remote 10.78.0.2 dev ul0 dstport 4789"
+        ));
+        ip(&format!(
+            "-n {node} link add vxu type vxlan id 43 remote 10.78.0.2 dstport 4790"
+        ));
+        ip(&format!("-n {node} link set vxu mtu 1500"));
+        ip(&format!(
+            "-n {node} link add veth1 type veth peer name eth0 netns {pod}"
+        ));
+        for (n, dev) in [
+            (&node, "vx0"),
+            (&node, "vxu"),
+            (&node, "veth1"),
+            (&pod, "eth0"),
+        ] {
+            ip(&format!("-n {n} link set {dev} up"));
+        }
+        sh(&format!(
+            "ip netns exec {pod} sysctl -qw net.ipv4.ip_no_pmtu_disc=1"
+        ));
+
+        let node_file = NetnsFile {
+            inode: namespaces::netns_inode(Path::new(&format!("/run/netns/{node}"))).unwrap(),
+            path: format!("/run/netns/{node}").into(),
+            name: node.clone(),
+        };
+        let (snap, changes) = in_netns(&node_file, || {
+            let snap = snapshot().expect("snapshot");
+            let rx = watch().expect("watch");
+            (snap, rx)
+        })
+        .expect("enter node namespace");
+
+        assert_eq!(snap.namespaces[0].name, node);
+        let names: Vec<_> = snap.namespaces.iter().map(|n| n.name.as_str()).collect();
+        assert!(names.contains(&pod.as_str()), "{names:?}");
+        let get = |ns: &str, name: &str| {
+            snap.interfaces
+                .iter()
+                .find(|i| i.netns_name == ns && i.name == name)
+                .unwrap_or_else(|| panic!("{ns}/{name} missing: {snap:#?}"))
+        };
+        let vx0 = get(&node, "vx0");
+        assert_eq!(vx0.kind, LinkKind::Vxlan);
+        assert_eq!(vx0.mtu, 1450);
+        assert_eq!(vx0.remote_family, Some(Family::V4));
+        assert_eq!(vx0.lower.as_ref().map(|l| l.name.as_str()), Some("ul0"));
+        let u = vx0.underlay.as_ref().unwrap();
+        assert_eq!(
+            (u.name.as_str(), u.mtu, u.source),
+            ("ul0", 1500, UnderlaySource::Bound)
+        );
+        let vxu = get(&node, "vxu");
+        assert_eq!(vxu.lower, None);
+        let u = vxu.underlay.as_ref().unwrap();
+        assert_eq!(
+            (u.name.as_str(), u.source),
+            ("ul0", UnderlaySource::RouteToRemote)
+        );
+        let eth0 = get(&pod, "eth0");
+        let p = eth0.veth_peer.as_ref().unwrap();
+        assert_eq!(
+            (p.netns, p.name.as_deref()),
+            (Some(snap.own_netns), Some("veth1"))
+        );
+        let p = get(&node, "veth1").veth_peer.as_ref().unwrap();
+        assert_eq!(
+            (p.netns_name.as_deref(), p.name.as_deref()),
+            (Some(pod.as_str()), Some("eth0"))
+        );
+        let pod_ns = snap.namespaces.iter().find(|n| n.name == pod).unwrap();
+        assert_eq!(pod_ns.sysctls.ip_no_pmtu_disc, Some(1));
+        assert_eq!(snap.namespaces[0].sysctls.ip_no_pmtu_disc, Some(0));
+
+        let findings = crate::mtu::Model::from(&snap).findings(std::time::SystemTime::now());
+        let about: Vec<_> = findings
+            .iter()
+            .map(|f| (f.kind.as_str(), f.interface.clone().unwrap_or_default()))
+            .collect();
+        for want in [
+            ("overlay_mtu_mismatch", "vxu"),
+            ("overlay_mtu_mismatch", "veth1"),
+            ("overlay_mtu_mismatch", "eth0"),
+            ("pmtud_disabled", ""),
+        ] {
+            assert!(
+                about.contains(&(want.0, want.1.to_string())),
+                "{want:?} not in {about:?}"
+            );
+        }
+        assert_eq!(about.len(), 4, "{about:?}");
+
+        // MTU changes are notified: the node's own, and a pod's (through its nsid).
+        let mut changes = changes;
+        let notified = |rx: &mut tokio::sync::mpsc::Receiver<()>| {
+            let until = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < until {
+                if rx.try_recv().is_ok() {
+                    return true;
+                }
+                thread::sleep(Duration::from_millis(20));
+            }
+            false
+        };
+        while changes.try_recv().is_ok() {}
+        ip(&format!("-n {node} link set vxu mtu 1450"));
+        assert!(
+            notified(&mut changes),
+            "no notification for the node's MTU change"
+        );
+        thread::sleep(Duration::from_millis(100));
+        while changes.try_recv().is_ok() {}
+        ip(&format!("-n {pod} link set eth0 mtu 1450"));
+        assert!(
+            notified(&mut changes),
+            "no notification for the pod's MTU change"
+        );
+    }
+}

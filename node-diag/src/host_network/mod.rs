@@ -1,0 +1,41 @@
+//! This node's network as the kernel describes it over rtnetlink (no shelling out to
+//! `ip`), and the interface inventory the MTU model judges.
+//!
+//! - `rtnetlink`: the one request/response loop and socket every lookup goes through.
+//! - `links`: link dumps, with the veth facts and the tunnel configuration.
+//! - `routes`: route and address lookups (where a tunnel's packets leave, and the
+//!   probe's egress route).
+//! - `namespaces`: network namespaces, their ids, which ones make up this node
+//!   ([`local_scope`]: the agent's own and every pod namespace attached to it by a veth),
+//!   and running code inside one.
+//! - `monitor`: link notifications, turned into "re-snapshot" messages ([`watch`]).
+//! - `interfaces`, `underlay`, `inventory`: the [`Snapshot`] of every interface of those
+//!   namespaces ([`snapshot`]), each tunnel with its underlay.
+//!
+//! Everything acts on the calling thread's network namespace: a netlink socket belongs to
+//! the namespace it was opened in, so a thread that entered another namespace looks
+//! inside it with the same functions.
+
+mod interfaces;
+mod inventory;
+mod links;
+mod monitor;
+mod namespaces;
+mod routes;
+mod rtnetlink;
+mod underlay;
+
+pub use interfaces::{Family, Interface, LinkKind, Snapshot, UnderlaySource};
+pub use inventory::snapshot;
+pub use links::{Link, UdpEncap, links};
+pub use monitor::watch;
+pub use namespaces::{local_scope, netns_inode};
+pub use routes::{Route, route_get};
+pub use rtnetlink::NetlinkError;
+
+#[cfg(test)]
+pub(crate) use {
+    interfaces::{Namespace, Sysctls, Underlay, VethPeer},
+    links::{Tunnel, fixtures},
+    underlay::tunnel_family,
+};

@@ -1,0 +1,137 @@
+//! Link notifications: a socket subscribed to `RTNLGRP_LINK`, and the watcher thread that
+//! turns its notifications into "re-snapshot" messages for the agent, so an MTU change or
+//! a new pod is seen at once instead of at the next periodic pass.
+
+use std::{os::fd::AsRawFd as _, thread, time::Duration};
+
+use netlink_packet_core::{NetlinkMessage, NetlinkPayload};
+use netlink_packet_route::RouteNetlinkMessage;
+use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
+use tracing::warn;
+
+use super::rtnetlink::NetlinkError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum MonitorError {
+    #[error(transparent)]
+    Netlink(#[from] NetlinkError),
+    #[error("thread: {0}")]
+    Thread(std::io::Error),
+}
+
+/// `RTNLGRP_LINK` as a bind-time group mask (`RTMGRP_LINK`).
+const RTMGRP_LINK: u32 = 1;
+
+/// A socket subscribed to the link notifications of the namespace it was opened in
+/// (`RTNLGRP_LINK`: links added, removed or changed, MTU changes included), and, where
+/// the kernel allows it, of every namespace that has an id in ours (veth peers do), so a
+/// pod-side MTU change is seen too.
+pub struct LinkMonitor {
+    sock: Socket,
+}
+
+impl LinkMonitor {
+    /// `poll` bounds each [`LinkMonitor::wait`], so its caller can notice it should stop.
+    pub fn new(poll: Duration) -> Result<Self, NetlinkError> {
+        let mut sock = Socket::new(NETLINK_ROUTE)?;
+        sock.bind(&SocketAddr::new(0, RTMGRP_LINK))?;
+        if let Err(e) = sock.set_listen_all_namespaces(true) {
+            tracing::debug!(error = %e, "link notifications limited to the agent's namespace");
+        }
+        let tv = libc::timeval {
+            tv_sec: poll.as_secs() as libc::time_t,
+            tv_usec: poll.subsec_micros() as libc::suseconds_t,
+        };
+        // SAFETY: setsockopt reads `size_of::<timeval>()` bytes from a live timeval.
+        let rc = unsafe {
+            libc::setsockopt(
+                sock.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                (&raw const tv).cast(),
+                size_of::<libc::timeval>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error().into());
+        }
+        Ok(Self { sock })
+    }
+
+    /// Blocks until links change (`true`) or the poll interval passes (`false`).
+    pub fn wait(&self) -> Result<bool, NetlinkError> {
+        match self.sock.recv_from_full() {
+            Ok((data, _)) => {
+                let mut offset = 0;
+                while offset < data.len() {
+                    let Ok(msg) =
+                        NetlinkMessage::<RouteNetlinkMessage>::deserialize(&data[offset..])
+                    else {
+                        // A notification we cannot decode still says something changed.
+                        return Ok(true);
+                    };
+                    if matches!(
+                        msg.payload,
+                        NetlinkPayload::InnerMessage(
+                            RouteNetlinkMessage::NewLink(_) | RouteNetlinkMessage::DelLink(_)
+                        )
+                    ) {
+                        return Ok(true);
+                    }
+                    let len = msg.header.length as usize;
+                    if len == 0 {
+                        break;
+                    }
+                    offset += len;
+                }
+                Ok(false)
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) || e.raw_os_error() == Some(libc::EINTR) =>
+            {
+                Ok(false)
+            }
+            // The receive queue overflowed: notifications were lost, so assume a change.
+            Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => Ok(true),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// Link notifications of the agent's namespace (and, where the kernel allows it, of the
+/// namespaces with an id in it, which includes veth-attached pods): each `()` means
+/// "links changed since you last looked; re-snapshot". Bursts coalesce into one message.
+/// The watching thread stops once the receiver is dropped (within a second); the
+/// channel closes if notifications fail, leaving the agent's periodic snapshots.
+pub fn watch() -> Result<tokio::sync::mpsc::Receiver<()>, MonitorError> {
+    let monitor = LinkMonitor::new(Duration::from_secs(1))?;
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    thread::Builder::new()
+        .name("link-watch".into())
+        .spawn(move || {
+            loop {
+                match monitor.wait() {
+                    Ok(true) => {
+                        if let Err(tokio::sync::mpsc::error::TrySendError::Closed(())) =
+                            tx.try_send(())
+                        {
+                            return;
+                        }
+                    }
+                    Ok(false) => {}
+                    Err(e) => {
+                        warn!(error = %e, "link notifications failed; relying on periodic snapshots");
+                        return;
+                    }
+                }
+                if tx.is_closed() {
+                    return;
+                }
+            }
+        })
+        .map_err(MonitorError::Thread)?;
+    Ok(rx)
+}

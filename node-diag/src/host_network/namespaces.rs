@@ -1,0 +1,224 @@
+//! Network namespaces: finding them (named ones and every process's, once each by inode),
+//! the ids our namespace gives them (which is how a veth names its peer's namespace),
+//! which of them make up this node ([`local_scope`]: the agent's own and every pod
+//! namespace attached to it by a veth), and running code inside one ([`in_netns`]).
+
+use std::{
+    collections::{BTreeSet, HashSet},
+    fs::{self, File},
+    os::{fd::AsRawFd as _, unix::fs::MetadataExt as _},
+    path::{Path, PathBuf},
+    thread,
+};
+
+use netlink_packet_route::{
+    RouteNetlinkMessage,
+    nsid::{NsidAttribute, NsidMessage},
+};
+use netlink_sys::Socket;
+
+use super::{
+    links::{Link, links},
+    rtnetlink::{NetlinkError, request, socket},
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum NetnsError {
+    #[error("network namespace {path}: {source}")]
+    Enter {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("network namespace {0} changed while it was opened")]
+    Gone(String),
+    #[error("thread: {0}")]
+    Thread(std::io::Error),
+    #[error("namespace reader thread panicked")]
+    Panicked,
+}
+
+/// The id our namespace uses for the namespace behind `fd`, if one is assigned.
+fn nsid_of(sock: &Socket, fd: u32) -> Result<Option<i32>, NetlinkError> {
+    let mut msg = NsidMessage::default();
+    msg.attributes.push(NsidAttribute::Fd(fd));
+    let replies = request(sock, RouteNetlinkMessage::GetNsId(msg), 0)?;
+    Ok(replies.into_iter().find_map(|m| match m {
+        RouteNetlinkMessage::NewNsId(n) => n.attributes.into_iter().find_map(|a| match a {
+            NsidAttribute::Id(id) if id >= 0 => Some(id),
+            _ => None,
+        }),
+        _ => None,
+    }))
+}
+
+/// Inode of a network namespace file.
+pub fn netns_inode(path: &Path) -> Option<u32> {
+    fs::metadata(path).ok().map(|m| m.ino() as u32)
+}
+
+/// Network namespace files worth considering: named ones (`ip netns`, CNI plugins) and
+/// every process's.
+fn candidates() -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for dir in ["/run/netns", "/var/run/netns"] {
+        if let Ok(rd) = fs::read_dir(dir) {
+            let mut named: Vec<_> = rd.flatten().map(|e| e.path()).collect();
+            named.sort();
+            out.extend(named);
+        }
+    }
+    if let Ok(rd) = fs::read_dir("/proc") {
+        let mut pids: Vec<u32> = rd
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse().ok())
+            .collect();
+        // Lowest pid first: a namespace is then named after its first process (a pod's
+        // pause container, the host's init).
+        pids.sort_unstable();
+        out.extend(
+            pids.into_iter()
+                .map(|p| PathBuf::from(format!("/proc/{p}/ns/net"))),
+        );
+    }
+    out
+}
+
+/// A network namespace found on this kernel, with a file that pins it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetnsFile {
+    pub inode: u32,
+    pub path: PathBuf,
+    /// Its `/run/netns` name if it has one, `host` for init's namespace, else `pid:N` of
+    /// its lowest pid.
+    pub name: String,
+}
+
+/// Every network namespace reachable through `/run/netns`, `/var/run/netns` or a
+/// process, once each (by inode).
+pub fn namespace_files() -> Vec<NetnsFile> {
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    // The node's own namespace is init's: call it that rather than after some pid.
+    let host = netns_inode(Path::new("/proc/1/ns/net"));
+    for path in candidates() {
+        let Some(inode) = netns_inode(&path) else {
+            continue;
+        };
+        if !seen.insert(inode) {
+            continue;
+        }
+        let name = if Some(inode) == host {
+            Some("host".to_string())
+        } else if path.starts_with("/proc") {
+            path.parent()
+                .and_then(Path::parent)
+                .and_then(Path::file_name)
+                .map(|p| format!("pid:{}", p.to_string_lossy()))
+        } else {
+            path.file_name().map(|n| n.to_string_lossy().into_owned())
+        }
+        .unwrap_or_else(|| inode.to_string());
+        out.push(NetnsFile { inode, path, name });
+    }
+    out
+}
+
+/// The namespaces among `files` holding the peer of one of `links` (the calling thread's
+/// links), each with the id our namespace gives it.
+pub fn veth_peer_namespaces(
+    links: &[Link],
+    files: &[NetnsFile],
+) -> Result<Vec<(i32, NetnsFile)>, NetlinkError> {
+    let peer_ids: HashSet<i32> = links
+        .iter()
+        .filter(|l| l.kind.as_deref() == Some("veth"))
+        .filter_map(|l| l.link_netnsid)
+        .collect();
+    if peer_ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let sock = socket()?;
+    let mut out = Vec::new();
+    for f in files {
+        let Ok(file) = fs::File::open(&f.path) else {
+            continue;
+        };
+        if let Ok(Some(id)) = nsid_of(&sock, file.as_raw_fd() as u32)
+            && peer_ids.contains(&id)
+        {
+            out.push((id, f.clone()));
+        }
+    }
+    Ok(out)
+}
+
+/// The network namespaces this node's agent reports for (by inode): its own, and each
+/// namespace holding the peer of one of its veths, except veths a tunnel is bound to.
+pub fn local_scope() -> Result<BTreeSet<u32>, NetlinkError> {
+    let own = netns_inode(Path::new("/proc/self/ns/net")).unwrap_or(0);
+    let mut scope = BTreeSet::from([own]);
+    let mut links = links()?;
+    // A veth carrying a tunnel is an underlay to another node, not a pod's link.
+    let underlays: HashSet<u32> = links
+        .iter()
+        .filter_map(|l| l.tunnel.as_ref()?.bound_to)
+        .collect();
+    links.retain(|l| !underlays.contains(&l.index));
+    if !links
+        .iter()
+        .any(|l| l.kind.as_deref() == Some("veth") && l.link_netnsid.is_some())
+    {
+        return Ok(scope);
+    }
+    let files: Vec<_> = namespace_files()
+        .into_iter()
+        .filter(|f| f.inode != own)
+        .collect();
+    scope.extend(
+        veth_peer_namespaces(&links, &files)?
+            .into_iter()
+            .map(|(_, f)| f.inode),
+    );
+    Ok(scope)
+}
+
+/// Runs `f` on a fresh thread inside the namespace pinned by `file`.
+pub fn in_netns<T: Send>(file: &NetnsFile, f: impl FnOnce() -> T + Send) -> Result<T, NetnsError> {
+    let path = file.path.display().to_string();
+    let fd = File::open(&file.path).map_err(|source| NetnsError::Enter {
+        path: path.clone(),
+        source,
+    })?;
+    // A /proc/<pid> entry may now belong to another process than when it was listed.
+    if fd.metadata().map(|m| m.ino() as u32).ok() != Some(file.inode) {
+        return Err(NetnsError::Gone(path));
+    }
+    thread::scope(|s| {
+        let handle = thread::Builder::new()
+            .name("netns-reader".into())
+            .spawn_scoped(s, || {
+                // SAFETY: `fd` is an open namespace file; CLONE_NEWNET only moves this
+                // thread, which exits when `f` returns.
+                if unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                    return Err(NetnsError::Enter {
+                        path: path.clone(),
+                        source: std::io::Error::last_os_error(),
+                    });
+                }
+                Ok(f())
+            })
+            .map_err(NetnsError::Thread)?;
+        handle.join().map_err(|_| NetnsError::Panicked)?
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_namespace_is_in_scope() {
+        let own = netns_inode(Path::new("/proc/self/ns/net")).unwrap();
+        assert!(local_scope().unwrap().contains(&own));
+    }
+}

@@ -1,0 +1,239 @@
+//! The findings of a judged model: `overlay_mtu_mismatch` for each interface above its
+//! limit, `pmtud_disabled` for each namespace with PMTUD off, each with its remediation
+//! and the arithmetic as evidence.
+
+use std::time::SystemTime;
+
+use super::{
+    model::{MtuVerdict, Role, Verdict},
+    sysctls::{SysctlVerdict, no_pmtu_disc_meaning},
+};
+use crate::findings::{Finding, Kind, Layer, Severity};
+
+fn mismatch_finding(v: &MtuVerdict, now: SystemTime) -> Finding {
+    let limit = v.expected_mtu.unwrap_or(0);
+    let excess = -v.headroom.unwrap_or(0);
+    let remediation = match v.role {
+        Role::Overlay => format!(
+            "Set {}'s MTU to {limit} (the CNI's tunnel MTU setting), or raise the underlay {}'s \
+             MTU by {excess} bytes.",
+            v.interface,
+            v.underlay.as_deref().unwrap_or("device")
+        ),
+        _ => {
+            let by_arithmetic = v
+                .underlay_mtu
+                .zip(v.overhead)
+                .map(|(u, o)| u.saturating_sub(o));
+            // When the overlay device itself is set below what its underlay allows, it is
+            // the one to raise; otherwise only the underlay can make room.
+            let alternative = match (by_arithmetic, &v.overlay) {
+                (Some(max), Some(ov)) if max > limit && max >= v.mtu => {
+                    format!("raise {ov}'s MTU to {}", v.mtu)
+                }
+                _ => format!("raise the underlay MTU by {excess} bytes"),
+            };
+            format!(
+                "Set the CNI MTU to {limit} (pod interfaces and their node-side veths; \
+                 running pods pick it up when recreated), or {alternative}. Until then clamp \
+                 TCP MSS to the path MTU (iptables -t mangle -A POSTROUTING -p tcp \
+                 --tcp-flags SYN,RST SYN -j TCPMSS --clamp-mss-to-pmtu)."
+            )
+        }
+    };
+    let mut f = Finding::new(
+        Kind::OverlayMtuMismatch,
+        Layer::OverlayMtu,
+        Severity::Warning,
+        format!(
+            "{}: packets above {limit} bytes do not fit the overlay and are dropped or \
+             need PMTUD.",
+            v.detail
+        ),
+        remediation,
+        now,
+    );
+    f.interface = Some(v.interface.clone());
+    f.netns = Some(v.netns);
+    let e = &mut f.evidence;
+    let mut put = |k: &str, val: serde_json::Value| {
+        e.insert(k.into(), val);
+    };
+    put("underlay", v.underlay.clone().into());
+    put("underlay_mtu", v.underlay_mtu.into());
+    put("encapsulation", v.encapsulation.clone().into());
+    put("overhead", v.overhead.into());
+    put("expected_mtu", v.expected_mtu.into());
+    put("actual_mtu", v.mtu.into());
+    put("headroom", v.headroom.into());
+    put("overhead_breakdown", v.overhead_breakdown.clone().into());
+    put(
+        "underlay_source",
+        serde_json::to_value(v.underlay_source).unwrap_or_default(),
+    );
+    put("family", serde_json::to_value(v.family).unwrap_or_default());
+    put("overlay", v.overlay.clone().into());
+    put("overlay_mtu", v.overlay_mtu.into());
+    put("role", serde_json::to_value(v.role).unwrap_or_default());
+    put("netns_name", v.netns_name.clone().into());
+    f
+}
+
+fn sysctl_finding(s: &SysctlVerdict, now: SystemTime) -> Option<Finding> {
+    let value = s.ip_no_pmtu_disc.filter(|v| *v != 0)?;
+    // Mode 3 still honours frag-needed for TCP.
+    let severity = if value == 3 {
+        Severity::Info
+    } else {
+        Severity::Warning
+    };
+    let mut f = Finding::new(
+        Kind::PmtudDisabled,
+        Layer::HostSysctl,
+        severity,
+        format!(
+            "net.ipv4.ip_no_pmtu_disc is {value} in netns {} ({}).",
+            s.netns_name,
+            no_pmtu_disc_meaning(value)
+        ),
+        "Set net.ipv4.ip_no_pmtu_disc=0 in this namespace; where frag-needed cannot get \
+         through, also set net.ipv4.tcp_mtu_probing=1."
+            .into(),
+        now,
+    );
+    f.netns = Some(s.netns);
+    f.evidence
+        .insert("sysctl".into(), "net.ipv4.ip_no_pmtu_disc".into());
+    f.evidence.insert("value".into(), value.into());
+    f.evidence
+        .insert("tcp_mtu_probing".into(), s.tcp_mtu_probing.into());
+    f.evidence
+        .insert("netns_name".into(), s.netns_name.clone().into());
+    Some(f)
+}
+
+/// The findings of judged interfaces and sysctls.
+pub(super) fn findings_of(
+    verdicts: &[MtuVerdict],
+    sysctls: &[SysctlVerdict],
+    now: SystemTime,
+) -> Vec<Finding> {
+    verdicts
+        .iter()
+        .filter(|v| v.verdict == Verdict::Mismatch)
+        .map(|v| mismatch_finding(v, now))
+        .chain(sysctls.iter().filter_map(|s| sysctl_finding(s, now)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::IpAddr;
+
+    use super::{
+        super::{fixtures::*, model::verdicts},
+        *,
+    };
+    use crate::host_network::{LinkKind, Tunnel, UnderlaySource};
+
+    #[test]
+    fn pod_at_1500_over_a_1450_vxlan() {
+        let snap = node(1500, 1450, 1500, 1500);
+        let vs = verdicts(&snap);
+        let vx = verdict(&vs, NODE, "vx0");
+        assert_eq!(vx.verdict, Verdict::Ok);
+        assert_eq!((vx.expected_mtu, vx.headroom), (Some(1450), Some(0)));
+        let pod = verdict(&vs, POD, "eth0");
+        assert_eq!(pod.role, Role::PodInterface);
+        assert_eq!(pod.verdict, Verdict::Mismatch);
+        assert_eq!((pod.expected_mtu, pod.headroom), (Some(1450), Some(-50)));
+        assert_eq!(verdict(&vs, NODE, "veth1").role, Role::NodeVeth);
+        assert_eq!(verdict(&vs, NODE, "ul0").role, Role::Underlay);
+        assert_eq!(verdict(&vs, NODE, "lo").verdict, Verdict::NotApplicable);
+
+        let fs = findings(&snap, SystemTime::UNIX_EPOCH);
+        assert_eq!(fs.len(), 2, "{fs:#?}");
+        let f = fs
+            .iter()
+            .find(|f| f.interface.as_deref() == Some("eth0"))
+            .unwrap();
+        assert_eq!(f.kind, Kind::OverlayMtuMismatch);
+        assert_eq!(f.layer, Layer::OverlayMtu);
+        assert_eq!(f.severity, Severity::Warning);
+        assert_eq!(f.netns, Some(POD));
+        assert!(
+            f.summary
+                .starts_with("underlay ul0 1500 − VXLAN 50 = 1450 (overlay vx0), but pod eth0"),
+            "{}",
+            f.summary
+        );
+        assert!(f.summary.contains("is 1500"), "{}", f.summary);
+        assert!(
+            f.remediation.starts_with("Set the CNI MTU to 1450"),
+            "{}",
+            f.remediation
+        );
+        let e = &f.evidence;
+        assert_eq!(e["underlay"], "ul0");
+        assert_eq!(e["underlay_mtu"], 1500);
+        assert_eq!(e["encapsulation"], "VXLAN");
+        assert_eq!(e["overhead"], 50);
+        assert_eq!(e["expected_mtu"], 1450);
+        assert_eq!(e["actual_mtu"], 1500);
+        assert_eq!(e["headroom"], -50);
+        assert_eq!(e["overlay"], "vx0");
+        let node_side = fs
+            .iter()
+            .find(|f| f.interface.as_deref() == Some("veth1"))
+            .unwrap();
+        assert!(
+            node_side
+                .summary
+                .contains("but node-side veth veth1 (peer of pod-a eth0) is 1500"),
+            "{}",
+            node_side.summary
+        );
+    }
+
+    #[test]
+    fn unbound_vxlan_forced_above_underlay_minus_50() {
+        let mut snap = node(1500, 1450, 1450, 1450);
+        snap.interfaces.push(tunnel(
+            iface(NODE, "vxu", 5, LinkKind::Vxlan, 1500),
+            Tunnel {
+                remote: Some(IpAddr::from([10, 0, 0, 2])),
+                ..Tunnel::default()
+            },
+            Some(("ul0", 2, 1500, UnderlaySource::RouteToRemote)),
+        ));
+        let fs = findings(&snap, SystemTime::UNIX_EPOCH);
+        assert_eq!(fs.len(), 1, "{fs:#?}");
+        let f = &fs[0];
+        assert_eq!(f.interface.as_deref(), Some("vxu"));
+        assert!(
+            f.summary
+                .starts_with("underlay ul0 1500 − VXLAN 50 = 1450, but vxlan vxu is 1500"),
+            "{}",
+            f.summary
+        );
+        assert!(f.summary.contains("the route to 10.0.0.2"), "{}", f.summary);
+        assert!(f.remediation.starts_with("Set vxu's MTU to 1450"));
+        assert_eq!(f.evidence["underlay_source"], "route_to_remote");
+        assert_eq!(f.evidence["headroom"], -50);
+    }
+
+    #[test]
+    fn overlay_set_below_its_underlay_limits_pods() {
+        let snap = node(1500, 1400, 1450, 1400);
+        let fs = findings(&snap, SystemTime::UNIX_EPOCH);
+        assert_eq!(fs.len(), 1, "{fs:#?}");
+        assert!(
+            fs[0].summary.starts_with(
+                "overlay vx0 is 1400 (below underlay ul0 1500 − VXLAN 50 = 1450), but pod eth0"
+            ),
+            "{}",
+            fs[0].summary
+        );
+        assert!(fs[0].remediation.contains("or raise vx0's MTU to 1450"));
+    }
+}
