@@ -80,6 +80,17 @@ macro_rules! names {
     };
 }
 
+impl Kind {
+    /// A condition holds until it is re-evaluated and found gone (and is then printed
+    /// again as resolved); every other kind is an event that happened once.
+    pub fn is_condition(self) -> bool {
+        matches!(
+            self,
+            Self::OverlayMtuMismatch | Self::PmtudDisabled | Self::PmtudBlackhole
+        )
+    }
+}
+
 names!(Kind {
     TcpRefused => "tcp_refused",
     TcpTimeout => "tcp_timeout",

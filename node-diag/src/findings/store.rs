@@ -84,15 +84,31 @@ impl Store {
             }
             return None;
         }
+        finding.count = finding.count.max(1);
         if self.list.len() >= self.max_entries {
-            // Bounded memory: the oldest finding makes room.
-            let old = self.list.remove(0);
+            // Bounded memory: the oldest event finding makes room. An active condition
+            // (an MTU mismatch, a black hole) is never pushed out by a storm of events,
+            // or its resolution could never be reported; when only active conditions
+            // are left, a new event is printed and counted but not kept, and a new
+            // condition replaces the oldest one.
+            let evictable =
+                |e: &Entry| !(e.finding.kind.is_condition() && e.finding.status == Status::Active);
+            let victim = self
+                .list
+                .iter()
+                .position(evictable)
+                .or_else(|| finding.kind.is_condition().then_some(0));
+            let Some(victim) = victim else {
+                return Some(finding);
+            };
+            let old = self.list.remove(victim);
             self.entries.remove(&old.finding.key());
             for idx in self.entries.values_mut() {
-                *idx -= 1;
+                if *idx > victim {
+                    *idx -= 1;
+                }
             }
         }
-        finding.count = finding.count.max(1);
         self.entries.insert(key, self.list.len());
         self.list.push(Entry {
             finding: finding.clone(),
@@ -265,5 +281,57 @@ mod tests {
                 .is_empty()
         );
         assert_eq!(store.all().len(), 2);
+    }
+
+    #[test]
+    fn events_never_evict_active_conditions() {
+        let mut store = Store::new(Duration::from_secs(10), 3);
+        let now = Instant::now();
+        let t = SystemTime::UNIX_EPOCH;
+        let kinds = [Kind::OverlayMtuMismatch];
+        store.sync_conditions(&kinds, vec![mismatch("eth0")], t, now);
+        for port in 1..=10 {
+            let mut f = refused(5);
+            f.dport = Some(port);
+            assert!(store.record(f, now).is_some(), "events are still printed");
+        }
+        let all = store.all();
+        assert_eq!(all.len(), 3);
+        assert_eq!(all[0].kind, Kind::OverlayMtuMismatch);
+        let ports: Vec<_> = all[1..].iter().map(|f| f.dport.unwrap()).collect();
+        assert_eq!(ports, [9, 10], "the newest events stay");
+        // Its resolution can still be reported.
+        let printed = store.sync_conditions(&kinds, vec![], t, now);
+        assert_eq!(printed.len(), 1);
+        assert_eq!(printed[0].status, Status::Resolved);
+        // Resolved, it is an ordinary entry again and makes room like any other.
+        let mut f = refused(5);
+        f.dport = Some(11);
+        store.record(f, now);
+        assert!(store.all().iter().all(|f| f.kind == Kind::TcpRefused));
+    }
+
+    #[test]
+    fn a_store_full_of_active_conditions_keeps_them_against_events() {
+        let mut store = Store::new(Duration::from_secs(10), 2);
+        let now = Instant::now();
+        let t = SystemTime::UNIX_EPOCH;
+        let kinds = [Kind::OverlayMtuMismatch];
+        store.sync_conditions(&kinds, vec![mismatch("a"), mismatch("b")], t, now);
+        assert!(store.record(refused(1), now).is_some(), "printed");
+        let names: Vec<_> = store
+            .all()
+            .into_iter()
+            .filter_map(|f| f.interface)
+            .collect();
+        assert_eq!(names, ["a", "b"], "the event is not kept");
+        // A new condition takes the oldest condition's place.
+        store.record(mismatch("c"), now);
+        let names: Vec<_> = store
+            .all()
+            .into_iter()
+            .filter_map(|f| f.interface)
+            .collect();
+        assert_eq!(names, ["b", "c"]);
     }
 }
