@@ -49,11 +49,13 @@ pub fn errno_name(errno: u32) -> &'static str {
     }
 }
 
+/// The address as the user knows it: an IPv4-mapped IPv6 address (`::ffff:a.b.c.d`,
+/// what a dual-stack socket connecting to IPv4 holds) is the IPv4 address it maps.
 pub fn addr(flow: &FlowKey, bytes: &[u8; 16]) -> IpAddr {
     if flow.family == AF_INET {
         IpAddr::V4(Ipv4Addr::new(bytes[0], bytes[1], bytes[2], bytes[3]))
     } else {
-        IpAddr::V6(Ipv6Addr::from(*bytes))
+        IpAddr::V6(Ipv6Addr::from(*bytes)).to_canonical()
     }
 }
 
@@ -513,6 +515,15 @@ mod tests {
         ev.flow.family = node_diag_common::AF_INET6;
         ev.flow.daddr = "fd00::2".parse::<Ipv6Addr>().unwrap().octets();
         assert_eq!(run(&ev).unwrap().dst, Some("fd00::2".parse().unwrap()));
+        ev.flow.saddr = "::ffff:10.244.1.7".parse::<Ipv6Addr>().unwrap().octets();
+        ev.flow.daddr = "::ffff:10.244.2.9".parse::<Ipv6Addr>().unwrap().octets();
+        let f = run(&ev).unwrap();
+        assert_eq!(
+            f.src,
+            Some("10.244.1.7".parse().unwrap()),
+            "v4-mapped shown as IPv4"
+        );
+        assert_eq!(f.dst, Some("10.244.2.9".parse().unwrap()));
     }
 
     #[test]
