@@ -45,7 +45,18 @@ impl DerefMut for Agent<'_> {
     }
 }
 
+/// How long loading and attaching the eBPF programs may take (debug build included).
+pub const READY: Duration = Duration::from_secs(30);
+
 impl<'t> Agent<'t> {
+    /// Starts the agent in node A with the standard flags and waits until it is ready
+    /// (at most [`READY`]).
+    pub fn start_ready(topo: &'t Topology) -> Agent<'t> {
+        let mut agent = Agent::start(topo);
+        agent.wait_ready(READY);
+        agent
+    }
+
     /// Starts the agent in node A with the standard flags.
     pub fn start(topo: &'t Topology) -> Agent<'t> {
         Agent::start_with_args(topo, &[])

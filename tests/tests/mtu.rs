@@ -13,7 +13,6 @@ use node_diag_tests::topology::{POD_HOST_IF, POD_IF};
 use node_diag_tests::{Agent, ServerMode, TcpServer, Topology, cmd, tcp_request};
 use serde_json::Value;
 
-const READY: Duration = Duration::from_secs(30);
 /// A transfer big enough to fill full-size segments for a while.
 const BULK: usize = 200 * 1024;
 const BLACKHOLES: &str = "node_diag_pmtud_blackholes";
@@ -21,12 +20,6 @@ const FRAG_SENT: &str = r#"node_diag_icmp_frag_needed_total{direction="sent"}"#;
 const FRAG_DROPPED: &str = r#"node_diag_icmp_frag_needed_total{direction="dropped"}"#;
 const FRAG_RECEIVED: &str = r#"node_diag_icmp_frag_needed_total{direction="received"}"#;
 const OVERSIZE_VX0: &str = r#"node_diag_df_oversize_drops_total{interface="vx0"}"#;
-
-fn ready_agent(topo: &Topology) -> Agent<'_> {
-    let mut agent = Agent::start(topo);
-    agent.wait_ready(READY);
-    agent
-}
 
 /// Sends `BULK` bytes from pod A to pod B's echo server on a background thread.
 fn bulk_in_background(
@@ -52,7 +45,7 @@ fn is_mtu_kind(f: &Value) -> bool {
 #[test]
 fn correct_mtus_make_no_mtu_finding() {
     let topo = Topology::new();
-    let agent = ready_agent(&topo);
+    let agent = Agent::start_ready(&topo);
     let _server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(9001), ServerMode::Echo);
     let reply = tcp_request(
         &topo.pod_a,
@@ -76,7 +69,7 @@ fn correct_mtus_make_no_mtu_finding() {
 #[test]
 fn saturating_traffic_is_no_black_hole() {
     let topo = Topology::new();
-    let agent = ready_agent(&topo);
+    let agent = Agent::start_ready(&topo);
     let mut server = Command::new("ip")
         .args([
             "netns",
@@ -120,7 +113,7 @@ fn saturating_traffic_is_no_black_hole() {
 fn oversized_pod_mtu_with_icmp_allowed_is_an_oversize_drop_that_recovers() {
     let topo = Topology::new();
     topo.set_pod_mtu(1500);
-    let agent = ready_agent(&topo);
+    let agent = Agent::start_ready(&topo);
     let _server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(9002), ServerMode::Echo);
 
     let reply = tcp_request(
@@ -249,7 +242,7 @@ fn unbound_vxlan_above_its_underlay_is_an_overlay_mismatch() {
         "1500",
         "up",
     ]);
-    let agent = ready_agent(&topo);
+    let agent = Agent::start_ready(&topo);
     let f = agent.wait_finding(mismatch_on(&topo.node_a, "vx9"), Duration::from_secs(3));
     assert_shape_mtu(&f);
     let summary = field(&f, "summary");
@@ -275,7 +268,7 @@ fn unbound_vxlan_above_its_underlay_is_an_overlay_mismatch() {
 #[test]
 fn mtu_change_while_running_appears_then_clears() {
     let topo = Topology::new();
-    let agent = ready_agent(&topo);
+    let agent = Agent::start_ready(&topo);
     agent.expect_no_finding(is_mtu_kind, Duration::from_secs(1));
     let headroom = format!(
         r#"node_diag_overlay_mtu_headroom_bytes{{interface="{POD_HOST_IF}",netns="{}"}}"#,
@@ -324,7 +317,7 @@ fn filtered_frag_needed_is_a_pmtud_black_hole() {
     let topo = Topology::new();
     topo.set_pod_mtu(1500);
     topo.drop_frag_needed(&topo.node_a);
-    let agent = ready_agent(&topo);
+    let agent = Agent::start_ready(&topo);
     let _server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(9003), ServerMode::Echo);
 
     let start = Instant::now();
@@ -378,7 +371,7 @@ fn frag_needed_from_beyond_this_node_is_counted_as_received() {
         "mtu",
         "1400",
     ]);
-    let agent = ready_agent(&topo);
+    let agent = Agent::start_ready(&topo);
     let before = agent.counter(FRAG_RECEIVED);
     let _server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(9004), ServerMode::Echo);
     let reply = tcp_request(

@@ -17,8 +17,6 @@ use node_diag_tests::{
 };
 use serde_json::Value;
 
-/// Loading and attaching the eBPF programs (debug build included).
-const READY: Duration = Duration::from_secs(30);
 /// One step of client traffic that should succeed or fail quickly.
 const STEP: Duration = Duration::from_secs(3);
 
@@ -26,12 +24,6 @@ const REFUSED: &str = r#"node_diag_tcp_connect_failures_total{reason="refused"}"
 const TIMEOUT: &str = r#"node_diag_tcp_connect_failures_total{reason="timeout"}"#;
 const UNREACHABLE: &str = r#"node_diag_tcp_connect_failures_total{reason="unreachable"}"#;
 const RESETS_RECEIVED: &str = r#"node_diag_tcp_resets_total{direction="received"}"#;
-
-fn ready_agent(topo: &Topology) -> Agent<'_> {
-    let mut agent = Agent::start(topo);
-    agent.wait_ready(READY);
-    agent
-}
 
 /// Matches findings of `kind` (any of `kinds`) and `layer` about
 /// `src` -> `dst`:`dport`.
@@ -65,7 +57,7 @@ fn connect_in_background(
 #[test]
 fn healthy_traffic_makes_no_finding() {
     let topo = Topology::new();
-    let agent = ready_agent(&topo);
+    let agent = Agent::start_ready(&topo);
     let server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(8080), ServerMode::Echo);
 
     for i in 0..20 {
@@ -91,7 +83,7 @@ fn healthy_traffic_makes_no_finding() {
 #[test]
 fn refused_connect_is_a_listener_problem() {
     let topo = Topology::new();
-    let agent = ready_agent(&topo);
+    let agent = Agent::start_ready(&topo);
     let before = agent.counter(REFUSED);
 
     let outcome = tcp_connect(&topo.pod_a, topo.pod_b_addr(8081), STEP);
@@ -128,7 +120,7 @@ fn refused_connect_is_a_listener_problem() {
 #[test]
 fn forward_drop_timeout_is_a_firewall_problem() {
     let topo = Topology::new();
-    let agent = ready_agent(&topo);
+    let agent = Agent::start_ready(&topo);
     let server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(8082), ServerMode::Echo);
     topo.drop_forwarded_tcp(&topo.node_a, 8082);
     let before = agent.counter(TIMEOUT);
@@ -160,7 +152,7 @@ fn forward_drop_timeout_is_a_firewall_problem() {
 #[test]
 fn reset_by_peer_is_reported_as_reset_not_refused() {
     let topo = Topology::new();
-    let agent = ready_agent(&topo);
+    let agent = Agent::start_ready(&topo);
     let server = TcpServer::start(
         &topo.pod_b,
         topo.pod_b_addr(8083),
@@ -188,7 +180,7 @@ fn reset_by_peer_is_reported_as_reset_not_refused() {
 #[test]
 fn missing_pod_route_is_a_cni_routing_problem() {
     let topo = Topology::new();
-    let agent = ready_agent(&topo);
+    let agent = Agent::start_ready(&topo);
     topo.delete_pod_route(&topo.node_b, topo.pod_b_ip);
     let (unreachable_before, timeout_before) = (agent.counter(UNREACHABLE), agent.counter(TIMEOUT));
 
@@ -241,7 +233,7 @@ fn sigterm_exits_cleanly_and_detaches() {
     let topo = Topology::new();
     // Programs of another agent on this machine (a developer's) are not ours.
     let foreign = nd_program_ids();
-    let mut agent = ready_agent(&topo);
+    let mut agent = Agent::start_ready(&topo);
     let ours: Vec<u64> = nd_program_ids()
         .into_iter()
         .filter(|id| !foreign.contains(id))
@@ -364,7 +356,7 @@ fn cli_help_and_usage_errors() {
 #[test]
 fn drop_beyond_this_node_is_a_timeout_of_unknown_layer() {
     let topo = Topology::new();
-    let agent = ready_agent(&topo);
+    let agent = Agent::start_ready(&topo);
     let _server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(8085), ServerMode::Echo);
     // The other node's firewall: this node sees its SYNs leave and nothing come back.
     topo.drop_forwarded_tcp(&topo.node_b, 8085);
