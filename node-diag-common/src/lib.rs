@@ -102,9 +102,31 @@ pub mod event_kind {
     pub const CONNECT_GAVE_UP: u32 = 5;
     /// The first DF packet of a flow dropped for exceeding the egress MTU.
     pub const DF_OVERSIZE: u32 = 6;
-    /// A socket retransmitted full-size segments [`super::Config::fullsize_retrans_threshold`]
-    /// times in a row: the signature of a PMTUD black hole.
+    /// A socket retransmitted the same full-size segment
+    /// [`super::Config::fullsize_retrans_threshold`] times in a row, with evidence that
+    /// size is the problem (an oversize drop, or frag-needed generated, dropped or
+    /// received for the flow): a PMTUD black hole.
     pub const PMTUD_STALL: u32 = 7;
+    /// The same retransmit pattern without any MTU evidence: the peer went silent.
+    pub const TCP_STALL: u32 = 8;
+    /// The application closed a connecting socket before any answer (its own connect
+    /// timeout), after a SYN retransmit or a SYN drop on this node.
+    pub const CONNECT_ABANDONED: u32 = 9;
+    /// A connect already reported as timing out was established after all.
+    pub const CONNECT_LATE: u32 = 10;
+}
+
+/// [`FlowState::flags`] bits.
+pub mod flow_flag {
+    /// The connecting socket received a RST (`tcp:tcp_receive_reset`).
+    pub const RST_RECEIVED: u16 = 1;
+}
+
+/// [`Event::flags`] bits.
+pub mod event_flag {
+    /// The connecting socket received a RST: the peer (or a device resetting on its
+    /// behalf) answered the SYN, as opposed to an ICMP error.
+    pub const RST_RECEIVED: u32 = 1;
 }
 
 /// TCP states as the kernel numbers them (`include/net/tcp_states.h`, stable UAPI-like values).
@@ -146,7 +168,8 @@ pub struct FlowState {
     /// Local port, host order, recorded when the socket closes: the kernel releases the
     /// port before it reports the error.
     pub sport: u16,
-    pub _pad: u16,
+    /// [`flow_flag`] bits.
+    pub flags: u16,
     pub syn_retrans: u32,
     /// Bit set of [`event_kind`] values already reported for this flow (bit = 1 << kind).
     pub reported: u32,
@@ -189,13 +212,19 @@ pub struct RetransState {
     /// Consecutive full-size retransmits of the segment starting at `seq` (reset by a
     /// smaller retransmit or one of another segment: progress, or congestion recovery).
     pub full: u32,
-    /// Non-zero once a PMTUD stall was reported for this socket.
+    /// What was reported for the current stall: 0 nothing,
+    /// [`RETRANS_REPORTED_PMTUD`] a PMTUD black hole, [`RETRANS_REPORTED_STALL`] a stall
+    /// without MTU evidence.
     pub reported: u32,
     pub netns: u32,
     /// Sequence number of the segment being retransmitted.
     pub seq: u32,
 }
 const _: () = assert!(core::mem::size_of::<RetransState>() == 72);
+/// [`RetransState::reported`]: a PMTUD black hole was reported.
+pub const RETRANS_REPORTED_PMTUD: u32 = 1;
+/// [`RetransState::reported`]: a stall without MTU evidence was reported.
+pub const RETRANS_REPORTED_STALL: u32 = 2;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -231,8 +260,11 @@ pub struct Event {
     pub mtu: u32,
     /// Dropped packet length (oversize drops) or retransmitted segment length (stalls).
     pub len: u32,
+    /// [`event_flag`] bits.
+    pub flags: u32,
+    pub _pad: u32,
 }
-const _: () = assert!(core::mem::size_of::<Event>() == 184);
+const _: () = assert!(core::mem::size_of::<Event>() == 192);
 
 /// Offsets of the flow tuple inside a tracepoint record, read from its tracefs `format`.
 #[repr(C)]

@@ -85,6 +85,11 @@ pub struct Extra {
     pub drop: DropInfo,
     pub mtu: u32,
     pub len: u32,
+    /// [`node_diag_common::event_flag`] bits.
+    pub flags: u32,
+    /// Evidence last seen before this `bpf_ktime_get_ns` belongs to an earlier attempt
+    /// (a reused port, a rule since removed) and is left out of the event.
+    pub since: u64,
 }
 
 /// Pushes a verdict for `key`, attaching the ICMP evidence the maps hold for the flow.
@@ -104,16 +109,17 @@ pub fn emit<C: EbpfContext>(
         warn!(ctx, "event ring buffer full: verdict {} lost", kind);
         return;
     };
+    let since = extra.since;
     // SAFETY (all map reads below): values are copied out at once.
-    let icmp = unsafe { ICMP_SENT.get(key) }.copied().unwrap_or_default();
+    let icmp = recent_icmp(unsafe { ICMP_SENT.get(key) }, since);
     // Frag-needed received or dropped only explains MTU verdicts.
-    let mtu_verdict = kind == event_kind::DF_OVERSIZE || kind == event_kind::PMTUD_STALL;
+    let mtu_verdict = kind == event_kind::DF_OVERSIZE
+        || kind == event_kind::PMTUD_STALL
+        || kind == event_kind::TCP_STALL;
     let (icmp_rcvd, frag_dropped) = if mtu_verdict {
         (
-            unsafe { ICMP_RCVD.get(key) }.copied().unwrap_or_default(),
-            unsafe { FRAG_DROPPED.get(key) }
-                .copied()
-                .unwrap_or_default(),
+            recent_icmp(unsafe { ICMP_RCVD.get(key) }, since),
+            recent_drop(unsafe { FRAG_DROPPED.get(key) }, since),
         )
     } else {
         (IcmpInfo::default(), DropInfo::default())
@@ -131,6 +137,8 @@ pub fn emit<C: EbpfContext>(
         frag_dropped,
         mtu: extra.mtu,
         len: extra.len,
+        flags: extra.flags,
+        _pad: 0,
     });
     entry.submit(0);
     // Checked here too, so that with logging off even the call is dead code.
@@ -155,12 +163,32 @@ fn log_verdict<C: EbpfContext>(ctx: &C, kind: u32, error: u32, key: &FlowKey, ne
     );
 }
 
-/// The SYN drop recorded for a connecting flow, as verdict evidence.
+/// The SYN drop recorded for a connecting flow since its attempt began at `since`, as
+/// verdict evidence.
 #[inline(always)]
-pub fn syn_drop(key: &FlowKey) -> Extra {
+pub fn syn_drop(key: &FlowKey, since: u64) -> Extra {
     Extra {
         // SAFETY: the value is copied out at once.
-        drop: unsafe { SYN_DROPS.get(key) }.copied().unwrap_or_default(),
+        drop: recent_drop(unsafe { SYN_DROPS.get(key) }, since),
+        since,
         ..Extra::default()
+    }
+}
+
+/// `info` when it was last seen at or after `since`, else nothing.
+#[inline(always)]
+pub fn recent_drop(info: Option<&DropInfo>, since: u64) -> DropInfo {
+    match info {
+        Some(i) if i.last_ns >= since => *i,
+        _ => DropInfo::default(),
+    }
+}
+
+/// `info` when it was last seen at or after `since`, else nothing.
+#[inline(always)]
+pub fn recent_icmp(info: Option<&IcmpInfo>, since: u64) -> IcmpInfo {
+    match info {
+        Some(i) if i.last_ns >= since => *i,
+        _ => IcmpInfo::default(),
     }
 }

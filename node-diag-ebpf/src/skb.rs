@@ -110,6 +110,7 @@ fn oversize(ctx: &TracePointContext, skb: u64, protocol: u16, netns: u32) -> Opt
                 drop: info,
                 mtu,
                 len,
+                ..Extra::default()
             },
         );
     }

@@ -10,13 +10,15 @@ use aya_ebpf::{
     macros::{raw_tracepoint, tracepoint},
     programs::{RawTracePointContext, TracePointContext},
 };
-use node_diag_common::{FlowState, IPPROTO_TCP, counter, event_kind, tcp_state};
+use node_diag_common::{
+    FlowState, IPPROTO_TCP, counter, event_flag, event_kind, flow_flag, tcp_state,
+};
 
 use crate::{
     config::{config, in_scope, now},
     emit::{Extra, emit, inc, syn_drop},
     kernel::{field, kread, read_tuple, sock_netns, sock_tuple},
-    maps::{CONNECTS, ICMP_SENT},
+    maps::{CONNECTS, ICMP_SENT, RETRANS},
 };
 
 /// How recent a generated ICMP error must be to explain a connect failure.
@@ -52,31 +54,107 @@ fn try_set_state(ctx: &TracePointContext) -> Option<()> {
     }
     let sk = field::<u64>(ctx, config!(set_state_skaddr))?;
     if newstate == tcp_state::SYN_SENT {
+        // Sockets are reused (SLAB_TYPESAFE_BY_RCU): every attempt starts a fresh entry,
+        // and an attempt out of scope must not find a previous socket's entry at error
+        // time.
         let netns = sock_netns(sk);
         if !in_scope(netns) {
+            let _ = CONNECTS.remove(&sk);
             return None;
         }
         let state = FlowState {
             start_ns: now(),
             netns,
             sport: 0,
-            _pad: 0,
+            flags: 0,
             syn_retrans: 0,
             reported: 0,
         };
         return CONNECTS.insert(&sk, &state, 0).ok();
     }
-    if newstate == tcp_state::ESTABLISHED {
-        // The connect succeeded: nothing left to diagnose, free the LRU slot. Failed
-        // connects keep theirs until evicted, because the error report follows CLOSE.
-        let _ = CONNECTS.remove(&sk);
-        return Some(());
+    let (kind, error, netns, retrans, extra) = if newstate == tcp_state::ESTABLISHED {
+        established(sk)?
+    } else {
+        closed(ctx, sk)?
+    };
+    let key = read_tuple(ctx, config!(set_state))?;
+    let extra = match kind {
+        event_kind::ESTABLISHED_RESET => extra,
+        _ => syn_drop(&key, extra.since),
+    };
+    emit(ctx, kind, error, &key, netns, retrans, extra);
+    Some(())
+}
+
+/// The connect succeeded: nothing left to diagnose, so the entry goes. If it had been
+/// reported as timing out, that verdict is withdrawn (`CONNECT_LATE`).
+#[inline(always)]
+fn established(sk: u64) -> Option<(u32, u32, u32, u32, Extra)> {
+    // SAFETY: the value is copied out at once.
+    let connect = unsafe { CONNECTS.get(&sk) }.copied();
+    let _ = CONNECTS.remove(&sk);
+    let connect = connect?;
+    if connect.reported & (1 << event_kind::CONNECT_TIMEOUT) == 0 {
+        return None;
     }
-    // CLOSE. The record still has the local port the kernel is about to release.
+    Some((
+        event_kind::CONNECT_LATE,
+        0,
+        connect.netns,
+        connect.syn_retrans,
+        Extra {
+            since: connect.start_ns,
+            ..Extra::default()
+        },
+    ))
+}
+
+/// A socket closing: a connect the application gave up on, an established connection
+/// closing on a reset, or neither.
+#[inline(always)]
+fn closed(ctx: &TracePointContext, sk: u64) -> Option<(u32, u32, u32, u32, Extra)> {
+    // The socket is done: its stall state must not pass to the next socket at this
+    // address.
+    let _ = RETRANS.remove(&sk);
     if let Some(connect) = CONNECTS.get_ptr_mut(&sk) {
+        // The record still has the local port the kernel is about to release.
         let sport = field::<u16>(ctx, config!(set_state.sport))?;
+        // SAFETY: the pointer comes from the map.
         unsafe { (*connect).sport = sport };
-        return Some(());
+        if config!(btf_ok) == 0 {
+            return None;
+        }
+        // A failed connect has its error set before it closes, and the error report
+        // follows; without one, the application closed the socket itself (its connect
+        // timeout, a kubelet probe's 1 s).
+        if kread::<i32>(sk, config!(sk_err))? != 0 {
+            return None;
+        }
+        // SAFETY: the pointer comes from the map.
+        let state = unsafe { *connect };
+        if state.reported != 0 {
+            return None;
+        }
+        let key = read_tuple(ctx, config!(set_state))?;
+        let dropped = syn_drop(&key, state.start_ns).drop.count > 0;
+        if state.syn_retrans == 0 && !dropped {
+            // Closed before the first retransmit with nothing dropped here: no sign of
+            // trouble, only an impatient client.
+            return None;
+        }
+        // SAFETY: the pointer comes from the map.
+        unsafe { (*connect).reported |= 1 << event_kind::CONNECT_ABANDONED };
+        inc(counter::CONNECT_TIMEOUT);
+        return Some((
+            event_kind::CONNECT_ABANDONED,
+            0,
+            state.netns,
+            state.syn_retrans,
+            Extra {
+                since: state.start_ns,
+                ..Extra::default()
+            },
+        ));
     }
     // An established connection closing on a received reset: tcp_reset() sets sk_err
     // before it closes the socket.
@@ -91,18 +169,14 @@ fn try_set_state(ctx: &TracePointContext) -> Option<()> {
     if !in_scope(netns) {
         return None;
     }
-    let key = read_tuple(ctx, config!(set_state))?;
     inc(counter::ESTABLISHED_RESET);
-    emit(
-        ctx,
+    Some((
         event_kind::ESTABLISHED_RESET,
         error as u32,
-        &key,
         netns,
         0,
         Extra::default(),
-    );
-    Some(())
+    ))
 }
 
 #[raw_tracepoint(tracepoint = "inet_sk_error_report")]
@@ -143,7 +217,7 @@ fn try_err_report(ctx: &RawTracePointContext) -> Option<()> {
         ETIMEDOUT => (event_kind::CONNECT_GAVE_UP, u32::MAX),
         _ => return None,
     };
-    let (netns, syn_retrans) = unsafe {
+    let (netns, syn_retrans, since, flags) = unsafe {
         let bit = 1 << kind;
         if (*connect).reported & bit != 0 {
             return None;
@@ -152,7 +226,12 @@ fn try_err_report(ctx: &RawTracePointContext) -> Option<()> {
         if key.sport == 0 {
             key.sport = (*connect).sport;
         }
-        ((*connect).netns, (*connect).syn_retrans)
+        (
+            (*connect).netns,
+            (*connect).syn_retrans,
+            (*connect).start_ns,
+            (*connect).flags,
+        )
     };
     if counter != u32::MAX {
         inc(counter);
@@ -164,7 +243,14 @@ fn try_err_report(ctx: &RawTracePointContext) -> Option<()> {
         &key,
         netns,
         syn_retrans,
-        syn_drop(&key),
+        Extra {
+            flags: if flags & flow_flag::RST_RECEIVED != 0 {
+                event_flag::RST_RECEIVED
+            } else {
+                0
+            },
+            ..syn_drop(&key, since)
+        },
     );
     Some(())
 }

@@ -2,14 +2,23 @@
 //! (PMTUD stalls) and reset accounting.
 
 use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
-use node_diag_common::{FlowState, RetransState, counter, event_kind, tcp_state};
+use node_diag_common::{
+    FlowKey, FlowState, RETRANS_REPORTED_PMTUD, RETRANS_REPORTED_STALL, RetransState, counter,
+    event_kind, flow_flag, tcp_state,
+};
 
 use crate::{
     config::{config, in_scope, now},
-    emit::{Extra, emit, inc, syn_drop},
+    emit::{Extra, emit, inc, recent_drop, recent_icmp, syn_drop},
     kernel::{field, kread, read_tuple, skb_dev, sock_netns},
-    maps::{CONNECTS, OVERSIZE, RETRANS},
+    maps::{CONNECTS, FRAG_DROPPED, ICMP_RCVD, ICMP_SENT, OVERSIZE, RETRANS},
+    packet::{IPPROTO_ICMP, is_frag_needed},
 };
+
+/// How long before a stall's first retransmit MTU evidence still explains it: the
+/// oversize drop or frag-needed of a black hole comes with the segment's first
+/// transmission, one RTO before its first retransmit.
+const STALL_EVIDENCE_NS: u64 = 10_000_000_000;
 
 #[tracepoint]
 pub fn nd_retransmit(ctx: TracePointContext) -> u32 {
@@ -35,7 +44,7 @@ fn try_retransmit(ctx: &TracePointContext) -> Option<()> {
             start_ns: now(),
             netns,
             sport: 0,
-            _pad: 0,
+            flags: 0,
             syn_retrans: 1,
             reported: 0,
         };
@@ -44,13 +53,18 @@ fn try_retransmit(ctx: &TracePointContext) -> Option<()> {
     inc(counter::SYN_RETRANSMITS);
     let threshold = config!(syn_retrans_threshold);
     let bit = 1 << event_kind::CONNECT_TIMEOUT;
-    let (retrans, netns, fire) = unsafe {
+    let (retrans, netns, since, fire) = unsafe {
         (*connect).syn_retrans += 1;
         let fire = (*connect).syn_retrans >= threshold && (*connect).reported & bit == 0;
         if fire {
             (*connect).reported |= bit;
         }
-        ((*connect).syn_retrans, (*connect).netns, fire)
+        (
+            (*connect).syn_retrans,
+            (*connect).netns,
+            (*connect).start_ns,
+            fire,
+        )
     };
     if fire {
         inc(counter::CONNECT_TIMEOUT);
@@ -62,7 +76,7 @@ fn try_retransmit(ctx: &TracePointContext) -> Option<()> {
             &key,
             netns,
             retrans,
-            syn_drop(&key),
+            syn_drop(&key, since),
         );
     }
     Some(())
@@ -115,7 +129,7 @@ fn data_retransmit(ctx: &TracePointContext, sk: u64) -> Option<()> {
         return RETRANS.insert(&sk, &entry, 0).ok();
     };
     let threshold = config!(fullsize_retrans_threshold);
-    let (fire, full, netns, flow) = unsafe {
+    let (full, netns, flow, first_ns, reported) = unsafe {
         if len < mss {
             // A smaller segment is being retried: the path shrank the MSS, the stall is over.
             (*state).full = 0;
@@ -131,29 +145,61 @@ fn data_retransmit(ctx: &TracePointContext, sk: u64) -> Option<()> {
             (*state).first_ns = now;
         }
         (*state).last_ns = now;
-        let fire = (*state).full >= threshold && (*state).reported == 0;
-        if fire {
-            (*state).reported = 1;
-        }
-        (fire, (*state).full, (*state).netns, (*state).flow)
+        (
+            (*state).full,
+            (*state).netns,
+            (*state).flow,
+            (*state).first_ns,
+            (*state).reported,
+        )
     };
     inc(counter::FULLSIZE_RETRANSMITS);
-    if fire {
-        emit(
-            ctx,
-            event_kind::PMTUD_STALL,
-            0,
-            &flow,
-            netns,
-            full,
-            Extra {
-                drop: unsafe { OVERSIZE.get(&flow) }.copied().unwrap_or_default(),
-                mtu: mss,
-                len,
-            },
-        );
+    if full < threshold || reported == RETRANS_REPORTED_PMTUD {
+        return Some(());
     }
+    // A stall is a black hole only with evidence that size is the problem; a peer that
+    // went silent (a dead node, a drop rule, an idle timeout) stalls the same way.
+    let since = first_ns.saturating_sub(STALL_EVIDENCE_NS);
+    // SAFETY: the value is copied out at once.
+    let oversize = recent_drop(unsafe { OVERSIZE.get(&flow) }, since);
+    let pmtud = oversize.count > 0 || has_frag_needed(&flow, since);
+    let (kind, mark) = if pmtud {
+        (event_kind::PMTUD_STALL, RETRANS_REPORTED_PMTUD)
+    } else if reported == 0 {
+        (event_kind::TCP_STALL, RETRANS_REPORTED_STALL)
+    } else {
+        // Already reported as a plain stall, and still no MTU evidence.
+        return Some(());
+    };
+    unsafe { (*state).reported = mark };
+    emit(
+        ctx,
+        kind,
+        0,
+        &flow,
+        netns,
+        full,
+        Extra {
+            drop: oversize,
+            mtu: mss,
+            len,
+            since,
+            ..Extra::default()
+        },
+    );
     Some(())
+}
+
+/// Whether frag-needed / packet-too-big was generated, dropped or received for `flow`
+/// since `since`.
+#[inline(always)]
+fn has_frag_needed(flow: &FlowKey, since: u64) -> bool {
+    // SAFETY (all map reads): values are copied out at once.
+    let sent = recent_icmp(unsafe { ICMP_SENT.get(flow) }, since);
+    // icmp:icmp_send is IPv4's (ICMPv6 has no such tracepoint).
+    (sent.count > 0 && is_frag_needed(IPPROTO_ICMP, sent.icmp_type as u8, sent.icmp_code as u8))
+        || recent_icmp(unsafe { ICMP_RCVD.get(flow) }, since).count > 0
+        || recent_drop(unsafe { FRAG_DROPPED.get(flow) }, since).count > 0
 }
 
 #[tracepoint]
@@ -167,6 +213,12 @@ fn try_rcv_reset(ctx: &TracePointContext) -> Option<()> {
     let sk = field::<u64>(ctx, config!(rcv_reset_skaddr))?;
     if in_scope(sock_netns(sk)) {
         inc(counter::RST_RECEIVED);
+    }
+    // A connecting socket's RST is what makes a refusal the listener's: an ICMP error
+    // refuses a connect the same way (ECONNREFUSED) without one.
+    if let Some(connect) = CONNECTS.get_ptr_mut(&sk) {
+        // SAFETY: the pointer comes from the map; a racing writer can only lose the bit.
+        unsafe { (*connect).flags |= flow_flag::RST_RECEIVED };
     }
     Some(())
 }

@@ -40,7 +40,7 @@ use crate::{
     OutputFormat,
     findings::{
         Finding, Kind, Store,
-        correlate::{Context, correlate},
+        correlate::{Context, correlate, withdrawn},
         names::Names,
     },
     kernel::{
@@ -201,6 +201,16 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
                     shared.metrics().finding(&finding);
                     let printed = shared.store().record(finding, Instant::now());
                     if let Some(f) = printed {
+                        print_finding(&f, opts.format);
+                    }
+                } else if let Some((kind, netns, dst, dport)) = withdrawn(&ev) {
+                    // The connect that was timing out got through: a slow listener or a
+                    // transient drop, not a standing failure.
+                    let resolved = shared.store().resolve(
+                        |f| f.kind == kind && f.netns == netns && f.dst == Some(dst) && f.dport == Some(dport),
+                        SystemTime::now(),
+                    );
+                    for f in resolved {
                         print_finding(&f, opts.format);
                     }
                 }

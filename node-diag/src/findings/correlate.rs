@@ -7,7 +7,7 @@ use std::{
     time::SystemTime,
 };
 
-use node_diag_common::{AF_INET, Event, FlowKey, event_kind};
+use node_diag_common::{AF_INET, Event, FlowKey, event_flag, event_kind};
 use serde_json::{Map, Value, json};
 
 use super::{Finding, Kind, Layer, Severity, names::Names};
@@ -75,6 +75,7 @@ pub fn correlate(ev: &Event, ctx: &Context<'_>) -> Option<Finding> {
     match ev.kind {
         event_kind::DF_OVERSIZE => Some(df_oversize(ev, ctx)),
         event_kind::PMTUD_STALL => Some(pmtud_stall(ev, ctx)),
+        event_kind::TCP_STALL => Some(tcp_stall(ev, ctx)),
         _ => connect_verdict(ev, ctx),
     }
 }
@@ -189,8 +190,17 @@ fn pmtud_stall(ev: &Event, ctx: &Context<'_>) -> Finding {
             "ICMP frag-needed (MTU {}) reached this node {} times but the sender never shrank its segments (filtered before the pod, or PMTUD disabled there)",
             ev.icmp_rcvd.mtu, ev.icmp_rcvd.count
         )
+    } else if generated_here {
+        format!(
+            "this node generated ICMP frag-needed (MTU {}) {} times, but it never took effect at the sender: it is lost or ignored between this node and the sender",
+            ev.icmp.mtu, ev.icmp.count
+        )
     } else {
-        "no ICMP frag-needed ever arrived for it: a router or firewall on the path drops the oversized packets or filters the ICMP".to_string()
+        // The kernel reports a black hole only with MTU evidence: here, oversize drops.
+        format!(
+            "its full-size packets are dropped on this node as larger than the egress MTU ({} times) and no frag-needed goes back",
+            ev.drop.count
+        )
     };
     let summary = format!(
         "PMTUD black hole: {src}:{} -> {dst}:{} keeps retransmitting full-size segments ({} in a row, {} bytes, MSS {}) and {why}.",
@@ -210,6 +220,54 @@ fn pmtud_stall(ev: &Event, ctx: &Context<'_>) -> Finding {
     );
     f.evidence = with_sorted_keys(evidence);
     f
+}
+
+/// The same stall as a black hole, but with no sign that size is the problem: the peer
+/// stopped answering altogether.
+fn tcp_stall(ev: &Event, ctx: &Context<'_>) -> Finding {
+    let flow = &ev.flow;
+    let (src, dst) = (addr(flow, &flow.saddr), addr(flow, &flow.daddr));
+    let mut evidence = Map::new();
+    evidence.insert("retransmits".into(), json!(ev.retrans));
+    evidence.insert("segment_len".into(), json!(ev.len));
+    evidence.insert("mss".into(), json!(ev.mtu));
+    evidence.insert("oversize_drops".into(), json!(0));
+    frag_evidence(ev, &mut evidence);
+    let summary = format!(
+        "Connection {src}:{} -> {dst}:{} stalled: the same segment was retransmitted {} times and nothing came back. With no oversize drop and no ICMP frag-needed for this flow, size is not the problem: the peer went silent (node or pod gone, a firewall or NetworkPolicy applied mid-connection, an idle timeout on a middlebox).",
+        flow.sport, flow.dport, ev.retrans
+    );
+    let remediation = format!(
+        "Check that {dst} is still up and reachable (`ping`, the pod's status, its node), then rules changed on the path to {dst}:{}. If only large transfers hang while small requests work, run `node-diag probe {dst}` to look for a path MTU black hole beyond this node.",
+        flow.dport
+    );
+    let mut f = with_flow(
+        Finding::new(
+            Kind::TcpStall,
+            Layer::Unknown,
+            Severity::Warning,
+            summary,
+            remediation,
+            ctx.now,
+        ),
+        ev,
+    );
+    f.evidence = with_sorted_keys(evidence);
+    f
+}
+
+/// For a connect reported as timing out that was established after all: which findings
+/// it withdraws (kind, netns, destination, port).
+pub fn withdrawn(ev: &Event) -> Option<(Kind, Option<u32>, IpAddr, u16)> {
+    (ev.kind == event_kind::CONNECT_LATE).then(|| {
+        let flow = &ev.flow;
+        (
+            Kind::TcpTimeout,
+            (ev.netns != 0).then_some(ev.netns),
+            addr(flow, &flow.daddr),
+            flow.dport,
+        )
+    })
 }
 
 fn connect_verdict(ev: &Event, ctx: &Context<'_>) -> Option<Finding> {
@@ -264,6 +322,14 @@ fn connect_verdict(ev: &Event, ctx: &Context<'_>) -> Option<Finding> {
         _ => Evidence::None,
     };
 
+    let rst_received = ev.flags & event_flag::RST_RECEIVED != 0;
+    if ev.kind == event_kind::CONNECT_REFUSED {
+        evidence.insert("rst_received".into(), json!(rst_received));
+    }
+    let abandoned = ev.kind == event_kind::CONNECT_ABANDONED;
+    if abandoned {
+        evidence.insert("abandoned".into(), json!(true));
+    }
     let (kind, layer, severity, summary, remediation) = match ev.kind {
         event_kind::CONNECT_REFUSED => {
             if let Some(i) = icmp.filter(|i| {
@@ -279,6 +345,30 @@ fn connect_verdict(ev: &Event, ctx: &Context<'_>) -> Option<Finding> {
                     ),
                     "Find the REJECT rule for this port (`nft list ruleset`, `iptables-save`, NetworkPolicy) and allow the traffic.".to_string(),
                 )
+            } else if let Evidence::Firewall(why) = &classified {
+                // `reject with tcp reset`: the RST comes from this node's netfilter, which
+                // also drops the SYN.
+                (
+                    Kind::TcpRefused,
+                    Layer::Firewall,
+                    Severity::Warning,
+                    format!(
+                        "Connection to {dst}:{dport} was rejected by a firewall rule on this node, not by the application: {why} and answered it with a reset."
+                    ),
+                    "Find the REJECT rule for this port (`nft list ruleset`, `iptables-save`, NetworkPolicy) and allow the traffic.".to_string(),
+                )
+            } else if !rst_received {
+                (
+                    Kind::TcpRefused,
+                    Layer::Firewall,
+                    Severity::Warning,
+                    format!(
+                        "Connection to {dst}:{dport} was refused by an ICMP port-unreachable, not by a RST: a REJECT rule on a firewall between here and {dst} (a host firewall such as firewalld, a NetworkPolicy) answered instead of the application."
+                    ),
+                    format!(
+                        "Find the REJECT rule for port {dport} on the destination node and on the path (`nft list ruleset`, `iptables-save`, NetworkPolicies) and allow the traffic."
+                    ),
+                )
             } else {
                 (
                     Kind::TcpRefused,
@@ -293,7 +383,7 @@ fn connect_verdict(ev: &Event, ctx: &Context<'_>) -> Option<Finding> {
                 )
             }
         }
-        event_kind::CONNECT_TIMEOUT => {
+        event_kind::CONNECT_TIMEOUT | event_kind::CONNECT_ABANDONED => {
             let (layer, summary, remediation) = match classified {
                 Evidence::Firewall(why) => (
                     Layer::Firewall,
@@ -319,7 +409,22 @@ fn connect_verdict(ev: &Event, ctx: &Context<'_>) -> Option<Finding> {
                     ),
                 ),
             };
-            (Kind::TcpTimeout, layer, Severity::Critical, summary, remediation)
+            let (severity, summary) = if abandoned {
+                let summary = format!(
+                    "{summary} The application gave up on the connect first (its own connect timeout) after {} SYN retransmits.",
+                    ev.retrans
+                );
+                // Without evidence on this node an impatient client is no page.
+                let severity = if layer == Layer::Unknown {
+                    Severity::Warning
+                } else {
+                    Severity::Critical
+                };
+                (severity, summary)
+            } else {
+                (Severity::Critical, summary)
+            };
+            (Kind::TcpTimeout, layer, severity, summary, remediation)
         }
         event_kind::CONNECT_UNREACHABLE => {
             let errno = errno_name(ev.error);
@@ -410,10 +515,17 @@ mod tests {
         )
     }
 
+    fn refused_with_rst() -> Event {
+        let mut ev = event(event_kind::CONNECT_REFUSED, 111);
+        ev.flags = event_flag::RST_RECEIVED;
+        ev
+    }
+
     #[test]
     fn refused_is_the_listener() {
-        let f = run(&event(event_kind::CONNECT_REFUSED, 111)).unwrap();
+        let f = run(&refused_with_rst()).unwrap();
         assert_eq!((f.kind, f.layer), (Kind::TcpRefused, Layer::Listener));
+        assert_eq!(f.evidence["rst_received"], true);
         assert_eq!(f.src, Some("10.244.1.7".parse().unwrap()));
         assert_eq!(f.dst, Some("10.244.2.9".parse().unwrap()));
         assert_eq!(
@@ -596,14 +708,100 @@ mod tests {
     }
 
     #[test]
-    fn stall_without_any_frag_needed_points_at_the_path() {
-        let f = run(&event(event_kind::PMTUD_STALL, 0)).unwrap();
+    fn black_hole_on_oversize_drops_alone_names_them() {
+        let mut ev = event(event_kind::PMTUD_STALL, 0);
+        ev.drop = DropInfo {
+            last_ns: 1,
+            reason: 12,
+            count: 2,
+            netns: 1,
+            ifindex: 3,
+        };
+        let f = run(&ev).unwrap();
         assert_eq!(f.layer, Layer::IcmpFiltered);
         assert!(
-            f.summary.contains("no ICMP frag-needed ever arrived"),
+            f.summary.contains("larger than the egress MTU (2 times)"),
             "{}",
             f.summary
         );
         assert!(f.evidence.get("netfilter_hook").is_none());
+    }
+
+    #[test]
+    fn stall_without_mtu_evidence_is_a_silent_peer_not_a_black_hole() {
+        let mut ev = event(event_kind::TCP_STALL, 0);
+        ev.retrans = 3;
+        let f = run(&ev).unwrap();
+        assert_eq!((f.kind, f.layer), (Kind::TcpStall, Layer::Unknown));
+        assert_eq!(f.severity, Severity::Warning);
+        assert_eq!(f.evidence["oversize_drops"], 0);
+        assert_eq!(f.evidence["frag_needed_dropped"], 0);
+        assert!(
+            f.summary.contains("size is not the problem"),
+            "{}",
+            f.summary
+        );
+    }
+
+    #[test]
+    fn refused_without_rst_is_an_icmp_reject_on_the_path() {
+        let f = run(&event(event_kind::CONNECT_REFUSED, 111)).unwrap();
+        assert_eq!((f.kind, f.layer), (Kind::TcpRefused, Layer::Firewall));
+        assert_eq!(f.evidence["rst_received"], false);
+        assert!(f.summary.contains("ICMP port-unreachable"), "{}", f.summary);
+    }
+
+    #[test]
+    fn reset_from_a_local_reject_rule_is_this_nodes_firewall() {
+        let mut ev = refused_with_rst();
+        ev.drop = DropInfo {
+            last_ns: 1,
+            reason: 12,
+            count: 1,
+            netns: 4026532000,
+            ifindex: 0,
+        };
+        let f = run(&ev).unwrap();
+        assert_eq!((f.kind, f.layer), (Kind::TcpRefused, Layer::Firewall));
+        assert_eq!(f.evidence["drop_reason"], "NETFILTER_DROP");
+        assert!(f.summary.contains("on this node"), "{}", f.summary);
+    }
+
+    #[test]
+    fn abandoned_connect_is_a_timeout_with_its_evidence() {
+        let mut ev = event(event_kind::CONNECT_ABANDONED, 0);
+        ev.drop = DropInfo {
+            last_ns: 1,
+            reason: 12,
+            count: 1,
+            netns: 4026532000,
+            ifindex: 0,
+        };
+        let f = run(&ev).unwrap();
+        assert_eq!((f.kind, f.layer), (Kind::TcpTimeout, Layer::Firewall));
+        assert_eq!(f.severity, Severity::Critical);
+        assert_eq!(f.evidence["abandoned"], true);
+        // Without evidence on this node: unknown, and no page.
+        let mut ev = event(event_kind::CONNECT_ABANDONED, 0);
+        ev.retrans = 1;
+        let f = run(&ev).unwrap();
+        assert_eq!((f.kind, f.layer), (Kind::TcpTimeout, Layer::Unknown));
+        assert_eq!(f.severity, Severity::Warning);
+    }
+
+    #[test]
+    fn late_success_withdraws_the_timeout_and_makes_no_finding() {
+        let ev = event(event_kind::CONNECT_LATE, 0);
+        assert!(run(&ev).is_none());
+        assert_eq!(
+            withdrawn(&ev),
+            Some((
+                Kind::TcpTimeout,
+                Some(4026532000),
+                "10.244.2.9".parse().unwrap(),
+                8080
+            ))
+        );
+        assert_eq!(withdrawn(&event(event_kind::CONNECT_TIMEOUT, 0)), None);
     }
 }

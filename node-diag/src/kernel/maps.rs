@@ -11,7 +11,7 @@ use aya::{
 };
 use node_diag_common::{
     DropKey, FlowKey, MAP_COUNTERS, MAP_DROPS, MAP_EVENTS, MAP_L3_OFFSET, MAP_OVERSIZE_BY_DEV,
-    MAP_RETRANS, MAP_SCOPE, RetransState, counter,
+    MAP_RETRANS, MAP_SCOPE, RETRANS_REPORTED_PMTUD, RetransState, counter,
 };
 use tracing::warn;
 
@@ -111,7 +111,10 @@ impl KernelMaps {
         self.retrans
             .iter()
             .flatten()
-            .filter(|(_, s)| s.reported != 0 && now.saturating_sub(s.last_ns) < BLACKHOLE_QUIET_NS)
+            .filter(|(_, s)| {
+                s.reported == RETRANS_REPORTED_PMTUD
+                    && now.saturating_sub(s.last_ns) < BLACKHOLE_QUIET_NS
+            })
             .map(|(_, s)| s.flow)
             .collect()
     }
