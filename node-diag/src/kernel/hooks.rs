@@ -9,6 +9,10 @@ pub const FULLSIZE_RETRANS_THRESHOLD: u32 = 3;
 /// Drop reasons whose SYN drops are remembered per flow as timeout evidence.
 pub const FLOW_DROP_REASONS: &[&str] = &[
     "NETFILTER_DROP",
+    // eBPF CNIs' and tc policy (Cilium, Calico eBPF, tc filters): firewall evidence too.
+    "TC_INGRESS",
+    "TC_EGRESS",
+    "BPF_CGROUP_EGRESS",
     "IP_NOROUTE",
     "IP_INNOROUTES",
     "IP_OUTNOROUTES",
