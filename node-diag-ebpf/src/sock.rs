@@ -24,6 +24,7 @@ use crate::{
 /// How recent a generated ICMP error must be to explain a connect failure.
 const ICMP_WINDOW_NS: u64 = 3_000_000_000;
 
+const EACCES: i32 = 13;
 const EPIPE: i32 = 32;
 const ENONET: i32 = 64;
 const ENETUNREACH: i32 = 101;
@@ -209,7 +210,8 @@ fn try_err_report(ctx: &RawTracePointContext) -> Option<()> {
     }
     let (kind, counter) = match error {
         ECONNREFUSED => (event_kind::CONNECT_REFUSED, counter::CONNECT_REFUSED),
-        EHOSTUNREACH | ENETUNREACH | EHOSTDOWN | ENONET => (
+        // EACCES: ICMPv6 administratively prohibited (IPv4's maps to EHOSTUNREACH).
+        EHOSTUNREACH | ENETUNREACH | EHOSTDOWN | ENONET | EACCES => (
             event_kind::CONNECT_UNREACHABLE,
             counter::CONNECT_UNREACHABLE,
         ),

@@ -34,9 +34,12 @@ const ROUTING_REASONS: &[&str] = &[
 /// ICMP destination-unreachable codes sent by filters (RFC 1812 administratively prohibited).
 const ICMP_ADMIN_CODES: &[u32] = &[9, 10, 13];
 const ICMP_PORT_UNREACH: u32 = 3;
+/// The socket error an ICMPv6 administratively-prohibited leaves.
+const EACCES: u32 = 13;
 
 pub fn errno_name(errno: u32) -> &'static str {
     match errno {
+        13 => "EACCES",
         32 => "EPIPE",
         64 => "ENONET",
         101 => "ENETUNREACH",
@@ -428,6 +431,15 @@ fn connect_verdict(ev: &Event, ctx: &Context<'_>) -> Option<Finding> {
         }
         event_kind::CONNECT_UNREACHABLE => {
             let errno = errno_name(ev.error);
+            let classified = match classified {
+                // Only an ICMPv6 administratively-prohibited makes EACCES: a filter on
+                // the path (ip6tables/nft REJECT, a NetworkPolicy) said no.
+                Evidence::None if ev.error == EACCES => Evidence::Firewall(
+                    "a firewall on the path answered with ICMPv6 administratively prohibited"
+                        .to_string(),
+                ),
+                other => other,
+            };
             match classified {
                 Evidence::Firewall(why) => (
                     Kind::TcpUnreachable,
@@ -803,5 +815,20 @@ mod tests {
             ))
         );
         assert_eq!(withdrawn(&event(event_kind::CONNECT_TIMEOUT, 0)), None);
+    }
+
+    #[test]
+    fn ipv6_admin_prohibited_is_a_firewall() {
+        let mut ev = event(event_kind::CONNECT_UNREACHABLE, 13);
+        ev.flow.family = node_diag_common::AF_INET6;
+        ev.flow.daddr = "fd00::2".parse::<Ipv6Addr>().unwrap().octets();
+        let f = run(&ev).unwrap();
+        assert_eq!((f.kind, f.layer), (Kind::TcpUnreachable, Layer::Firewall));
+        assert_eq!(f.evidence["errno"], "EACCES");
+        assert!(
+            f.summary.contains("administratively prohibited"),
+            "{}",
+            f.summary
+        );
     }
 }

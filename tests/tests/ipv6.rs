@@ -1,0 +1,124 @@
+//! IPv6: the connect verdicts on an IPv6 path. Node A (the agent's own namespace) and
+//! node B get IPv6 addresses on the underlay veth; node B's firewall rejects with the
+//! ICMPv6 errors real filters send. A refusal without a RST, or an administratively
+//! prohibited, is a firewall, never the listener.
+//!
+//! Root, `NODE_DIAG_BIN` set (or `cargo xtask test`), one test at a time:
+//! `cargo test -p node-diag-tests --test ipv6 -- --test-threads=1`.
+
+use std::net::{Ipv6Addr, SocketAddr};
+use std::time::Duration;
+
+use node_diag_tests::finding::{assert_shape, field};
+use node_diag_tests::{Agent, ConnectOutcome, Topology, cmd, tcp_connect};
+use serde_json::Value;
+
+const NODE_A_V6: &str = "fd00:200::1";
+const NODE_B_V6: &str = "fd00:200::2";
+/// Refused verdicts come within a second of the connect.
+const REFUSED_WITHIN: Duration = Duration::from_secs(1);
+const STEP: Duration = Duration::from_secs(3);
+
+const REFUSED: &str = r#"node_diag_tcp_connect_failures_total{reason="refused"}"#;
+const UNREACHABLE: &str = r#"node_diag_tcp_connect_failures_total{reason="unreachable"}"#;
+
+/// Node A and node B on an IPv6 subnet over the underlay veth; node B rejects
+/// connections from node A to `port` with `reject_with` (an nft reject statement).
+fn ipv6_topology(reject: Option<(u16, &str)>) -> Topology {
+    let topo = Topology::new();
+    for (node, addr) in [(&topo.node_a, NODE_A_V6), (&topo.node_b, NODE_B_V6)] {
+        cmd::run_in(
+            node,
+            &[
+                "ip",
+                "addr",
+                "add",
+                &format!("{addr}/64"),
+                "dev",
+                "ul0",
+                "nodad",
+            ],
+        );
+    }
+    if let Some((port, reject_with)) = reject {
+        cmd::run_in(&topo.node_b, &["nft", "add table inet ndv6"]);
+        cmd::run_in(
+            &topo.node_b,
+            &[
+                "nft",
+                "add chain inet ndv6 input { type filter hook input priority 0; }",
+            ],
+        );
+        cmd::run_in(
+            &topo.node_b,
+            &[
+                "nft",
+                &format!(
+                    "add rule inet ndv6 input ip6 saddr {NODE_A_V6} tcp dport {port} {reject_with}"
+                ),
+            ],
+        );
+    }
+    topo
+}
+
+fn node_b(port: u16) -> SocketAddr {
+    SocketAddr::new(NODE_B_V6.parse::<Ipv6Addr>().unwrap().into(), port)
+}
+
+fn on_flow<'a>(kind: &'a str, layer: &'a str, dport: u16) -> impl Fn(&Value) -> bool + 'a {
+    move |f| {
+        field(f, "kind") == kind
+            && field(f, "layer") == layer
+            && field(f, "dst") == NODE_B_V6
+            && f["dport"] == dport
+    }
+}
+
+#[test]
+fn ipv6_port_unreachable_reject_is_a_firewall_not_the_listener() {
+    let topo = ipv6_topology(Some((8090, "reject with icmpv6 type port-unreachable")));
+    let agent = Agent::start_ready(&topo);
+    let before = agent.counter(REFUSED);
+
+    let outcome = tcp_connect(&topo.node_a, node_b(8090), STEP);
+    assert!(matches!(outcome, ConnectOutcome::Refused), "{outcome:?}");
+    let f = agent.wait_finding(on_flow("tcp_refused", "firewall", 8090), REFUSED_WITHIN);
+    assert_shape(&f);
+    assert_eq!(f["evidence"]["rst_received"], false, "{f:#}");
+    assert_eq!(f["src"], NODE_A_V6, "{f:#}");
+    agent.expect_no_finding(on_flow("tcp_refused", "listener", 8090), STEP);
+    agent.wait_counter_at_least(REFUSED, before + 1.0, STEP);
+}
+
+#[test]
+fn ipv6_admin_prohibited_is_a_firewall() {
+    let topo = ipv6_topology(Some((8091, "reject with icmpv6 type admin-prohibited")));
+    let agent = Agent::start_ready(&topo);
+    let before = agent.counter(UNREACHABLE);
+
+    let outcome = tcp_connect(&topo.node_a, node_b(8091), STEP);
+    assert!(
+        !matches!(
+            outcome,
+            ConnectOutcome::Connected | ConnectOutcome::TimedOut
+        ),
+        "{outcome:?}"
+    );
+    let f = agent.wait_finding(on_flow("tcp_unreachable", "firewall", 8091), REFUSED_WITHIN);
+    assert_shape(&f);
+    assert_eq!(f["evidence"]["errno"], "EACCES", "{f:#}");
+    agent.wait_counter_at_least(UNREACHABLE, before + 1.0, STEP);
+}
+
+#[test]
+fn ipv6_closed_port_is_the_listener() {
+    let topo = ipv6_topology(None);
+    let agent = Agent::start_ready(&topo);
+
+    let outcome = tcp_connect(&topo.node_a, node_b(8092), STEP);
+    assert!(matches!(outcome, ConnectOutcome::Refused), "{outcome:?}");
+    let f = agent.wait_finding(on_flow("tcp_refused", "listener", 8092), REFUSED_WITHIN);
+    assert_shape(&f);
+    assert_eq!(f["evidence"]["rst_received"], true, "{f:#}");
+}
