@@ -276,6 +276,61 @@ impl Topology {
         cmd::run_in(node, &["nft", &rule]).map(drop)
     }
 
+    /// Drops, in node namespace `node`'s forward hook, the forwarded TCP of the one
+    /// connection between `a` and `b`, in both directions (table `inet ndtest`), as a
+    /// peer that went silent mid-connection looks from the sender. The table goes with
+    /// the namespace, or with [`Topology::remove_forward_rules`].
+    pub fn drop_forwarded_flow(&self, node: &str, a: SocketAddrV4, b: SocketAddrV4) -> Result<()> {
+        for (from, to) in [(a, b), (b, a)] {
+            self.add_forward_rule(
+                node,
+                &format!(
+                    "ip saddr {} ip daddr {} tcp sport {} tcp dport {} drop",
+                    from.ip(),
+                    to.ip(),
+                    from.port(),
+                    to.port()
+                ),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Rejects forwarded TCP to `dport` in node namespace `node` (table `inet ndtest`,
+    /// forward hook) the way `reject` says: a firewall that answers instead of
+    /// dropping. The table goes with the namespace, or with
+    /// [`Topology::remove_forward_rules`].
+    pub fn reject_forwarded_tcp(&self, node: &str, dport: u16, reject: Reject) -> Result<()> {
+        self.add_forward_rule(
+            node,
+            &format!("tcp dport {dport} reject with {}", reject.nft()),
+        )
+    }
+
+    /// Deletes the forward rules the injectors above (and [`Topology::drop_forwarded_tcp`])
+    /// added in node namespace `node`: table `inet ndtest` goes, traffic flows again.
+    pub fn remove_forward_rules(&self, node: &str) -> Result<()> {
+        cmd::run_in(node, &["nft", "delete table inet ndtest"]).map(drop)
+    }
+
+    /// Appends `rule` to chain `ndfwd` (forward hook) of table `inet ndtest` in `node`,
+    /// creating both if needed.
+    fn add_forward_rule(&self, node: &str, rule: &str) -> Result<()> {
+        cmd::run_in(node, &["nft", "add table inet ndtest"])?;
+        cmd::run_in(
+            node,
+            &[
+                "nft",
+                "add chain inet ndtest ndfwd { type filter hook forward priority 0; policy accept; }",
+            ],
+        )?;
+        cmd::run_in(
+            node,
+            &["nft", &format!("add rule inet ndtest ndfwd {rule}")],
+        )
+        .map(drop)
+    }
+
     /// Sets every pod interface and its node-side veth to `mtu` on both nodes and
     /// flushes learned PMTUs. 1500 over the 1450 vxlan is the seed's misconfiguration;
     /// both pods, since a 1450 peer would advertise an MSS that hides it.
@@ -328,6 +383,27 @@ impl Topology {
             if Instant::now() >= deadline {
                 return Ok(false);
             }
+        }
+    }
+}
+
+/// How a firewall rule from [`Topology::reject_forwarded_tcp`] answers the packets it
+/// rejects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reject {
+    /// A TCP RST, sent by the node in the peer's name (`reject with tcp reset`).
+    TcpReset,
+    /// An ICMP port unreachable from the node (`reject with icmpx type port-unreachable`):
+    /// the client gets `ECONNREFUSED` without any RST.
+    IcmpPortUnreachable,
+}
+
+impl Reject {
+    /// The nftables `reject with` argument.
+    fn nft(self) -> &'static str {
+        match self {
+            Reject::TcpReset => "tcp reset",
+            Reject::IcmpPortUnreachable => "icmpx type port-unreachable",
         }
     }
 }

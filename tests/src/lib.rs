@@ -43,7 +43,7 @@ pub mod finding;
 pub mod tcp;
 
 use std::fmt::Display;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::ops::Deref;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -88,6 +88,21 @@ impl Topology {
     /// See [`node_diag_testbed::Topology::drop_forwarded_tcp`].
     pub fn drop_forwarded_tcp(&self, node: &str, dport: u16) {
         ok(self.0.drop_forwarded_tcp(node, dport));
+    }
+
+    /// See [`node_diag_testbed::Topology::drop_forwarded_flow`].
+    pub fn drop_forwarded_flow(&self, node: &str, a: SocketAddrV4, b: SocketAddrV4) {
+        ok(self.0.drop_forwarded_flow(node, a, b));
+    }
+
+    /// See [`node_diag_testbed::Topology::reject_forwarded_tcp`].
+    pub fn reject_forwarded_tcp(&self, node: &str, dport: u16, reject: topology::Reject) {
+        ok(self.0.reject_forwarded_tcp(node, dport, reject));
+    }
+
+    /// See [`node_diag_testbed::Topology::remove_forward_rules`].
+    pub fn remove_forward_rules(&self, node: &str) {
+        ok(self.0.remove_forward_rules(node));
     }
 
     /// See [`node_diag_testbed::Topology::set_pod_mtu`].

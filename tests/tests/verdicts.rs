@@ -1,0 +1,759 @@
+//! Verdicts that tell similar-looking failures apart: a dead peer from a PMTUD black hole,
+//! a firewall's reject from a missing listener, an abandoned connect from a healthy one,
+//! a connect that succeeded late from one that never did, and this node's namespaces
+//! from foreign ones. The real agent in node A, real faults in the namespaces.
+//!
+//! Root, `NODE_DIAG_BIN` set (or `cargo xtask test`), one test at a time:
+//! `cargo test -p node-diag-tests --test verdicts -- --test-threads=1`.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
+use std::os::unix::fs::MetadataExt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use node_diag_tests::finding::{assert_shape, field, flow_is, involves};
+use node_diag_tests::netns::{Netns, enter_netns, netns_path};
+use node_diag_tests::topology::Reject;
+use node_diag_tests::{
+    Agent, ConnectOutcome, ServerMode, TcpServer, Topology, cmd, in_netns, ok, tcp_connect,
+    unique_name,
+};
+use serde_json::Value;
+use socket2::{Domain, Protocol, Socket, Type};
+
+/// One step of client traffic that should succeed or fail quickly.
+const STEP: Duration = Duration::from_secs(3);
+
+const REFUSED: &str = r#"node_diag_tcp_connect_failures_total{reason="refused"}"#;
+const TIMEOUT: &str = r#"node_diag_tcp_connect_failures_total{reason="timeout"}"#;
+const BLACKHOLES: &str = "node_diag_pmtud_blackholes";
+
+/// The flow pod A -> pod B:`dport`.
+fn pods_flow(topo: &Topology, dport: u16) -> (Ipv4Addr, Ipv4Addr, u16) {
+    (topo.pod_a_ip, topo.pod_b_ip, dport)
+}
+
+/// Matches findings of `kind` about `src` -> `dst`:`dport`, whatever their layer (the
+/// layer is asserted afterwards, so a wrong one shows the whole finding).
+fn kind_on_flow(
+    kind: &'static str,
+    (src, dst, dport): (Ipv4Addr, Ipv4Addr, u16),
+) -> impl Fn(&Value) -> bool {
+    move |f| field(f, "kind") == kind && flow_is(f, src, dst, dport)
+}
+
+/// The time left of `budget` counted from `start`.
+fn left(start: Instant, budget: Duration) -> Duration {
+    budget.saturating_sub(start.elapsed())
+}
+
+/// The inode of named network namespace `name`: what findings carry as `netns`.
+fn netns_inode(name: &str) -> u64 {
+    let path = netns_path(name);
+    std::fs::metadata(&path)
+        .unwrap_or_else(|e| panic!("stat {}: {e}", path.display()))
+        .ino()
+}
+
+/// Panics unless `finding`'s layer is `layer`, showing the finding.
+#[track_caller]
+fn assert_layer(finding: &Value, layer: &str) {
+    assert_eq!(field(finding, "layer"), layer, "layer of {finding:#}");
+}
+
+/// Connects from `netns` to `addr` with socket2's `connect_timeout(after)` and, when it
+/// times out, closes the socket at once: an application giving up on its own deadline
+/// (a kubelet probe), before the kernel's `ETIMEDOUT`.
+fn connect_and_abandon(netns: &str, addr: SocketAddr, after: Duration) -> ConnectOutcome {
+    in_netns(netns, || {
+        let socket = match Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP)) {
+            Ok(s) => s,
+            Err(e) => return ConnectOutcome::Other(e),
+        };
+        let outcome = match socket.connect_timeout(&addr.into(), after) {
+            Ok(()) => ConnectOutcome::Connected,
+            Err(e) => ConnectOutcome::from_error(e),
+        };
+        drop(socket);
+        outcome
+    })
+}
+
+/// Connects from `netns` to `addr` on a background thread (closing the connection at
+/// once when made).
+fn connect_in_background(
+    netns: &str,
+    addr: SocketAddr,
+    timeout: Duration,
+) -> JoinHandle<ConnectOutcome> {
+    let ns = netns.to_owned();
+    thread::spawn(move || tcp_connect(&ns, addr, timeout))
+}
+
+/// A receiver that never stops reading: serves one connection at a time inside a
+/// namespace, discarding everything. Stops on drop.
+struct SinkServer {
+    stop: Arc<AtomicBool>,
+    received: Arc<AtomicU64>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl SinkServer {
+    fn start(netns: &str, addr: SocketAddr) -> SinkServer {
+        let stop = Arc::new(AtomicBool::new(false));
+        let received = Arc::new(AtomicU64::new(0));
+        let (tx, rx) = mpsc::channel();
+        let ns = netns.to_owned();
+        let thread = {
+            let (stop, received) = (Arc::clone(&stop), Arc::clone(&received));
+            thread::spawn(move || {
+                let listener = enter_netns(&ns)
+                    .map_err(|e| e.to_string())
+                    .and_then(|()| TcpListener::bind(addr).map_err(|e| e.to_string()))
+                    .and_then(|l| {
+                        l.set_nonblocking(true)
+                            .map(|()| l)
+                            .map_err(|e| e.to_string())
+                    });
+                let listener = match listener {
+                    Ok(l) => {
+                        let _ = tx.send(Ok(()));
+                        l
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(e));
+                        return;
+                    }
+                };
+                let mut buf = vec![0u8; 256 * 1024];
+                while !stop.load(Ordering::SeqCst) {
+                    let mut stream = match listener.accept() {
+                        Ok((s, _)) => s,
+                        Err(_) => {
+                            thread::sleep(Duration::from_millis(20));
+                            continue;
+                        }
+                    };
+                    let _ = stream.set_nonblocking(false);
+                    let _ = stream.set_read_timeout(Some(Duration::from_millis(50)));
+                    while !stop.load(Ordering::SeqCst) {
+                        match stream.read(&mut buf) {
+                            Ok(0) => break,
+                            Ok(n) => {
+                                received.fetch_add(n as u64, Ordering::SeqCst);
+                            }
+                            Err(e)
+                                if matches!(
+                                    e.kind(),
+                                    ErrorKind::WouldBlock
+                                        | ErrorKind::TimedOut
+                                        | ErrorKind::Interrupted
+                                ) => {}
+                            Err(_) => break,
+                        }
+                    }
+                }
+            })
+        };
+        match rx.recv() {
+            Ok(Ok(())) => SinkServer {
+                stop,
+                received,
+                thread: Some(thread),
+            },
+            Ok(Err(e)) => panic!("sink server in {netns} on {addr}: {e}"),
+            Err(_) => panic!("sink server thread in {netns} died"),
+        }
+    }
+
+    fn received(&self) -> u64 {
+        self.received.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for SinkServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A sender that keeps writing to `addr` from inside a namespace until stopped (on
+/// drop) or its connection fails. Knows its local address, to target the flow.
+struct BulkSender {
+    stop: Arc<AtomicBool>,
+    sent: Arc<AtomicU64>,
+    local: SocketAddrV4,
+    thread: Option<JoinHandle<Result<(), std::io::Error>>>,
+}
+
+impl BulkSender {
+    fn start(netns: &str, addr: SocketAddr) -> BulkSender {
+        let stop = Arc::new(AtomicBool::new(false));
+        let sent = Arc::new(AtomicU64::new(0));
+        let (tx, rx) = mpsc::channel();
+        let ns = netns.to_owned();
+        let thread = {
+            let (stop, sent) = (Arc::clone(&stop), Arc::clone(&sent));
+            thread::spawn(move || {
+                let connected = enter_netns(&ns)
+                    .map_err(|e| std::io::Error::other(e.to_string()))
+                    .and_then(|()| TcpStream::connect_timeout(&addr, STEP));
+                let mut stream = match connected.and_then(|s| s.local_addr().map(|a| (s, a))) {
+                    Ok((s, SocketAddr::V4(local))) => {
+                        let _ = tx.send(Ok(local));
+                        s
+                    }
+                    Ok((_, local)) => {
+                        let _ = tx.send(Err(format!("not IPv4: {local}")));
+                        return Ok(());
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(e.to_string()));
+                        return Err(e);
+                    }
+                };
+                stream.set_write_timeout(Some(Duration::from_millis(100)))?;
+                let chunk = vec![0x5a_u8; 64 * 1024];
+                while !stop.load(Ordering::SeqCst) {
+                    match stream.write(&chunk) {
+                        Ok(n) => {
+                            sent.fetch_add(n as u64, Ordering::SeqCst);
+                        }
+                        Err(e)
+                            if matches!(
+                                e.kind(),
+                                ErrorKind::WouldBlock
+                                    | ErrorKind::TimedOut
+                                    | ErrorKind::Interrupted
+                            ) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(())
+            })
+        };
+        match rx.recv() {
+            Ok(Ok(local)) => BulkSender {
+                stop,
+                sent,
+                local,
+                thread: Some(thread),
+            },
+            Ok(Err(e)) => panic!("bulk sender in {netns} to {addr}: {e}"),
+            Err(_) => panic!("bulk sender thread in {netns} died"),
+        }
+    }
+
+    fn sent(&self) -> u64 {
+        self.sent.load(Ordering::SeqCst)
+    }
+
+    /// Whether the sending thread ended (its connection failed).
+    fn ended(&self) -> bool {
+        self.thread.as_ref().is_none_or(JoinHandle::is_finished)
+    }
+}
+
+impl Drop for BulkSender {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn is_mtu_kind(f: &Value) -> bool {
+    matches!(
+        field(f, "kind"),
+        "pmtud_blackhole" | "df_oversize_drop" | "overlay_mtu_mismatch"
+    )
+}
+
+/// MTUs are right end to end; the peer simply goes silent mid-transfer. The sender
+/// retransmits full-size segments with nothing coming back, as in a black hole, but with
+/// no oversize drop and no frag-needed anywhere: a stall, not a PMTUD problem.
+#[test]
+fn dead_peer_bulk_transfer_is_a_stall_not_a_black_hole() {
+    let topo = Topology::new();
+    topo.set_pod_mtu(1450);
+    let agent = Agent::start_ready(&topo);
+    let port = 9101;
+    let sink = SinkServer::start(&topo.pod_b, topo.pod_b_addr(port));
+    let sender = BulkSender::start(&topo.pod_a, topo.pod_b_addr(port));
+
+    // The transfer runs at full size before the peer goes away.
+    let flowing = Instant::now();
+    while sink.received() < 8 * 1024 * 1024 {
+        assert!(
+            flowing.elapsed() < Duration::from_secs(5) && !sender.ended(),
+            "bulk transfer not flowing: {} bytes received, {} sent",
+            sink.received(),
+            sender.sent()
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    let server = SocketAddrV4::new(topo.pod_b_ip, port);
+    topo.drop_forwarded_flow(&topo.node_b, sender.local, server);
+    let cut = Instant::now();
+    let (received_at_cut, sent_at_cut) = (sink.received(), sender.sent());
+
+    // The gauge stays 0 throughout, sampled while waiting.
+    let flow = pods_flow(&topo, port);
+    let mut stall = None;
+    while stall.is_none() && cut.elapsed() < Duration::from_secs(15) {
+        stall = agent.try_wait_finding(
+            kind_on_flow("tcp_stall", flow),
+            left(cut, Duration::from_secs(15)).min(Duration::from_millis(250)),
+        );
+        let blackholes = agent.counter(BLACKHOLES);
+        assert_eq!(
+            blackholes,
+            0.0,
+            "{BLACKHOLES} is {blackholes} {:?} after the peer went silent\n{}",
+            cut.elapsed(),
+            agent.diagnostics()
+        );
+    }
+    let stall = stall.unwrap_or_else(|| {
+        panic!(
+            "no tcp_stall on {flow:?} within 15 s of the peer going silent \
+             (sink received {} bytes, {} after the cut; sender sent {}, {} after)\n{}",
+            sink.received(),
+            sink.received() - received_at_cut,
+            sender.sent(),
+            sender.sent() - sent_at_cut,
+            agent.diagnostics()
+        )
+    });
+    assert_shape(&stall);
+    assert_eq!(field(&stall, "severity"), "warning", "{stall:#}");
+    assert_eq!(field(&stall, "status"), "active", "{stall:#}");
+    assert!(
+        !matches!(field(&stall, "layer"), "icmp_filtered" | "overlay_mtu"),
+        "a dead peer is no MTU layer: {stall:#}"
+    );
+    assert_eq!(
+        stall["sport"].as_u64(),
+        Some(u64::from(sender.local.port())),
+        "{stall:#}"
+    );
+
+    // Nothing MTU-shaped, in the whole run (already printed included) and a bit more.
+    agent.expect_no_finding(is_mtu_kind, Duration::from_secs(2));
+    let served = agent.findings_endpoint();
+    let mtu: Vec<&Value> = served.iter().filter(|f| is_mtu_kind(f)).collect();
+    assert!(mtu.is_empty(), "GET /findings has MTU findings: {mtu:#?}");
+    assert!(
+        served.iter().any(kind_on_flow("tcp_stall", flow)),
+        "GET /findings lacks the stall: {served:#?}"
+    );
+    assert_eq!(agent.counter(BLACKHOLES), 0.0, "{}", agent.metrics_text());
+}
+
+/// `reject with tcp reset` on this node: the client sees a refused connect exactly as
+/// from a closed port, but the RST is this node's netfilter answering for the pod.
+#[test]
+fn local_reject_with_tcp_reset_is_this_nodes_firewall() {
+    let topo = Topology::new();
+    let agent = Agent::start_ready(&topo);
+    let port = 9102;
+    // The application listens: only the firewall refuses.
+    let server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(port), ServerMode::Echo);
+    topo.reject_forwarded_tcp(&topo.node_a, port, Reject::TcpReset);
+    let before = agent.counter(REFUSED);
+
+    let outcome = tcp_connect(&topo.pod_a, topo.pod_b_addr(port), STEP);
+    assert!(matches!(outcome, ConnectOutcome::Refused), "{outcome:?}");
+
+    let flow = pods_flow(&topo, port);
+    let f = agent.wait_finding(kind_on_flow("tcp_refused", flow), Duration::from_secs(1));
+    assert_shape(&f);
+    assert_layer(&f, "firewall");
+    assert_eq!(f["evidence"]["drop_reason"], "NETFILTER_DROP", "{f:#}");
+    agent.expect_no_finding(
+        |f| kind_on_flow("tcp_refused", flow)(f) && field(f, "layer") == "listener",
+        Duration::from_millis(500),
+    );
+    assert_eq!(server.accepted(), 0, "the SYN must never reach the server");
+    agent.wait_counter_at_least(REFUSED, before + 1.0, STEP);
+}
+
+/// `reject with icmpx type port-unreachable` on the other node: the client gets
+/// `ECONNREFUSED` from an ICMP error, never a RST. No listener refused anything.
+#[test]
+fn remote_icmp_port_unreachable_is_a_firewall_not_the_listener() {
+    let topo = Topology::new();
+    let agent = Agent::start_ready(&topo);
+    let port = 9103;
+    let server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(port), ServerMode::Echo);
+    topo.reject_forwarded_tcp(&topo.node_b, port, Reject::IcmpPortUnreachable);
+    let before = agent.counter(REFUSED);
+
+    let outcome = tcp_connect(&topo.pod_a, topo.pod_b_addr(port), STEP);
+    assert!(matches!(outcome, ConnectOutcome::Refused), "{outcome:?}");
+
+    let flow = pods_flow(&topo, port);
+    let f = agent.wait_finding(kind_on_flow("tcp_refused", flow), Duration::from_secs(1));
+    assert_shape(&f);
+    assert_layer(&f, "firewall");
+    assert_eq!(f["evidence"]["rst_received"], false, "{f:#}");
+    assert_eq!(server.accepted(), 0, "the SYN must never reach the server");
+    agent.wait_counter_at_least(REFUSED, before + 1.0, STEP);
+}
+
+/// The control for the test above: a closed port answers with a RST, and that is the
+/// listener's doing.
+#[test]
+fn closed_port_answered_with_rst_is_the_listener() {
+    let topo = Topology::new();
+    let agent = Agent::start_ready(&topo);
+    let port = 9104;
+    let before = agent.counter(REFUSED);
+
+    let outcome = tcp_connect(&topo.pod_a, topo.pod_b_addr(port), STEP);
+    assert!(matches!(outcome, ConnectOutcome::Refused), "{outcome:?}");
+
+    let flow = pods_flow(&topo, port);
+    let f = agent.wait_finding(kind_on_flow("tcp_refused", flow), Duration::from_secs(1));
+    assert_shape(&f);
+    assert_layer(&f, "listener");
+    assert_eq!(f["evidence"]["rst_received"], true, "{f:#}");
+    agent.wait_counter_at_least(REFUSED, before + 1.0, STEP);
+}
+
+/// This node's firewall drops the SYNs and the application gives up after 1 s, before
+/// the kernel would: still a timeout, and this node's firewall is to blame.
+#[test]
+fn abandoned_connect_with_local_drop_is_a_timeout() {
+    let topo = Topology::new();
+    let agent = Agent::start_ready(&topo);
+    let port = 9105;
+    let _server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(port), ServerMode::Echo);
+    topo.drop_forwarded_tcp(&topo.node_a, port);
+    let before = agent.counter(TIMEOUT);
+
+    let start = Instant::now();
+    let outcome = connect_and_abandon(&topo.pod_a, topo.pod_b_addr(port), Duration::from_secs(1));
+    assert!(matches!(outcome, ConnectOutcome::TimedOut), "{outcome:?}");
+
+    let flow = pods_flow(&topo, port);
+    let f = agent.wait_finding(
+        kind_on_flow("tcp_timeout", flow),
+        left(start, Duration::from_secs(4)),
+    );
+    assert_shape(&f);
+    assert_layer(&f, "firewall");
+    assert_eq!(f["evidence"]["abandoned"], true, "{f:#}");
+    assert_eq!(f["evidence"]["drop_reason"], "NETFILTER_DROP", "{f:#}");
+    agent.wait_counter_at_least(TIMEOUT, before + 1.0, STEP);
+}
+
+/// The other node drops the SYNs; the application gives up after 1.5 s (one SYN
+/// retransmit). This node saw its SYNs leave and nothing come back: a timeout of
+/// unknown layer, abandoned.
+#[test]
+fn abandoned_connect_with_remote_drop_is_a_timeout_of_unknown_layer() {
+    let topo = Topology::new();
+    let agent = Agent::start_ready(&topo);
+    let port = 9106;
+    let _server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(port), ServerMode::Echo);
+    topo.drop_forwarded_tcp(&topo.node_b, port);
+    let before = agent.counter(TIMEOUT);
+
+    let start = Instant::now();
+    let outcome = connect_and_abandon(
+        &topo.pod_a,
+        topo.pod_b_addr(port),
+        Duration::from_millis(1500),
+    );
+    assert!(matches!(outcome, ConnectOutcome::TimedOut), "{outcome:?}");
+
+    let flow = pods_flow(&topo, port);
+    let f = agent.wait_finding(
+        kind_on_flow("tcp_timeout", flow),
+        left(start, Duration::from_secs(4)),
+    );
+    assert_shape(&f);
+    assert_layer(&f, "unknown");
+    assert_eq!(f["evidence"]["abandoned"], true, "{f:#}");
+    assert!(
+        f["evidence"].get("drop_reason").is_none(),
+        "no drop on this node: {f:#}"
+    );
+    agent.wait_counter_at_least(TIMEOUT, before + 1.0, STEP);
+}
+
+/// A listener with backlog 1 whose two queued connections are never accepted: its
+/// accept queue is full, so the kernel drops further SYNs. The server accepts them later.
+struct StuckListener {
+    listener: Socket,
+    /// Held open: they fill the queue until accepted.
+    _fillers: Vec<TcpStream>,
+    accepted: Vec<Socket>,
+}
+
+impl StuckListener {
+    fn start(topo: &Topology, port: u16) -> StuckListener {
+        let addr = topo.pod_b_addr(port);
+        let listener = in_netns(&topo.pod_b, || -> std::io::Result<Socket> {
+            let s = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP))?;
+            s.set_reuse_address(true)?;
+            s.bind(&addr.into())?;
+            // Backlog 1: the accept queue takes two connections, then drops SYNs.
+            s.listen(1)?;
+            Ok(s)
+        })
+        .unwrap_or_else(|e| panic!("listener in {} on {addr}: {e}", topo.pod_b));
+        let fillers = (0..2)
+            .map(|i| {
+                in_netns(&topo.pod_a, || TcpStream::connect_timeout(&addr, STEP))
+                    .unwrap_or_else(|e| panic!("filler connection {i} to {addr}: {e}"))
+            })
+            .collect();
+        StuckListener {
+            listener,
+            _fillers: fillers,
+            accepted: Vec::new(),
+        }
+    }
+
+    /// Accepts whatever is queued: the queue has room again.
+    fn drain(&mut self) -> usize {
+        ok(self
+            .listener
+            .set_nonblocking(true)
+            .map_err(|e| e.to_string()));
+        while let Ok((s, _)) = self.listener.accept() {
+            self.accepted.push(s);
+        }
+        self.accepted.len()
+    }
+}
+
+/// The connect retransmits its SYN into a full accept queue long enough to be reported
+/// as timing out, then gets through: the timeout is printed again as resolved and is no
+/// longer active on `/findings`.
+#[test]
+fn connect_that_succeeds_late_resolves_its_timeout() {
+    let topo = Topology::new();
+    // Without SYN cookies the full queue drops the SYN, whatever the kernel's default.
+    ok(topo.sysctl(&topo.pod_b, "net.ipv4.tcp_syncookies=0"));
+    let agent = Agent::start_ready(&topo);
+    let port = 9107;
+    let mut stuck = StuckListener::start(&topo, port);
+    let flow = pods_flow(&topo, port);
+
+    let start = Instant::now();
+    let client = connect_in_background(&topo.pod_a, topo.pod_b_addr(port), Duration::from_secs(10));
+    // syn_retries 2: the second retransmit, at about 3 s, makes it a timeout.
+    let active = agent.try_wait_finding(
+        |f| kind_on_flow("tcp_timeout", flow)(f) && field(f, "status") == "active",
+        left(start, Duration::from_millis(4500)),
+    );
+    let Some(active) = active else {
+        let fill = cmd::run_in(&topo.pod_b, &["ss", "-ltn", &format!("sport = :{port}")]);
+        drop(stuck);
+        let outcome = client.join().expect("client thread");
+        panic!(
+            "no active tcp_timeout on {flow:?} within 4.5 s of the connect (client: \
+             {outcome:?}; listener before release:\n{fill})\n{}",
+            agent.diagnostics()
+        );
+    };
+    assert_shape(&active);
+    assert_layer(&active, "unknown");
+    assert!(
+        !client.is_finished(),
+        "the client finished before the queue was drained: {:?}",
+        client.join()
+    );
+
+    // Let the server catch up (wait for the 4.5 s mark): the next SYN retransmit, at
+    // about 7 s, gets through.
+    thread::sleep(left(start, Duration::from_millis(4500)));
+    let drained = stuck.drain();
+    assert_eq!(drained, 2, "queued filler connections accepted");
+    let outcome = client.join().expect("client thread");
+    let connected_after = start.elapsed();
+    assert!(
+        matches!(outcome, ConnectOutcome::Connected),
+        "late connect after {connected_after:?}: {outcome:?}\n{}",
+        agent.diagnostics()
+    );
+
+    let resolved = agent.wait_finding(
+        |f| kind_on_flow("tcp_timeout", flow)(f) && field(f, "status") == "resolved",
+        Duration::from_secs(3),
+    );
+    assert_layer(&resolved, field(&active, "layer"));
+    assert_eq!(resolved["netns"], active["netns"], "{resolved:#}");
+    assert!(
+        resolved["resolved_at"].is_string(),
+        "resolved without resolved_at: {resolved:#}"
+    );
+    let served = agent.findings_endpoint();
+    let still: Vec<&Value> = served
+        .iter()
+        .filter(|f| {
+            field(f, "kind") == "tcp_timeout"
+                && field(f, "dst") == topo.pod_b_ip.to_string()
+                && f["dport"].as_u64() == Some(u64::from(port))
+                && field(f, "status") != "resolved"
+        })
+        .collect();
+    assert!(
+        still.is_empty(),
+        "GET /findings still holds an active tcp_timeout for {}:{port} after the \
+         connect succeeded ({connected_after:?}): {still:#?}",
+        topo.pod_b_ip
+    );
+}
+
+/// Pins the calling thread, and the threads it starts from now on, to the first CPU it
+/// may run on.
+fn pin_to_one_cpu() {
+    // SAFETY: cpu_set_t is plain data; the calls get a valid pointer and its size.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        let size = std::mem::size_of::<libc::cpu_set_t>();
+        assert_eq!(
+            libc::sched_getaffinity(0, size, &mut set),
+            0,
+            "sched_getaffinity"
+        );
+        let cpu = (0..libc::CPU_SETSIZE as usize)
+            .find(|&c| libc::CPU_ISSET(c, &set))
+            .expect("some CPU allowed");
+        libc::CPU_ZERO(&mut set);
+        libc::CPU_SET(cpu, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, size, &set),
+            0,
+            "sched_setaffinity"
+        );
+    }
+}
+
+/// Two namespaces joined only to each other by a veth (10.99.0.1 <-> 10.99.0.2): on the
+/// kernel, but no pod of node A.
+struct ForeignPair {
+    a: Netns,
+    b: Netns,
+}
+
+impl ForeignPair {
+    const A_IP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 1);
+    const B_IP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 2);
+
+    fn new() -> ForeignPair {
+        let base = unique_name();
+        let a = ok(Netns::create(&format!("{base}-fa")));
+        let b = ok(Netns::create(&format!("{base}-fb")));
+        let (na, nb) = (a.name().to_owned(), b.name().to_owned());
+        cmd::run(&[
+            "ip", "-n", &na, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0",
+            "netns", &nb,
+        ]);
+        for (ns, ip) in [(&na, Self::A_IP), (&nb, Self::B_IP)] {
+            cmd::run(&[
+                "ip",
+                "-n",
+                ns,
+                "addr",
+                "add",
+                &format!("{ip}/24"),
+                "dev",
+                "eth0",
+            ]);
+            cmd::run(&["ip", "-n", ns, "link", "set", "eth0", "up"]);
+        }
+        ForeignPair { a, b }
+    }
+}
+
+/// Without `--all-netns` the agent reports for its node and its pods only: refused
+/// connects in a namespace elsewhere on the kernel make no finding, and do not leak into
+/// the next finding of a pod.
+#[test]
+fn foreign_namespace_connects_are_not_reported() {
+    let topo = Topology::new();
+    let foreign = ForeignPair::new();
+    let agent = Agent::start_ready(&topo);
+    let (fa, fb) = (foreign.a.name().to_owned(), foreign.b.name().to_owned());
+    let foreign_inodes = [netns_inode(&fa), netns_inode(&fb)];
+    let port = 9108;
+
+    // The kernel reuses a freed socket's address for the next socket on that CPU, and
+    // per-connection state is keyed by it. So first leave failed attempts of pod A
+    // behind (abandoned after a SYN retransmit), on the CPU the foreign sockets below
+    // are made on: a foreign socket must not inherit their namespace or counters.
+    pin_to_one_cpu();
+    let silent = 9109;
+    topo.drop_forwarded_tcp(&topo.node_b, silent);
+    for _ in 0..2 {
+        let outcome = connect_and_abandon(
+            &topo.pod_a,
+            topo.pod_b_addr(silent),
+            Duration::from_millis(1200),
+        );
+        assert!(matches!(outcome, ConnectOutcome::TimedOut), "{outcome:?}");
+    }
+
+    // Closed ports on the foreign namespace's loopback and across its own veth.
+    for i in 0..20 {
+        for to in [Ipv4Addr::LOCALHOST, ForeignPair::B_IP] {
+            let outcome = tcp_connect(&fa, SocketAddr::from((to, port)), STEP);
+            assert!(
+                matches!(outcome, ConnectOutcome::Refused),
+                "foreign connect {i} to {to}:{port}: {outcome:?}"
+            );
+        }
+    }
+
+    let is_foreign = |f: &Value| {
+        f["netns"]
+            .as_u64()
+            .is_some_and(|ns| foreign_inodes.contains(&ns))
+            || involves(f, Ipv4Addr::LOCALHOST)
+            || involves(f, ForeignPair::A_IP)
+            || involves(f, ForeignPair::B_IP)
+    };
+    agent.expect_no_finding(is_foreign, Duration::from_secs(3));
+    let served = agent.findings_endpoint();
+    let leaked: Vec<&Value> = served.iter().filter(|f| is_foreign(f)).collect();
+    assert!(
+        leaked.is_empty(),
+        "GET /findings has foreign findings: {leaked:#?}"
+    );
+
+    // The pod's own refused connect still is.
+    let before = agent.counter(REFUSED);
+    let outcome = tcp_connect(&topo.pod_a, topo.pod_b_addr(port), STEP);
+    assert!(matches!(outcome, ConnectOutcome::Refused), "{outcome:?}");
+    let flow = pods_flow(&topo, port);
+    let f = agent.wait_finding(kind_on_flow("tcp_refused", flow), Duration::from_secs(1));
+    assert_shape(&f);
+    assert_layer(&f, "listener");
+    assert_eq!(
+        f["netns"].as_u64(),
+        Some(netns_inode(&topo.pod_a)),
+        "netns of pod A ({}): {f:#}",
+        topo.pod_a
+    );
+    assert!(
+        f["evidence"].get("syn_retransmits").is_none(),
+        "a connect refused at once has no SYN retransmits: {f:#}"
+    );
+    agent.wait_counter_at_least(REFUSED, before + 1.0, STEP);
+    agent.expect_no_finding(is_foreign, Duration::from_millis(200));
+    drop(agent);
+    drop(foreign);
+}
