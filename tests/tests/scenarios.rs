@@ -184,34 +184,39 @@ fn missing_pod_route_is_a_cni_routing_problem() {
     topo.delete_pod_route(&topo.node_b, topo.pod_b_ip);
     let (unreachable_before, timeout_before) = (agent.counter(UNREACHABLE), agent.counter(TIMEOUT));
 
+    // Node B has no route to its pod: it answers the SYN with an ICMP unreachable, which
+    // fails the connect at once (not a timeout).
     let start = Instant::now();
     let client = connect_in_background(&topo.pod_a, topo.pod_b_addr(8084), Duration::from_secs(6));
     let flow = (topo.pod_a_ip, topo.pod_b_ip, 8084);
     let finding = agent.try_wait_finding(
-        finding_on_flow(&["tcp_unreachable", "tcp_timeout"], "cni_routing", flow),
-        left(start, Duration::from_secs(6)),
+        finding_on_flow(&["tcp_unreachable"], "cni_routing", flow),
+        left(start, Duration::from_secs(3)),
     );
     let outcome = client.join().expect("client thread");
     let finding = finding.unwrap_or_else(|| {
         panic!(
-            "no tcp_unreachable/tcp_timeout cni_routing finding within 6 s of the connect \
+            "no tcp_unreachable/cni_routing finding within 3 s of the connect \
              (client: {outcome:?})\n{}",
             agent.diagnostics()
         )
     });
     assert_shape(&finding);
     assert!(
-        matches!(
-            outcome,
-            ConnectOutcome::Unreachable(_) | ConnectOutcome::TimedOut
-        ),
+        matches!(outcome, ConnectOutcome::Unreachable(_)),
         "{outcome:?}"
     );
-    if field(&finding, "kind") == "tcp_unreachable" {
-        agent.wait_counter_at_least(UNREACHABLE, unreachable_before + 1.0, STEP);
-    } else {
-        agent.wait_counter_at_least(TIMEOUT, timeout_before + 1.0, STEP);
-    }
+    let errno = field(&finding["evidence"], "errno");
+    assert!(
+        errno == "EHOSTUNREACH" || errno == "ENETUNREACH",
+        "the ICMP unreachable's errno: {finding:#}"
+    );
+    agent.wait_counter_at_least(UNREACHABLE, unreachable_before + 1.0, STEP);
+    assert_eq!(
+        agent.counter(TIMEOUT),
+        timeout_before,
+        "an unreachable is not also a timeout"
+    );
 }
 
 /// Ids of loaded eBPF programs whose name starts with `nd_`.

@@ -757,3 +757,77 @@ fn foreign_namespace_connects_are_not_reported() {
     drop(agent);
     drop(foreign);
 }
+
+/// Connects from `netns` to `addr` from local port `sport` (SO_REUSEADDR, so the port
+/// of an earlier attempt is taken again), giving up after `after`.
+fn connect_from_port(netns: &str, sport: u16, addr: SocketAddr, after: Duration) -> ConnectOutcome {
+    in_netns(netns, || {
+        let socket = match Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP)) {
+            Ok(s) => s,
+            Err(e) => return ConnectOutcome::Other(e),
+        };
+        let local = SocketAddr::from((Ipv4Addr::UNSPECIFIED, sport));
+        if let Err(e) = socket
+            .set_reuse_address(true)
+            .and_then(|()| socket.bind(&local.into()))
+        {
+            return ConnectOutcome::Other(e);
+        }
+        match socket.connect_timeout(&addr.into(), after) {
+            Ok(()) => ConnectOutcome::Connected,
+            Err(e) => ConnectOutcome::from_error(e),
+        }
+    })
+}
+
+/// Evidence belongs to its attempt: with the same source port (so the same flow key),
+/// a SYN drop this node recorded for an earlier attempt, under a rule since removed,
+/// must not explain a later attempt dropped beyond this node.
+#[test]
+fn evidence_from_an_earlier_attempt_does_not_explain_a_later_one() {
+    let topo = Topology::new();
+    let agent = Agent::start_ready(&topo);
+    let port = 9111;
+    let sport = 40111;
+    let flow = pods_flow(&topo, port);
+    let is_timeout_on = |layer: &'static str| {
+        move |f: &Value| kind_on_flow("tcp_timeout", flow)(f) && field(f, "layer") == layer
+    };
+
+    // First attempt: dropped by this node's firewall.
+    topo.drop_forwarded_tcp(&topo.node_a, port);
+    let outcome = connect_from_port(
+        &topo.pod_a,
+        sport,
+        topo.pod_b_addr(port),
+        Duration::from_secs(4),
+    );
+    assert!(matches!(outcome, ConnectOutcome::TimedOut), "{outcome:?}");
+    let first = agent.wait_finding(is_timeout_on("firewall"), STEP);
+    assert_eq!(
+        first["evidence"]["drop_reason"], "NETFILTER_DROP",
+        "{first:#}"
+    );
+
+    // Second attempt from the same port: the rule moved to the other node.
+    topo.remove_forward_rules(&topo.node_a);
+    topo.drop_forwarded_tcp(&topo.node_b, port);
+    let start = Instant::now();
+    let outcome = connect_from_port(
+        &topo.pod_a,
+        sport,
+        topo.pod_b_addr(port),
+        Duration::from_secs(4),
+    );
+    assert!(matches!(outcome, ConnectOutcome::TimedOut), "{outcome:?}");
+    let second = agent.wait_finding(
+        is_timeout_on("unknown"),
+        left(start, Duration::from_secs(6)),
+    );
+    assert_shape(&second);
+    assert_eq!(second["sport"], sport, "{second:#}");
+    assert!(
+        second["evidence"].get("drop_reason").is_none(),
+        "the earlier attempt's drop leaked into this one: {second:#}"
+    );
+}
