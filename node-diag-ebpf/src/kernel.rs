@@ -45,10 +45,32 @@ pub fn read_tuple(ctx: &TracePointContext, o: TupleOffsets) -> Option<FlowKey> {
     } else if key.family == AF_INET6 {
         key.saddr = field(ctx, o.saddr_v6)?;
         key.daddr = field(ctx, o.daddr_v6)?;
+        unmap_v4(&mut key);
     } else {
         return None;
     }
     Some(key)
+}
+
+/// An IPv6 socket talking IPv4 (dual-stack, Java's default) holds `::ffff:a.b.c.d`
+/// addresses, while the packets it sends are IPv4 and their evidence is keyed so. Its
+/// key is made the IPv4 one, so that verdicts and packet evidence meet.
+#[inline(always)]
+fn unmap_v4(key: &mut FlowKey) {
+    let mapped = |a: &[u8; 16]| a[..10] == [0; 10] && a[10] == 0xff && a[11] == 0xff;
+    let unspecified = |a: &[u8; 16]| *a == [0; 16];
+    if !mapped(&key.daddr) || !(mapped(&key.saddr) || unspecified(&key.saddr)) {
+        return;
+    }
+    let (s, d) = (
+        [key.saddr[12], key.saddr[13], key.saddr[14], key.saddr[15]],
+        [key.daddr[12], key.daddr[13], key.daddr[14], key.daddr[15]],
+    );
+    key.family = AF_INET;
+    key.saddr = [0; 16];
+    key.daddr = [0; 16];
+    set_v4(&mut key.saddr, s);
+    set_v4(&mut key.daddr, d);
 }
 
 /// The flow tuple of a `struct sock *` (local end first), read at the BTF offsets.
@@ -68,6 +90,7 @@ pub fn sock_tuple(sk: u64) -> Option<FlowKey> {
     } else if key.family == AF_INET6 && config!(sk_v6_daddr) != 0 {
         key.saddr = kread::<[u8; 16]>(sk, config!(sk_v6_saddr))?;
         key.daddr = kread::<[u8; 16]>(sk, config!(sk_v6_daddr))?;
+        unmap_v4(&mut key);
     } else {
         return None;
     }

@@ -831,3 +831,60 @@ fn evidence_from_an_earlier_attempt_does_not_explain_a_later_one() {
         "the earlier attempt's drop leaked into this one: {second:#}"
     );
 }
+
+/// Connects from `netns` with a dual-stack IPv6 socket (`IPV6_V6ONLY` off, as Java and
+/// many runtimes open them) to the IPv4 `addr` as `::ffff:a.b.c.d`.
+fn connect_v4_mapped(netns: &str, addr: SocketAddrV4, timeout: Duration) -> ConnectOutcome {
+    in_netns(netns, || {
+        let socket = match Socket::new(Domain::IPV6, Type::STREAM, Some(Protocol::TCP)) {
+            Ok(s) => s,
+            Err(e) => return ConnectOutcome::Other(e),
+        };
+        if let Err(e) = socket.set_only_v6(false) {
+            return ConnectOutcome::Other(e);
+        }
+        let mapped = std::net::SocketAddrV6::new(addr.ip().to_ipv6_mapped(), addr.port(), 0, 0);
+        match socket.connect_timeout(&SocketAddr::V6(mapped).into(), timeout) {
+            Ok(()) => ConnectOutcome::Connected,
+            Err(e) => ConnectOutcome::from_error(e),
+        }
+    })
+}
+
+/// A dual-stack socket's flow is `::ffff:a.b.c.d` in the kernel while its packets, and
+/// so the drop evidence, are IPv4: the two must meet, and findings show IPv4.
+#[test]
+fn v4_mapped_sockets_keep_their_evidence() {
+    let topo = Topology::new();
+    let agent = Agent::start_ready(&topo);
+    let (drop_port, reject_port) = (9112, 9113);
+    let _server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(reject_port), ServerMode::Echo);
+    topo.drop_forwarded_tcp(&topo.node_a, drop_port);
+    topo.reject_forwarded_tcp(&topo.node_a, reject_port, Reject::TcpReset);
+    let target = |port| SocketAddrV4::new(topo.pod_b_ip, port);
+
+    // A local drop: a firewall timeout with its evidence, not `unknown`.
+    let start = Instant::now();
+    let outcome = connect_v4_mapped(&topo.pod_a, target(drop_port), Duration::from_secs(4));
+    assert!(matches!(outcome, ConnectOutcome::TimedOut), "{outcome:?}");
+    let f = agent.wait_finding(
+        kind_on_flow("tcp_timeout", pods_flow(&topo, drop_port)),
+        left(start, Duration::from_secs(6)),
+    );
+    assert_shape(&f);
+    assert_layer(&f, "firewall");
+    assert_eq!(f["evidence"]["drop_reason"], "NETFILTER_DROP", "{f:#}");
+
+    // A local reject with a reset: found at all, and this node's firewall.
+    let outcome = connect_v4_mapped(&topo.pod_a, target(reject_port), STEP);
+    assert!(matches!(outcome, ConnectOutcome::Refused), "{outcome:?}");
+    let f = agent.wait_finding(
+        kind_on_flow("tcp_refused", pods_flow(&topo, reject_port)),
+        Duration::from_secs(1),
+    );
+    assert_layer(&f, "firewall");
+    assert!(
+        !f.to_string().contains("::ffff:"),
+        "addresses are shown as IPv4: {f:#}"
+    );
+}
