@@ -185,8 +185,18 @@ pub struct DropInfo {
     pub count: u32,
     pub netns: u32,
     pub ifindex: u32,
+    /// [`drop_flag`] bits.
+    pub flags: u32,
+    pub _pad: u32,
 }
-const _: () = assert!(core::mem::size_of::<DropInfo>() == 24);
+const _: () = assert!(core::mem::size_of::<DropInfo>() == 32);
+
+/// [`DropInfo::flags`] bits.
+pub mod drop_flag {
+    /// The dropped packet was the SYN-ACK answering the flow's SYN (the return path), not
+    /// the SYN itself.
+    pub const SYN_ACK: u32 = 1;
+}
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -264,7 +274,7 @@ pub struct Event {
     pub flags: u32,
     pub _pad: u32,
 }
-const _: () = assert!(core::mem::size_of::<Event>() == 192);
+const _: () = assert!(core::mem::size_of::<Event>() == 208);
 
 /// Offsets of the flow tuple inside a tracepoint record, read from its tracefs `format`.
 #[repr(C)]

@@ -2,7 +2,7 @@
 //! reason the agent asked for are remembered per flow as timeout evidence.
 
 use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
-use node_diag_common::{DropInfo, DropKey, counter, event_kind};
+use node_diag_common::{DropInfo, DropKey, FlowKey, counter, drop_flag, event_kind};
 
 use crate::{
     config::{config, in_scope, now},
@@ -43,17 +43,40 @@ fn try_kfree_skb(ctx: &TracePointContext) -> Option<()> {
         return Some(());
     }
     let (flow, flags) = skb_tcp_flow(skb, protocol)?;
-    if flags & TCP_FLAG_SYN == 0 || flags & TCP_FLAG_ACK != 0 {
+    if flags & TCP_FLAG_SYN == 0 {
         return None;
     }
+    // A SYN-ACK dropped here (the return path: rp_filter, a policy on the way back,
+    // conntrack INVALID) leaves the connect timing out exactly like a dropped SYN; it is
+    // kept under the connecting side's flow, marked.
+    let (flow, drop_flags) = if flags & TCP_FLAG_ACK != 0 {
+        (reversed(&flow), drop_flag::SYN_ACK)
+    } else {
+        (flow, 0)
+    };
     let mut info = DropInfo {
         last_ns: now(),
         reason,
         count: 0,
         netns,
         ifindex,
+        flags: drop_flags,
+        _pad: 0,
     };
     bump_lru(&SYN_DROPS, &flow, &mut info).map(|_new| ())
+}
+
+/// The flow seen from its other end.
+#[inline(always)]
+fn reversed(flow: &FlowKey) -> FlowKey {
+    FlowKey {
+        saddr: flow.daddr,
+        daddr: flow.saddr,
+        sport: flow.dport,
+        dport: flow.sport,
+        family: flow.family,
+        _pad: 0,
+    }
 }
 
 #[inline(always)]
@@ -72,7 +95,9 @@ fn flow_reason(reason: u32) -> bool {
 
 /// A DF packet dropped for exceeding its route's MTU (the forwarding path, where no
 /// socket is involved): counted per egress device, and the flow's first one reported.
-#[inline(always)]
+/// Out of line (a BPF-to-BPF call): the event it builds needs its own stack frame, and
+/// only drops with this one reason pay for the call.
+#[inline(never)]
 fn oversize(ctx: &TracePointContext, skb: u64, protocol: u16, netns: u32) -> Option<()> {
     inc(counter::DF_OVERSIZE_DROPS);
     let refdst = kread::<u64>(skb, config!(skb_refdst))? & !1;
@@ -97,6 +122,8 @@ fn oversize(ctx: &TracePointContext, skb: u64, protocol: u16, netns: u32) -> Opt
         count: 0,
         netns,
         ifindex: egress,
+        flags: 0,
+        _pad: 0,
     };
     if bump_lru(&OVERSIZE, &packet.flow, &mut info)? {
         emit(
@@ -133,6 +160,8 @@ fn frag_needed_dropped(skb: u64, protocol: u16, netns: u32, ifindex: u32) -> Opt
         count: 0,
         netns,
         ifindex,
+        flags: 0,
+        _pad: 0,
     };
     bump_lru(&FRAG_DROPPED, &inner.flow, &mut info).map(|_new| ())
 }

@@ -263,17 +263,16 @@ impl Topology {
     /// table `inet ndtest`, forward hook), as a misconfigured firewall would.
     /// The table goes with the namespace.
     pub fn drop_forwarded_tcp(&self, node: &str, dport: u16) -> Result<()> {
-        cmd::run_in(node, &["nft", "add table inet ndtest"])?;
-        // nft 1.0.6 reserves `fwd`, hence the chain name.
-        cmd::run_in(
+        self.add_forward_rule(node, &format!("tcp dport {dport} drop"))
+    }
+
+    /// On `node`, drops forwarded SYN-ACKs from port `sport`: the connect's return path
+    /// (what rp_filter, conntrack INVALID or a policy on the way back do).
+    pub fn drop_forwarded_syn_ack(&self, node: &str, sport: u16) -> Result<()> {
+        self.add_forward_rule(
             node,
-            &[
-                "nft",
-                "add chain inet ndtest ndfwd { type filter hook forward priority 0; policy accept; }",
-            ],
-        )?;
-        let rule = format!("add rule inet ndtest ndfwd tcp dport {dport} drop");
-        cmd::run_in(node, &["nft", &rule]).map(drop)
+            &format!("tcp sport {sport} tcp flags & (syn | ack) == syn | ack drop"),
+        )
     }
 
     /// Drops, in node namespace `node`'s forward hook, the forwarded TCP of the one
@@ -317,6 +316,7 @@ impl Topology {
     /// creating both if needed.
     fn add_forward_rule(&self, node: &str, rule: &str) -> Result<()> {
         cmd::run_in(node, &["nft", "add table inet ndtest"])?;
+        // nft 1.0.6 reserves `fwd`, hence the chain name.
         cmd::run_in(
             node,
             &[

@@ -90,6 +90,10 @@ impl Topology {
         ok(self.0.drop_forwarded_tcp(node, dport));
     }
 
+    pub fn drop_forwarded_syn_ack(&self, node: &str, sport: u16) {
+        ok(self.0.drop_forwarded_syn_ack(node, sport));
+    }
+
     /// See [`node_diag_testbed::Topology::drop_forwarded_flow`].
     pub fn drop_forwarded_flow(&self, node: &str, a: SocketAddrV4, b: SocketAddrV4) {
         ok(self.0.drop_forwarded_flow(node, a, b));

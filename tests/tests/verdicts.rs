@@ -888,3 +888,30 @@ fn v4_mapped_sockets_keep_their_evidence() {
         "addresses are shown as IPv4: {f:#}"
     );
 }
+
+/// The SYN gets through but this node drops the SYN-ACK coming back: not "nothing came
+/// back from beyond this node", but this node's firewall on the return path.
+#[test]
+fn syn_ack_dropped_on_the_return_path_is_this_nodes_firewall() {
+    let topo = Topology::new();
+    let agent = Agent::start_ready(&topo);
+    let port = 9114;
+    let _server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(port), ServerMode::Echo);
+    topo.drop_forwarded_syn_ack(&topo.node_a, port);
+    let before = agent.counter(TIMEOUT);
+
+    let start = Instant::now();
+    let client = connect_in_background(&topo.pod_a, topo.pod_b_addr(port), Duration::from_secs(6));
+    let f = agent.wait_finding(
+        kind_on_flow("tcp_timeout", pods_flow(&topo, port)),
+        left(start, Duration::from_secs(5)),
+    );
+    let outcome = client.join().expect("client thread");
+    assert!(matches!(outcome, ConnectOutcome::TimedOut), "{outcome:?}");
+    assert_shape(&f);
+    assert_layer(&f, "firewall");
+    assert_eq!(f["evidence"]["drop_reason"], "NETFILTER_DROP", "{f:#}");
+    assert_eq!(f["evidence"]["return_path"], true, "{f:#}");
+    assert!(field(&f, "summary").contains("SYN-ACK"), "{f:#}");
+    agent.wait_counter_at_least(TIMEOUT, before + 1.0, STEP);
+}

@@ -7,7 +7,7 @@ use std::{
     time::SystemTime,
 };
 
-use node_diag_common::{AF_INET, Event, FlowKey, event_flag, event_kind};
+use node_diag_common::{AF_INET, Event, FlowKey, drop_flag, event_flag, event_kind};
 use serde_json::{Map, Value, json};
 
 use super::{Finding, Kind, Layer, Severity, names::Names};
@@ -286,7 +286,17 @@ fn connect_verdict(ev: &Event, ctx: &Context<'_>) -> Option<Finding> {
         evidence.insert("syn_retransmits".into(), json!(ev.retrans));
     }
     let drop_reason = (ev.drop.count > 0).then(|| ctx.names.drop_reason(ev.drop.reason));
+    let return_path = ev.drop.flags & drop_flag::SYN_ACK != 0;
+    // What was dropped: the SYN on its way out, or the peer's SYN-ACK on its way back.
+    let dropped = if return_path {
+        "the SYN-ACK coming back"
+    } else {
+        "its SYN"
+    };
     if let Some(reason) = &drop_reason {
+        if return_path {
+            evidence.insert("return_path".into(), json!(true));
+        }
         evidence.insert("drop_reason".into(), json!(reason));
         evidence.insert("syn_drops".into(), json!(ev.drop.count));
         if ev.drop.netns != 0 {
@@ -309,14 +319,14 @@ fn connect_verdict(ev: &Event, ctx: &Context<'_>) -> Option<Finding> {
     }
     let classified = match (&drop_reason, icmp) {
         (Some(r), _) if FIREWALL_REASONS.contains(&r.as_str()) => Evidence::Firewall(format!(
-            "a netfilter/eBPF filter on this node dropped its SYN ({r})"
+            "a netfilter/eBPF filter on this node dropped {dropped} ({r})"
         )),
         (_, Some(i)) if ICMP_ADMIN_CODES.contains(&i.icmp_code) => Evidence::Firewall(format!(
             "this node answered it with ICMP administratively prohibited (code {})",
             i.icmp_code
         )),
         (Some(r), _) if ROUTING_REASONS.contains(&r.as_str()) => {
-            Evidence::Routing(format!("the kernel dropped its SYN with {r}"))
+            Evidence::Routing(format!("the kernel dropped {dropped} with {r}"))
         }
         (_, Some(i)) => Evidence::Routing(format!(
             "this node answered it with ICMP destination unreachable code {}",
@@ -572,6 +582,7 @@ mod tests {
             count: 3,
             netns: 77,
             ifindex: 3,
+            ..Default::default()
         };
         let f = run(&ev).unwrap();
         assert_eq!((f.kind, f.layer), (Kind::TcpTimeout, Layer::Firewall));
@@ -591,6 +602,7 @@ mod tests {
             count: 1,
             netns: 0,
             ifindex: 0,
+            ..Default::default()
         };
         let f = run(&ev).unwrap();
         assert_eq!(f.layer, Layer::CniRouting);
@@ -659,6 +671,7 @@ mod tests {
             count: 1,
             netns: 77,
             ifindex: 3,
+            ..Default::default()
         };
         ev.mtu = 1450;
         ev.len = 1500;
@@ -707,6 +720,7 @@ mod tests {
             count: 4,
             netns: 77,
             ifindex: 0,
+            ..Default::default()
         };
         let f = run(&ev).unwrap();
         assert_eq!(
@@ -728,6 +742,7 @@ mod tests {
             count: 2,
             netns: 1,
             ifindex: 3,
+            ..Default::default()
         };
         let f = run(&ev).unwrap();
         assert_eq!(f.layer, Layer::IcmpFiltered);
@@ -772,6 +787,7 @@ mod tests {
             count: 1,
             netns: 4026532000,
             ifindex: 0,
+            ..Default::default()
         };
         let f = run(&ev).unwrap();
         assert_eq!((f.kind, f.layer), (Kind::TcpRefused, Layer::Firewall));
@@ -788,6 +804,7 @@ mod tests {
             count: 1,
             netns: 4026532000,
             ifindex: 0,
+            ..Default::default()
         };
         let f = run(&ev).unwrap();
         assert_eq!((f.kind, f.layer), (Kind::TcpTimeout, Layer::Firewall));
