@@ -40,6 +40,9 @@ pub const MAP_OVERSIZE: &str = "OVERSIZE";
 /// LRU map [`FlowKey`] (original sender first) -> [`IcmpInfo`]: ICMP frag-needed / IPv6
 /// packet-too-big received on this node's interfaces (TC ingress).
 pub const MAP_ICMP_RCVD: &str = "ICMP_RCVD";
+/// ICMP / ICMPv6 destination-unreachable errors (other than frag-needed) received for a
+/// flow: what answered a connect when no RST did.
+pub const MAP_ICMP_ERR_RCVD: &str = "ICMP_ERR_RCVD";
 /// LRU map [`FlowKey`] (original sender first) -> [`DropInfo`]: frag-needed for that flow
 /// dropped by netfilter on this node.
 pub const MAP_FRAG_DROPPED: &str = "FRAG_DROPPED";
@@ -262,7 +265,8 @@ pub struct Event {
     pub drop: DropInfo,
     /// The ICMP error this kernel generated for the flow.
     pub icmp: IcmpInfo,
-    /// The frag-needed / packet-too-big this node received for the flow.
+    /// MTU verdicts: the frag-needed / packet-too-big this node received for the flow.
+    /// Connect verdicts: the ICMP destination-unreachable it received for the flow.
     pub icmp_rcvd: IcmpInfo,
     /// Frag-needed for the flow dropped by netfilter on this node.
     pub frag_dropped: DropInfo,

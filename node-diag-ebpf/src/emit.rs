@@ -20,7 +20,7 @@ use node_diag_common::{DropInfo, DropKey, Event, FlowKey, IcmpInfo, counter, eve
 
 use crate::{
     config::now,
-    maps::{COUNTERS, EVENTS, FRAG_DROPPED, ICMP_RCVD, ICMP_SENT, SYN_DROPS},
+    maps::{COUNTERS, EVENTS, FRAG_DROPPED, ICMP_ERR_RCVD, ICMP_RCVD, ICMP_SENT, SYN_DROPS},
 };
 
 /// Adds one to a [`counter`] slot.
@@ -122,7 +122,11 @@ pub fn emit<C: EbpfContext>(
             recent_drop(unsafe { FRAG_DROPPED.get(key) }, since),
         )
     } else {
-        (IcmpInfo::default(), DropInfo::default())
+        // Connect verdicts: the ICMP error that answered the SYN, if one came back.
+        (
+            recent_icmp(unsafe { ICMP_ERR_RCVD.get(key) }, since),
+            DropInfo::default(),
+        )
     };
     entry.write(Event {
         ts_ns: now(),

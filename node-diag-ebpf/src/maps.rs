@@ -35,6 +35,9 @@ pub static OVERSIZE: LruHashMap<FlowKey, DropInfo> =
 pub static ICMP_RCVD: LruHashMap<FlowKey, IcmpInfo> =
     LruHashMap::with_max_entries(FLOW_MAP_ENTRIES, 0);
 #[map]
+pub static ICMP_ERR_RCVD: LruHashMap<FlowKey, IcmpInfo> =
+    LruHashMap::with_max_entries(FLOW_MAP_ENTRIES, 0);
+#[map]
 pub static FRAG_DROPPED: LruHashMap<FlowKey, DropInfo> =
     LruHashMap::with_max_entries(FLOW_MAP_ENTRIES, 0);
 #[map]

@@ -1,6 +1,8 @@
 //! TC ingress (`sched_cls`) on this node's interfaces: ICMP frag-needed and IPv6
 //! packet-too-big arriving for a flow, remembered per original flow with the next-hop MTU
-//! they carry. The program never changes the verdict (`TC_ACT_UNSPEC`).
+//! they carry; other destination-unreachable errors (a filter's admin-prohibited, a
+//! router's host unreachable, a REJECT's port unreachable) remembered per flow as what
+//! answered its connect. The program never changes the verdict (`TC_ACT_UNSPEC`).
 
 use aya_ebpf::{bindings::TC_ACT_UNSPEC, macros::classifier, programs::TcContext};
 use node_diag_common::{AF_INET, AF_INET6, FlowKey, IcmpInfo, counter};
@@ -8,11 +10,15 @@ use node_diag_common::{AF_INET, AF_INET6, FlowKey, IcmpInfo, counter};
 use crate::{
     config::now,
     emit::{bump_lru, inc},
-    maps::{ICMP_RCVD, L3_OFFSET},
+    maps::{ICMP_ERR_RCVD, ICMP_RCVD, L3_OFFSET},
     packet::{
         ETH_P_IP, ETH_P_IPV6, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP, set_v4,
     },
 };
+
+const ICMP_DEST_UNREACH: u8 = 3;
+const ICMPV6_DEST_UNREACH: u8 = 1;
+const ICMPV6_PKT_TOOBIG: u8 = 2;
 
 /// Largest link-layer header the classifier skips (bounds the offset for the verifier).
 const MAX_L2: usize = 64;
@@ -52,10 +58,14 @@ fn try_tc_ingress(ctx: &TcContext) -> Option<()> {
         }
         let icmp = nh + ((ver_ihl & 0x0f) as usize) * 4;
         let (t, c) = (ctx.load::<u8>(icmp).ok()?, ctx.load::<u8>(icmp + 1).ok()?);
-        if t != 3 || c != 4 {
+        if t != ICMP_DEST_UNREACH {
             return None;
         }
-        let mtu = u16::from_be(ctx.load::<u16>(icmp + 6).ok()?) as u32;
+        let mtu = if c == 4 {
+            u16::from_be(ctx.load::<u16>(icmp + 6).ok()?) as u32
+        } else {
+            0
+        };
         (FlowKey::default(), icmp, t, c, mtu)
     } else if protocol == ETH_P_IPV6 {
         if l4proto != IPPROTO_ICMPV6 {
@@ -63,10 +73,14 @@ fn try_tc_ingress(ctx: &TcContext) -> Option<()> {
         }
         let icmp = nh + 40;
         let (t, c) = (ctx.load::<u8>(icmp).ok()?, ctx.load::<u8>(icmp + 1).ok()?);
-        if t != 2 {
+        if t != ICMPV6_PKT_TOOBIG && t != ICMPV6_DEST_UNREACH {
             return None;
         }
-        let mtu = u32::from_be(ctx.load::<u32>(icmp + 4).ok()?);
+        let mtu = if t == ICMPV6_PKT_TOOBIG {
+            u32::from_be(ctx.load::<u32>(icmp + 4).ok()?)
+        } else {
+            0
+        };
         (FlowKey::default(), icmp, t, c, mtu)
     } else {
         return None;
@@ -90,7 +104,6 @@ fn try_tc_ingress(ctx: &TcContext) -> Option<()> {
         flow.sport = u16::from_be(ctx.load::<u16>(l4.1).ok()?);
         flow.dport = u16::from_be(ctx.load::<u16>(l4.1 + 2).ok()?);
     }
-    inc(counter::ICMP_FRAG_RECEIVED);
     let mut info = IcmpInfo {
         last_ns: now(),
         icmp_type: icmp_type as u32,
@@ -100,5 +113,14 @@ fn try_tc_ingress(ctx: &TcContext) -> Option<()> {
         mtu,
         count: 0,
     };
+    let frag_needed = if protocol == ETH_P_IP {
+        code == 4
+    } else {
+        icmp_type == ICMPV6_PKT_TOOBIG
+    };
+    if !frag_needed {
+        return bump_lru(&ICMP_ERR_RCVD, &flow, &mut info).map(|_new| ());
+    }
+    inc(counter::ICMP_FRAG_RECEIVED);
     bump_lru(&ICMP_RCVD, &flow, &mut info).map(|_new| ())
 }

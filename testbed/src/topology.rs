@@ -396,6 +396,9 @@ pub enum Reject {
     /// An ICMP port unreachable from the node (`reject with icmpx type port-unreachable`):
     /// the client gets `ECONNREFUSED` without any RST.
     IcmpPortUnreachable,
+    /// An ICMP host-prohibited (`reject with icmp type host-prohibited`, firewalld's
+    /// default): the client gets `EHOSTUNREACH`. IPv4 only.
+    IcmpHostProhibited,
 }
 
 impl Reject {
@@ -404,6 +407,7 @@ impl Reject {
         match self {
             Reject::TcpReset => "tcp reset",
             Reject::IcmpPortUnreachable => "icmpx type port-unreachable",
+            Reject::IcmpHostProhibited => "icmp type host-prohibited",
         }
     }
 }

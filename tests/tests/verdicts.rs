@@ -915,3 +915,29 @@ fn syn_ack_dropped_on_the_return_path_is_this_nodes_firewall() {
     assert!(field(&f, "summary").contains("SYN-ACK"), "{f:#}");
     agent.wait_counter_at_least(TIMEOUT, before + 1.0, STEP);
 }
+
+/// firewalld's default and kube-router's policies reject with ICMP host-prohibited: the
+/// connect fails with EHOSTUNREACH, which alone would read as routing. The ICMP that
+/// came back (seen by TC ingress) names a filter.
+#[test]
+fn remote_icmp_host_prohibited_is_a_firewall_not_routing() {
+    let topo = Topology::new();
+    let agent = Agent::start_ready(&topo);
+    let port = 9115;
+    let _server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(port), ServerMode::Echo);
+    topo.reject_forwarded_tcp(&topo.node_b, port, Reject::IcmpHostProhibited);
+
+    let outcome = tcp_connect(&topo.pod_a, topo.pod_b_addr(port), STEP);
+    assert!(
+        matches!(outcome, ConnectOutcome::Unreachable(_)),
+        "{outcome:?}"
+    );
+    let f = agent.wait_finding(
+        kind_on_flow("tcp_unreachable", pods_flow(&topo, port)),
+        Duration::from_secs(1),
+    );
+    assert_shape(&f);
+    assert_layer(&f, "firewall");
+    assert_eq!(f["evidence"]["icmp_received_type"], 3, "{f:#}");
+    assert_eq!(f["evidence"]["icmp_received_code"], 10, "{f:#}");
+}

@@ -62,6 +62,22 @@ pub fn addr(flow: &FlowKey, bytes: &[u8; 16]) -> IpAddr {
     }
 }
 
+/// Whether a received destination-unreachable code is a filter's refusal: IPv4 codes 9,
+/// 10 and 13 (RFC 1812), ICMPv6 codes 1 (administratively prohibited), 5 (source
+/// address failed policy) and 6 (reject route).
+fn admin_prohibited(v6: bool, code: u32) -> bool {
+    if v6 {
+        matches!(code, 1 | 5 | 6)
+    } else {
+        ICMP_ADMIN_CODES.contains(&code)
+    }
+}
+
+/// Whether a received destination-unreachable code is "port unreachable".
+fn port_unreachable(v6: bool, code: u32) -> bool {
+    code == if v6 { 4 } else { ICMP_PORT_UNREACH }
+}
+
 /// Context the correlator needs beyond the event.
 pub struct Context<'a> {
     pub names: &'a Names,
@@ -317,20 +333,41 @@ fn connect_verdict(ev: &Event, ctx: &Context<'_>) -> Option<Finding> {
             evidence.insert("icmp_sent_netns".into(), json!(icmp.netns));
         }
     }
-    let classified = match (&drop_reason, icmp) {
-        (Some(r), _) if FIREWALL_REASONS.contains(&r.as_str()) => Evidence::Firewall(format!(
+    // An ICMP error that came back from the path (TC ingress), for connect verdicts.
+    let received = (ev.icmp_rcvd.count > 0).then_some(ev.icmp_rcvd);
+    if let Some(r) = received {
+        evidence.insert("icmp_received_type".into(), json!(r.icmp_type));
+        evidence.insert("icmp_received_code".into(), json!(r.icmp_code));
+    }
+    let v6 = flow.family != AF_INET;
+    let classified = match (&drop_reason, icmp, received) {
+        (Some(r), _, _) if FIREWALL_REASONS.contains(&r.as_str()) => Evidence::Firewall(format!(
             "a netfilter/eBPF filter on this node dropped {dropped} ({r})"
         )),
-        (_, Some(i)) if ICMP_ADMIN_CODES.contains(&i.icmp_code) => Evidence::Firewall(format!(
+        (_, Some(i), _) if ICMP_ADMIN_CODES.contains(&i.icmp_code) => Evidence::Firewall(format!(
             "this node answered it with ICMP administratively prohibited (code {})",
             i.icmp_code
         )),
-        (Some(r), _) if ROUTING_REASONS.contains(&r.as_str()) => {
+        (Some(r), _, _) if ROUTING_REASONS.contains(&r.as_str()) => {
             Evidence::Routing(format!("the kernel dropped {dropped} with {r}"))
         }
-        (_, Some(i)) => Evidence::Routing(format!(
+        (_, Some(i), _) => Evidence::Routing(format!(
             "this node answered it with ICMP destination unreachable code {}",
             i.icmp_code
+        )),
+        (_, _, Some(r)) if admin_prohibited(v6, r.icmp_code) => Evidence::Firewall(format!(
+            "a filter on the path answered it with ICMP{} administratively prohibited (code {})",
+            if v6 { "v6" } else { "" },
+            r.icmp_code
+        )),
+        (_, _, Some(r)) if port_unreachable(v6, r.icmp_code) => Evidence::Firewall(format!(
+            "an ICMP{} port-unreachable answered it: a REJECT rule on the path",
+            if v6 { "v6" } else { "" }
+        )),
+        (_, _, Some(r)) => Evidence::Routing(format!(
+            "a router on the path answered it with ICMP{} destination unreachable code {}",
+            if v6 { "v6" } else { "" },
+            r.icmp_code
         )),
         _ => Evidence::None,
     };
@@ -847,5 +884,30 @@ mod tests {
             "{}",
             f.summary
         );
+    }
+
+    #[test]
+    fn icmp_received_from_the_path_decides_the_layer() {
+        let mut ev = event(event_kind::CONNECT_UNREACHABLE, 113);
+        ev.icmp_rcvd = IcmpInfo {
+            last_ns: 1,
+            icmp_type: 3,
+            icmp_code: 10,
+            count: 1,
+            ..Default::default()
+        };
+        let f = run(&ev).unwrap();
+        assert_eq!((f.kind, f.layer), (Kind::TcpUnreachable, Layer::Firewall));
+        assert_eq!(f.evidence["icmp_received_code"], 10);
+        assert!(
+            f.summary.contains("administratively prohibited"),
+            "{}",
+            f.summary
+        );
+        // Host unreachable from a router: routing, not a firewall.
+        ev.icmp_rcvd.icmp_code = 1;
+        let f = run(&ev).unwrap();
+        assert_eq!(f.layer, Layer::CniRouting);
+        assert!(f.summary.contains("a router on the path"), "{}", f.summary);
     }
 }
