@@ -35,7 +35,10 @@ pub fn text_line(f: &Finding) -> String {
             let sport = f.sport.map(|p| format!(":{p}")).unwrap_or_default();
             format!(" {s}{sport} -> {d}:{p}")
         }
-        _ => String::new(),
+        _ => f
+            .listener
+            .map(|l| format!(" listener {l}"))
+            .unwrap_or_default(),
     };
     let repeat = if f.count > 1 {
         format!(" (x{})", f.count)

@@ -41,24 +41,29 @@ fn shape_problems(f: &Value) -> Vec<String> {
     if !f.is_object() {
         return vec!["not a JSON object".to_owned()];
     }
-    for name in [
-        "kind",
-        "layer",
-        "severity",
-        "summary",
-        "remediation",
-        "src",
-        "dst",
-    ] {
+    // A server-side finding names its listener instead of one client's flow.
+    let listener = f.get("listener").is_some();
+    let (strings, numbers): (&[&str], &[&str]) = if listener {
+        (&["listener"], &["count"])
+    } else {
+        (&["src", "dst"], &["dport", "sport", "count"])
+    };
+    for &name in ["kind", "layer", "severity", "summary", "remediation"]
+        .iter()
+        .chain(strings)
+    {
         match f[name].as_str() {
             Some(s) if !s.is_empty() => {}
             _ => problems.push(format!("`{name}` is not a non-empty string")),
         }
     }
-    for name in ["dport", "sport", "count"] {
+    for &name in numbers {
         if f[name].as_u64().is_none() {
             problems.push(format!("`{name}` is not an unsigned number"));
         }
+    }
+    if listener && (f.get("src").is_some() || f.get("dport").is_some()) {
+        problems.push("a listener finding also names a flow".to_owned());
     }
     if f["count"].as_u64() == Some(0) {
         problems.push("`count` is 0".to_owned());
@@ -107,5 +112,13 @@ mod tests {
         f["evidence"] = json!("text");
         f.as_object_mut().unwrap().remove("last_seen");
         assert_eq!(shape_problems(&f).len(), 2);
+        // A listener finding: no flow, a listener.
+        let mut f = sample();
+        for name in ["src", "dst", "dport", "sport"] {
+            f.as_object_mut().unwrap().remove(name);
+        }
+        assert!(!shape_problems(&f).is_empty());
+        f["listener"] = json!("10.244.1.7:8080");
+        assert!(shape_problems(&f).is_empty(), "{:?}", shape_problems(&f));
     }
 }

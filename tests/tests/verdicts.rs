@@ -941,3 +941,53 @@ fn remote_icmp_host_prohibited_is_a_firewall_not_routing() {
     assert_eq!(f["evidence"]["icmp_received_type"], 3, "{f:#}");
     assert_eq!(f["evidence"]["icmp_received_code"], 10, "{f:#}");
 }
+
+/// Clients that abort (a RST) reset the server's accepted connections, each from a new
+/// ephemeral port: one finding per listener, counting them, not one per client port.
+#[test]
+fn server_side_resets_aggregate_per_listener() {
+    let topo = Topology::new();
+    let agent = Agent::start_ready(&topo);
+    let port = 9116;
+    let server = TcpServer::start(&topo.pod_a, topo.pod_a_addr(port), ServerMode::Echo);
+    let aborts = 5;
+    for _ in 0..aborts {
+        in_netns(&topo.pod_b, || {
+            let mut stream = TcpStream::connect_timeout(&server.addr(), STEP).expect("connect");
+            stream.write_all(b"x").expect("write");
+            let mut byte = [0u8; 1];
+            stream.read_exact(&mut byte).expect("echo");
+            // SO_LINGER 0: the close sends a RST.
+            Socket::from(stream)
+                .set_linger(Some(Duration::ZERO))
+                .expect("linger");
+        });
+    }
+    let listener = format!("{}:{port}", topo.pod_a_ip);
+    let on_listener =
+        |f: &Value| field(f, "kind") == "tcp_reset" && field(f, "listener") == listener;
+    let f = agent.wait_finding(on_listener, STEP);
+    assert_shape(&f);
+    assert_layer(&f, "peer");
+    // Every abort lands in the one finding.
+    let deadline = Instant::now() + STEP;
+    let resets: Vec<Value> = loop {
+        let resets: Vec<Value> = agent
+            .findings_endpoint()
+            .into_iter()
+            .filter(|f| field(f, "kind") == "tcp_reset")
+            .collect();
+        let counted = resets
+            .iter()
+            .filter(|f| on_listener(f))
+            .map(|f| f["count"].as_u64().unwrap_or(0))
+            .sum::<u64>();
+        if counted >= aborts || Instant::now() > deadline {
+            break resets;
+        }
+        thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(resets.len(), 1, "one finding per listener: {resets:#?}");
+    assert_eq!(resets[0]["count"], aborts, "{resets:#?}");
+    assert!(resets[0].get("dport").is_none(), "{resets:#?}");
+}

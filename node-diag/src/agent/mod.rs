@@ -177,6 +177,7 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
     info!(listen = %local, "ready");
 
     let names = Names::for_this_node(loaded.drop_reasons.clone());
+    let ephemeral_ports = crate::host_network::local_port_range();
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     let mut refresh_tick = tokio::time::interval(REFRESH);
     refresh_tick.tick().await;
@@ -196,7 +197,7 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
                     warn!("event stream ended");
                     break;
                 };
-                let ctx = Context { names: &names, now: SystemTime::now() };
+                let ctx = Context { names: &names, now: SystemTime::now(), ephemeral_ports: ephemeral_ports.clone() };
                 if let Some(finding) = correlate(&ev, &ctx) {
                     shared.metrics().finding(&finding);
                     let printed = shared.store().record(finding, Instant::now());

@@ -3,7 +3,8 @@
 //! naming the failing layer. Pure: fed synthetic events in the unit tests.
 
 use std::{
-    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    ops::RangeInclusive,
     time::SystemTime,
 };
 
@@ -82,6 +83,9 @@ fn port_unreachable(v6: bool, code: u32) -> bool {
 pub struct Context<'a> {
     pub names: &'a Names,
     pub now: SystemTime,
+    /// The node's ephemeral port range: a connection whose local port is outside it and
+    /// whose peer port is inside it was accepted by a listener.
+    pub ephemeral_ports: RangeInclusive<u16>,
 }
 
 enum Evidence {
@@ -519,6 +523,9 @@ fn connect_verdict(ev: &Event, ctx: &Context<'_>) -> Option<Finding> {
                 ),
             }
         }
+        event_kind::ESTABLISHED_RESET if server_side(flow, &ctx.ephemeral_ports) => {
+            return Some(listener_reset(ev, ctx, evidence));
+        }
         event_kind::ESTABLISHED_RESET => (
             Kind::TcpReset,
             Layer::Peer,
@@ -539,6 +546,36 @@ fn connect_verdict(ev: &Event, ctx: &Context<'_>) -> Option<Finding> {
     );
     finding.evidence = with_sorted_keys(evidence);
     Some(finding)
+}
+
+/// Whether the local end of `flow` is a listener's: its port is not ephemeral and the
+/// peer's is.
+fn server_side(flow: &FlowKey, ephemeral: &RangeInclusive<u16>) -> bool {
+    !ephemeral.contains(&flow.sport) && ephemeral.contains(&flow.dport)
+}
+
+/// A reset of a connection a listener accepted: aggregated per listener, since every
+/// client connects from a new port.
+fn listener_reset(ev: &Event, ctx: &Context<'_>, mut evidence: Map<String, Value>) -> Finding {
+    let flow = &ev.flow;
+    let listener = SocketAddr::new(addr(flow, &flow.saddr), flow.sport);
+    let client = SocketAddr::new(addr(flow, &flow.daddr), flow.dport);
+    evidence.insert("last_client".into(), json!(client.to_string()));
+    let mut f = Finding::new(
+        Kind::TcpReset,
+        Layer::Peer,
+        Severity::Warning,
+        format!(
+            "Connections accepted by the listener {listener} are reset by their clients ({}); the last from {client}.",
+            errno_name(ev.error)
+        ),
+        "Clients are aborting their requests: check their timeouts (a client giving up before this server answers resets the connection) and whether this server answers slowly; a load balancer's or middlebox's idle timeout resets long-lived connections too.".to_string(),
+        ctx.now,
+    );
+    f.listener = Some(listener);
+    f.netns = (ev.netns != 0).then_some(ev.netns);
+    f.evidence = with_sorted_keys(evidence);
+    f
 }
 
 fn with_sorted_keys(m: Map<String, Value>) -> Map<String, Value> {
@@ -570,6 +607,7 @@ mod tests {
             &Context {
                 names: &names,
                 now: SystemTime::UNIX_EPOCH,
+                ephemeral_ports: 32768..=60999,
             },
         )
     }
@@ -909,5 +947,28 @@ mod tests {
         let f = run(&ev).unwrap();
         assert_eq!(f.layer, Layer::CniRouting);
         assert!(f.summary.contains("a router on the path"), "{}", f.summary);
+    }
+
+    #[test]
+    fn resets_of_accepted_connections_aggregate_per_listener() {
+        let mut ev = event(event_kind::ESTABLISHED_RESET, 104);
+        (ev.flow.sport, ev.flow.dport) = (8080, 40001);
+        let f = run(&ev).unwrap();
+        assert_eq!((f.kind, f.layer), (Kind::TcpReset, Layer::Peer));
+        assert_eq!(f.listener, Some("10.244.1.7:8080".parse().unwrap()));
+        assert_eq!((f.src, f.dst, f.dport), (None, None, None));
+        assert_eq!(f.evidence["last_client"], "10.244.2.9:40001");
+        // Another client port, the same finding.
+        ev.flow.dport = 40002;
+        let mut store = crate::findings::Store::new(std::time::Duration::from_secs(10), 10);
+        let now = std::time::Instant::now();
+        store.record(f, now);
+        store.record(run(&ev).unwrap(), now);
+        assert_eq!(store.all().len(), 1);
+        assert_eq!(store.all()[0].count, 2);
+        // A client's own connection (ephemeral local port) stays a flow finding.
+        let f = run(&event(event_kind::ESTABLISHED_RESET, 104)).unwrap();
+        assert_eq!(f.listener, None);
+        assert_eq!(f.dport, Some(8080));
     }
 }

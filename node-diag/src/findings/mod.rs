@@ -15,7 +15,10 @@ pub mod fixtures;
 pub mod names;
 pub mod store;
 
-use std::{net::IpAddr, time::SystemTime};
+use std::{
+    net::{IpAddr, SocketAddr},
+    time::SystemTime,
+};
 
 use serde::{Deserialize, Serialize};
 
@@ -142,6 +145,11 @@ pub struct Finding {
     pub sport: Option<u16>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub netns: Option<u32>,
+    /// For a server-side finding (resets of accepted connections): the listener, local
+    /// address and port. Its clients' ports change with every connection, so such a
+    /// finding aggregates per listener; `src`/`dst` are not set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listener: Option<SocketAddr>,
     /// The interface an interface-level finding (MTU, oversize drops) is about.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub interface: Option<String>,
@@ -182,6 +190,7 @@ impl Finding {
             dport: None,
             sport: None,
             netns: None,
+            listener: None,
             interface: None,
             count: 1,
             first_seen: now.clone(),

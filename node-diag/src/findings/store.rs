@@ -5,7 +5,7 @@
 
 use std::{
     collections::HashMap,
-    net::IpAddr,
+    net::{IpAddr, SocketAddr},
     time::{Duration, Instant, SystemTime},
 };
 
@@ -21,6 +21,7 @@ impl Finding {
             dst: self.dst,
             dport: self.dport,
             netns: self.netns,
+            listener: self.listener,
             interface: self.interface.clone(),
         }
     }
@@ -34,6 +35,7 @@ struct Key {
     dst: Option<IpAddr>,
     dport: Option<u16>,
     netns: Option<u32>,
+    listener: Option<SocketAddr>,
     interface: Option<String>,
 }
 

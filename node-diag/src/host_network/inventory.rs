@@ -91,6 +91,20 @@ impl Raw {
     }
 }
 
+/// The calling thread's namespace's ephemeral port range
+/// (`net.ipv4.ip_local_port_range`), or the kernel's default when unreadable.
+pub fn local_port_range() -> std::ops::RangeInclusive<u16> {
+    const DEFAULT: std::ops::RangeInclusive<u16> = 32768..=60999;
+    let Ok(text) = fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range") else {
+        return DEFAULT;
+    };
+    let mut bounds = text.split_whitespace().map(str::parse::<u16>);
+    match (bounds.next(), bounds.next()) {
+        (Some(Ok(low)), Some(Ok(high))) if low <= high => low..=high,
+        _ => DEFAULT,
+    }
+}
+
 fn read_sysctl(name: &str) -> Option<u32> {
     fs::read_to_string(format!("/proc/sys/net/ipv4/{name}"))
         .ok()?

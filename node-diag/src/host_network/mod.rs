@@ -26,7 +26,7 @@ mod rtnetlink;
 mod underlay;
 
 pub use interfaces::{Family, Interface, LinkKind, Snapshot, UnderlaySource};
-pub use inventory::snapshot;
+pub use inventory::{local_port_range, snapshot};
 pub use links::{Link, UdpEncap, links};
 pub use monitor::watch;
 pub use namespaces::{local_scope, netns_inode};
