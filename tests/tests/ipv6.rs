@@ -122,3 +122,60 @@ fn ipv6_closed_port_is_the_listener() {
     assert_shape(&f);
     assert_eq!(f["evidence"]["rst_received"], true, "{f:#}");
 }
+
+/// An IPv6 packet too big for the next link, forwarded by this node: the kernel drops it
+/// and answers with a packet-too-big no tracepoint shows. With nothing dropping that
+/// answer here, PMTUD works: an `info` finding, never "no frag-needed went back".
+#[test]
+fn ipv6_oversize_drop_with_pmtud_working_is_info() {
+    let topo = ipv6_topology(None);
+    let (pod_a, node_a) = (&topo.pod_a, &topo.node_a);
+    cmd::run_in(
+        pod_a,
+        &["ip", "addr", "add", "fd00:1::7/64", "dev", "eth0", "nodad"],
+    );
+    cmd::run_in(
+        node_a,
+        &["ip", "addr", "add", "fd00:1::1/64", "dev", "vpod0", "nodad"],
+    );
+    cmd::run_in(
+        pod_a,
+        &[
+            "ip",
+            "-6",
+            "route",
+            "add",
+            "fd00:200::/64",
+            "via",
+            "fd00:1::1",
+        ],
+    );
+    cmd::run_in(
+        &topo.node_b,
+        &["ip", "-6", "route", "add", "fd00:1::/64", "via", NODE_A_V6],
+    );
+    cmd::run_in(node_a, &["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"]);
+    cmd::run_in(node_a, &["ip", "link", "set", "ul0", "mtu", "1400"]);
+    cmd::run_in(&topo.node_b, &["ip", "link", "set", "ul0", "mtu", "1400"]);
+    let agent = Agent::start_ready(&topo);
+
+    // 1380 bytes of payload + 8 ICMPv6 + 40 IPv6 = 1428: fits the pod (1450), not the
+    // 1400 link beyond node A, which drops it.
+    let _ = cmd::try_run_in(
+        pod_a,
+        &[
+            "ping", "-6", "-n", "-q", "-c", "2", "-W", "1", "-M", "do", "-s", "1380", NODE_B_V6,
+        ],
+    );
+    let f = agent.wait_finding(
+        |f| field(f, "kind") == "df_oversize_drop" && field(f, "dst") == NODE_B_V6,
+        STEP,
+    );
+    assert_eq!(field(&f, "severity"), "info", "{f:#}");
+    assert_eq!(f["evidence"]["egress_mtu"], 1400, "{f:#}");
+    assert!(field(&f, "summary").contains("packet-too-big"), "{f:#}");
+    assert!(
+        !field(&f, "summary").contains("no ICMP frag-needed went back"),
+        "{f:#}"
+    );
+}

@@ -148,11 +148,20 @@ fn df_oversize(ev: &Event, ctx: &Context<'_>) -> Finding {
     evidence.insert("egress_interface".into(), json!(iface));
     evidence.insert("egress_mtu".into(), json!(ev.mtu));
     frag_evidence(ev, &mut evidence);
-    let pmtud_worked = ev.icmp.icmp_code == 4 && ev.icmp.count > 0 && ev.frag_dropped.count == 0;
+    // IPv6 has no tracepoint for the packet-too-big the kernel sends, but a forwarding
+    // IPv6 node sends one for every such drop (rate-limited): only netfilter dropping it
+    // here is visible, and decides.
+    let v6 = flow.family != AF_INET;
+    let pmtud_worked =
+        ev.frag_dropped.count == 0 && (v6 || (ev.icmp.icmp_code == 4 && ev.icmp.count > 0));
     let (severity, tail, remediation) = if pmtud_worked {
         (
             Severity::Info,
-            "; ICMP frag-needed went back to the sender, so PMTUD can recover the flow",
+            if v6 {
+                "; the kernel answers each with an ICMPv6 packet-too-big and none was dropped here, so PMTUD can recover the flow"
+            } else {
+                "; ICMP frag-needed went back to the sender, so PMTUD can recover the flow"
+            },
             format!(
                 "Nothing is broken yet, but every new flow pays a drop and a retransmit: set the pod/CNI MTU to at most {} so packets fit the overlay.",
                 ev.mtu
@@ -161,7 +170,11 @@ fn df_oversize(ev: &Event, ctx: &Context<'_>) -> Finding {
     } else {
         (
             Severity::Warning,
-            "; no ICMP frag-needed went back, so the sender cannot learn the path MTU",
+            if v6 {
+                "; this node's netfilter drops the ICMPv6 packet-too-big meant for the sender, so it cannot learn the path MTU"
+            } else {
+                "; no ICMP frag-needed went back, so the sender cannot learn the path MTU"
+            },
             format!(
                 "Set the pod/CNI MTU to at most {}, or clamp TCP MSS (`iptables -t mangle -A POSTROUTING -p tcp --tcp-flags SYN,RST SYN -j TCPMSS --clamp-mss-to-pmtu`).",
                 ev.mtu
@@ -970,5 +983,34 @@ mod tests {
         let f = run(&event(event_kind::ESTABLISHED_RESET, 104)).unwrap();
         assert_eq!(f.listener, None);
         assert_eq!(f.dport, Some(8080));
+    }
+
+    #[test]
+    fn ipv6_oversize_drop_is_not_called_unanswered() {
+        let mut ev = event(event_kind::DF_OVERSIZE, 0);
+        ev.flow.family = node_diag_common::AF_INET6;
+        ev.flow.daddr = "fd00::2".parse::<Ipv6Addr>().unwrap().octets();
+        (ev.mtu, ev.len) = (1450, 1500);
+        let f = run(&ev).unwrap();
+        assert_eq!(f.severity, Severity::Info, "{}", f.summary);
+        assert!(f.summary.contains("packet-too-big"), "{}", f.summary);
+        assert!(
+            !f.summary.contains("no ICMP frag-needed went back"),
+            "{}",
+            f.summary
+        );
+        ev.frag_dropped = DropInfo {
+            last_ns: 1,
+            reason: 12,
+            count: 1,
+            ..Default::default()
+        };
+        let f = run(&ev).unwrap();
+        assert_eq!(f.severity, Severity::Warning);
+        assert!(
+            f.summary.contains("drops the ICMPv6 packet-too-big"),
+            "{}",
+            f.summary
+        );
     }
 }
