@@ -212,8 +212,11 @@ pub struct IcmpInfo {
     /// Next-hop MTU carried by frag-needed / packet-too-big (0 otherwise).
     pub mtu: u32,
     pub count: u32,
+    /// Who sent a received ICMP error (the router or filter on the path), IPv4 in the
+    /// first 4 bytes; zero for the errors this node generated.
+    pub from: [u8; 16],
 }
-const _: () = assert!(core::mem::size_of::<IcmpInfo>() == 32);
+const _: () = assert!(core::mem::size_of::<IcmpInfo>() == 48);
 
 /// A socket retransmitting full-size segments.
 #[repr(C)]
@@ -278,7 +281,7 @@ pub struct Event {
     pub flags: u32,
     pub _pad: u32,
 }
-const _: () = assert!(core::mem::size_of::<Event>() == 208);
+const _: () = assert!(core::mem::size_of::<Event>() == 240);
 
 /// Offsets of the flow tuple inside a tracepoint record, read from its tracefs `format`.
 #[repr(C)]

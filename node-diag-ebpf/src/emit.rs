@@ -110,40 +110,40 @@ pub fn emit<C: EbpfContext>(
         return;
     };
     let since = extra.since;
-    // SAFETY (all map reads below): values are copied out at once.
-    let icmp = recent_icmp(unsafe { ICMP_SENT.get(key) }, since);
-    // Frag-needed received or dropped only explains MTU verdicts.
+    // Frag-needed received or dropped only explains MTU verdicts; connect verdicts carry
+    // the ICMP error that answered the SYN, if one came back.
     let mtu_verdict = kind == event_kind::DF_OVERSIZE
         || kind == event_kind::PMTUD_STALL
         || kind == event_kind::TCP_STALL;
-    let (icmp_rcvd, frag_dropped) = if mtu_verdict {
-        (
-            recent_icmp(unsafe { ICMP_RCVD.get(key) }, since),
-            recent_drop(unsafe { FRAG_DROPPED.get(key) }, since),
-        )
+    let received = if mtu_verdict {
+        &ICMP_RCVD
     } else {
-        // Connect verdicts: the ICMP error that answered the SYN, if one came back.
-        (
-            recent_icmp(unsafe { ICMP_ERR_RCVD.get(key) }, since),
-            DropInfo::default(),
-        )
+        &ICMP_ERR_RCVD
     };
-    entry.write(Event {
-        ts_ns: now(),
-        kind,
-        error,
-        flow: *key,
-        netns,
-        retrans,
-        drop: extra.drop,
-        icmp,
-        icmp_rcvd,
-        frag_dropped,
-        mtu: extra.mtu,
-        len: extra.len,
-        flags: extra.flags,
-        _pad: 0,
-    });
+    let ev = entry.as_mut_ptr();
+    // SAFETY: `ev` points at the reserved record, written field by field in place (an
+    // `Event` built on the stack first would not fit the programs' 512-byte stack); map
+    // values are copied out at once.
+    unsafe {
+        (*ev).ts_ns = now();
+        (*ev).kind = kind;
+        (*ev).error = error;
+        (*ev).flow = *key;
+        (*ev).netns = netns;
+        (*ev).retrans = retrans;
+        (*ev).drop = extra.drop;
+        (*ev).icmp = recent_icmp(ICMP_SENT.get(key), since);
+        (*ev).icmp_rcvd = recent_icmp(received.get(key), since);
+        (*ev).frag_dropped = if mtu_verdict {
+            recent_drop(FRAG_DROPPED.get(key), since)
+        } else {
+            DropInfo::default()
+        };
+        (*ev).mtu = extra.mtu;
+        (*ev).len = extra.len;
+        (*ev).flags = extra.flags;
+        (*ev)._pad = 0;
+    }
     entry.submit(0);
     // Checked here too, so that with logging off even the call is dead code.
     if level_enabled(Level::Debug) {

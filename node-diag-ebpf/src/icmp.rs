@@ -54,6 +54,7 @@ fn try_icmp_send(ctx: &TracePointContext) -> Option<()> {
         ifindex,
         mtu,
         count: 0,
+        from: [0; 16],
     };
     bump_lru(&ICMP_SENT, &packet.flow, &mut info).map(|_new| ())
 }

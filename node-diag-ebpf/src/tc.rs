@@ -112,7 +112,13 @@ fn try_tc_ingress(ctx: &TcContext) -> Option<()> {
         ifindex,
         mtu,
         count: 0,
+        from: [0; 16],
     };
+    if protocol == ETH_P_IP {
+        set_v4(&mut info.from, ctx.load::<[u8; 4]>(nh + 12).ok()?);
+    } else {
+        info.from = ctx.load::<[u8; 16]>(nh + 8).ok()?;
+    }
     let frag_needed = if protocol == ETH_P_IP {
         code == 4
     } else {

@@ -940,6 +940,9 @@ fn remote_icmp_host_prohibited_is_a_firewall_not_routing() {
     assert_layer(&f, "firewall");
     assert_eq!(f["evidence"]["icmp_received_type"], 3, "{f:#}");
     assert_eq!(f["evidence"]["icmp_received_code"], 10, "{f:#}");
+    // Node B's filter sent it, from its underlay or overlay address.
+    let from = field(&f["evidence"], "icmp_received_from");
+    assert!(from == "10.200.0.2" || from == "192.168.77.2", "{f:#}");
 }
 
 /// Clients that abort (a RST) reset the server's accepted connections, each from a new

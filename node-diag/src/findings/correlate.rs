@@ -352,11 +352,14 @@ fn connect_verdict(ev: &Event, ctx: &Context<'_>) -> Option<Finding> {
     }
     // An ICMP error that came back from the path (TC ingress), for connect verdicts.
     let received = (ev.icmp_rcvd.count > 0).then_some(ev.icmp_rcvd);
+    let v6 = flow.family != AF_INET;
+    let sender = received.map(|r| addr(flow, &r.from));
     if let Some(r) = received {
         evidence.insert("icmp_received_type".into(), json!(r.icmp_type));
         evidence.insert("icmp_received_code".into(), json!(r.icmp_code));
+        evidence.insert("icmp_received_from".into(), json!(sender));
     }
-    let v6 = flow.family != AF_INET;
+    let from = sender.map(|a| format!(" ({a})")).unwrap_or_default();
     let classified = match (&drop_reason, icmp, received) {
         (Some(r), _, _) if FIREWALL_REASONS.contains(&r.as_str()) => Evidence::Firewall(format!(
             "a netfilter/eBPF filter on this node dropped {dropped} ({r})"
@@ -373,16 +376,16 @@ fn connect_verdict(ev: &Event, ctx: &Context<'_>) -> Option<Finding> {
             i.icmp_code
         )),
         (_, _, Some(r)) if admin_prohibited(v6, r.icmp_code) => Evidence::Firewall(format!(
-            "a filter on the path answered it with ICMP{} administratively prohibited (code {})",
+            "a filter on the path{from} answered it with ICMP{} administratively prohibited (code {})",
             if v6 { "v6" } else { "" },
             r.icmp_code
         )),
         (_, _, Some(r)) if port_unreachable(v6, r.icmp_code) => Evidence::Firewall(format!(
-            "an ICMP{} port-unreachable answered it: a REJECT rule on the path",
+            "an ICMP{} port-unreachable{from} answered it: a REJECT rule on the path",
             if v6 { "v6" } else { "" }
         )),
         (_, _, Some(r)) => Evidence::Routing(format!(
-            "a router on the path answered it with ICMP{} destination unreachable code {}",
+            "a router on the path{from} answered it with ICMP{} destination unreachable code {}",
             if v6 { "v6" } else { "" },
             r.icmp_code
         )),
@@ -945,11 +948,14 @@ mod tests {
             icmp_type: 3,
             icmp_code: 10,
             count: 1,
+            from: [10, 200, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
             ..Default::default()
         };
         let f = run(&ev).unwrap();
         assert_eq!((f.kind, f.layer), (Kind::TcpUnreachable, Layer::Firewall));
         assert_eq!(f.evidence["icmp_received_code"], 10);
+        assert_eq!(f.evidence["icmp_received_from"], "10.200.0.2");
+        assert!(f.summary.contains("(10.200.0.2)"), "{}", f.summary);
         assert!(
             f.summary.contains("administratively prohibited"),
             "{}",
