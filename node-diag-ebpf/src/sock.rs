@@ -133,6 +133,8 @@ fn closed(ctx: &TracePointContext, sk: u64) -> Option<(u32, u32, u32, u32, Extra
         }
         // SAFETY: the pointer comes from the map.
         let state = unsafe { *connect };
+        // No error report follows: this is the attempt's last word.
+        let _ = CONNECTS.remove(&sk);
         if state.reported != 0 {
             return None;
         }
@@ -143,8 +145,6 @@ fn closed(ctx: &TracePointContext, sk: u64) -> Option<(u32, u32, u32, u32, Extra
             // trouble, only an impatient client.
             return None;
         }
-        // SAFETY: the pointer comes from the map.
-        unsafe { (*connect).reported |= 1 << event_kind::CONNECT_ABANDONED };
         inc(counter::CONNECT_TIMEOUT);
         return Some((
             event_kind::CONNECT_ABANDONED,
@@ -199,9 +199,11 @@ fn try_err_report(ctx: &RawTracePointContext) -> Option<()> {
     // connections are judged at their CLOSE transition.
     let connect = CONNECTS.get_ptr_mut(&sk)?;
     let mut key = sock_tuple(sk)?;
-    let mut error = match kread::<i32>(sk, config!(sk_err)) {
-        Some(e) if e != 0 => e,
-        _ => kread::<i32>(sk, config!(sk_err_soft)).unwrap_or(0),
+    let hard = kread::<i32>(sk, config!(sk_err)).unwrap_or(0);
+    let mut error = if hard != 0 {
+        hard
+    } else {
+        kread::<i32>(sk, config!(sk_err_soft)).unwrap_or(0)
     };
     if error == 0 {
         // An ICMP error that hit the socket while its owner held the lock is only stored
@@ -254,6 +256,12 @@ fn try_err_report(ctx: &RawTracePointContext) -> Option<()> {
             ..syn_drop(&key, since)
         },
     );
+    if hard != 0 {
+        // A hard error ends the connect (the kernel closes the socket): nothing more
+        // will be reported for this attempt, and the entry must not wait for eviction
+        // where the next socket at this address could find it.
+        let _ = CONNECTS.remove(&sk);
+    }
     Some(())
 }
 
