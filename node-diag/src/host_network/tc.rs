@@ -53,6 +53,24 @@ impl TcFilter {
     }
 }
 
+#[cfg(test)]
+impl TcFilter {
+    /// A filter as a dump would give it, for tests of who owns what.
+    pub(crate) fn fixture(kind: &str, priority: u16, handle: u32, bpf_name: Option<&str>) -> Self {
+        let header = TcHeader {
+            handle: handle.into(),
+            parent: ClsactSide::Ingress.parent(),
+            info: u32::from(priority) << 16,
+            ..TcHeader::default()
+        };
+        TcFilter {
+            header,
+            kind: kind.into(),
+            bpf_name: bpf_name.map(Into::into),
+        }
+    }
+}
+
 /// Every filter on `side` of interface `index`'s `clsact` (none when it has no clsact).
 pub fn clsact_filters(index: u32, side: ClsactSide) -> Result<Vec<TcFilter>, NetlinkError> {
     let sock = socket()?;

@@ -319,3 +319,22 @@ fn remove_clsact_if_empty(index: u32, name: &str) {
         Err(e) => warn!(interface = %name, error = %e, "cannot delete the clsact qdisc"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_our_priority_handle_and_name_together_are_ours() {
+        let ours = |kind, prio, handle, name| is_ours(&TcFilter::fixture(kind, prio, handle, name));
+        assert!(ours("bpf", PRIORITY, HANDLE, Some(PROGRAM)));
+        // Another tool's program, or ours loaded by hand at another place, is not.
+        assert!(!ours("bpf", PRIORITY, HANDLE, Some("cil_from_netdev")));
+        assert!(!ours("bpf", PRIORITY, HANDLE, None));
+        assert!(!ours("bpf", 49152, HANDLE, Some(PROGRAM)));
+        assert!(!ours("bpf", PRIORITY, 1, Some(PROGRAM)));
+        assert!(!ours("u32", PRIORITY, HANDLE, None));
+        // The kernel's per-priority entry (handle 0) is not a filter to delete.
+        assert!(!ours("bpf", PRIORITY, 0, None));
+    }
+}
