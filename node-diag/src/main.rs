@@ -103,6 +103,11 @@ struct RunArgs {
     /// events. `off` leaves the log calls out of the verified programs entirely.
     #[arg(long, value_enum, default_value = "off", value_name = "LEVEL")]
     ebpf_log: kernel::ebpf_log::Level,
+    /// How the TC ingress classifier is attached: `auto` uses TCX where the kernel has it
+    /// (6.6+) and a netlink filter under a clsact qdisc elsewhere; `netlink` always uses
+    /// the latter (the pre-6.6 path, to test it, or where TCX misbehaves).
+    #[arg(long, value_enum, default_value = "auto", value_name = "MODE")]
+    tc_attach: kernel::tc::AttachMode,
 }
 
 #[derive(clap::Args)]
@@ -191,6 +196,7 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
                 repeat_interval: Duration::from_secs(args.repeat_interval),
                 all_netns: args.all_netns,
                 ebpf_log: args.ebpf_log,
+                tc_attach: args.tc_attach,
             }))?;
             // Stop lingering blocking tasks instead of waiting for them.
             rt.shutdown_timeout(Duration::from_millis(200));

@@ -314,6 +314,22 @@ impl<'t> Agent<'t> {
         })
     }
 
+    /// Sends SIGKILL (a crash, an OOM kill: no cleanup runs) and waits for the exit.
+    pub fn kill(&mut self) -> Result<ExitStatus> {
+        if let Some(status) = self.exit_status() {
+            return Ok(status);
+        }
+        send_signal(self.pid(), libc::SIGKILL)
+            .map_err(|e| Error::io("cannot send SIGKILL to node-diag", e))?;
+        let status = self
+            .child
+            .wait()
+            .map_err(|e| Error::io("cannot reap node-diag", e))?;
+        self.status = Some(status);
+        self.join_readers();
+        Ok(status)
+    }
+
     /// The agent's findings, odd stdout lines and stderr, for failure messages.
     pub fn diagnostics(&self) -> String {
         self.diagnosed.set(true);

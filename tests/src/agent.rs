@@ -157,4 +157,9 @@ impl<'t> Agent<'t> {
         let end = crate::ok(self.0.terminate());
         (end.status, end.elapsed)
     }
+
+    /// SIGKILL, as a crash or an OOM kill: the agent gets no chance to clean up.
+    pub fn kill(&mut self) -> ExitStatus {
+        crate::ok(self.0.kill())
+    }
 }

@@ -1,6 +1,8 @@
 //! `node-diag run`: loads the programs, drains verdict events into the correlator,
 //! aggregates findings, keeps metrics in step with the kernel counters, serves HTTP, and
-//! shuts down cleanly on SIGINT/SIGTERM (dropping the `Ebpf` detaches every link).
+//! shuts down cleanly on SIGINT/SIGTERM (TC attachments are detached and the `clsact`
+//! qdiscs the agent owns deleted, see `kernel::tc`; dropping the `Ebpf` detaches every
+//! other link).
 //!
 //! - [`state`]: what the loop shares with the HTTP handlers ([`http`]).
 //! - [`metrics`]: the Prometheus registry, fed kernel totals and findings.
@@ -47,7 +49,7 @@ use crate::{
         caps,
         loader::{self, LoadError},
         maps::{KernelMaps, MapMissing},
-        tc::TcIngress,
+        tc::{self, TcIngress},
     },
     output::print_finding,
 };
@@ -86,6 +88,8 @@ pub struct RunOptions {
     pub all_netns: bool,
     /// The eBPF programs' own log level.
     pub ebpf_log: crate::kernel::ebpf_log::Level,
+    /// How the TC ingress classifier is attached (TCX or a netlink filter).
+    pub tc_attach: tc::AttachMode,
 }
 
 const MAX_FINDINGS: usize = 4096;
@@ -119,7 +123,19 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
     if !opts.all_netns {
         refresh_scope(&mut maps);
     }
-    let mut tc = match TcIngress::load(&mut loaded.ebpf) {
+    // Bound before TC is attached: a second agent in this namespace (the listen address
+    // taken) fails here, before it could mistake the first one's filters for leftovers.
+    let listener = tokio::net::TcpListener::bind(opts.listen)
+        .await
+        .map_err(|source| AgentError::Listen {
+            addr: opts.listen,
+            source,
+        })?;
+    let local = listener.local_addr()?;
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sigint = signal(SignalKind::interrupt())?;
+
+    let mut tc = match TcIngress::load(&mut loaded.ebpf, opts.tc_attach) {
         Ok(tc) => Some(tc),
         Err(e) => {
             warn!(error = %e, "TC ingress unavailable: frag-needed received is not seen");
@@ -134,14 +150,6 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
         Metrics::new(),
         Store::new(opts.repeat_interval, MAX_FINDINGS),
     ));
-
-    let listener = tokio::net::TcpListener::bind(opts.listen)
-        .await
-        .map_err(|source| AgentError::Listen {
-            addr: opts.listen,
-            source,
-        })?;
-    let local = listener.local_addr()?;
     let server = tokio::spawn({
         let app = http::router(shared.clone());
         async move {
@@ -162,16 +170,18 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
         })
     });
 
-    let mut sigterm = signal(SignalKind::terminate())?;
-    let mut sigint = signal(SignalKind::interrupt())?;
-
     refresh_mtu(&shared, opts.format).await;
 
-    if let Some(path) = &opts.ready_file {
-        std::fs::write(path, format!("{local}\n")).map_err(|source| AgentError::ReadyFile {
+    if let Some(path) = &opts.ready_file
+        && let Err(source) = std::fs::write(path, format!("{local}\n"))
+    {
+        if let Some(tc) = tc.as_mut() {
+            tc.detach_all(&mut loaded.ebpf);
+        }
+        return Err(AgentError::ReadyFile {
             path: path.clone(),
             source,
-        })?;
+        });
     }
     shared.set_ready(true);
     info!(listen = %local, "ready");
@@ -267,6 +277,10 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
     server.abort();
     if let Some(path) = &opts.ready_file {
         let _ = std::fs::remove_file(path);
+    }
+    // Netlink filters first, so the clsact qdiscs they emptied can go.
+    if let Some(tc) = tc.as_mut() {
+        tc.detach_all(&mut loaded.ebpf);
     }
     // Dropping the Ebpf detaches every tracepoint link and unloads the programs.
     drop(loaded);

@@ -9,6 +9,8 @@
 //!   ([`local_scope`]: the agent's own and every pod namespace attached to it by a veth),
 //!   and running code inside one.
 //! - `monitor`: link notifications, turned into "re-snapshot" messages ([`watch`]).
+//! - `tc`: `clsact` qdiscs and their filters (dump, delete), for the TC attachment on
+//!   kernels without TCX.
 //! - `interfaces`, `underlay`, `inventory`: the [`Snapshot`] of every interface of those
 //!   namespaces ([`snapshot`]), each tunnel with its underlay.
 //!
@@ -23,6 +25,7 @@ mod monitor;
 mod namespaces;
 mod routes;
 mod rtnetlink;
+pub mod tc;
 mod underlay;
 
 pub use interfaces::{Family, Interface, LinkKind, Snapshot, UnderlaySource};

@@ -1,7 +1,34 @@
 //! TC ingress attachment on this node's interfaces (the namespace the agent runs in, which
 //! holds the underlay, the overlay and the pods' node-side veths). Interfaces are attached
-//! as they appear and forgotten as they go; on kernels with TCX (6.6+) every attachment is
-//! a link owned by this process, so nothing outlives the agent.
+//! as they appear and forgotten as they go.
+//!
+//! Two ways to attach, chosen by [`AttachMode`] (`node-diag run --tc-attach`):
+//!
+//! - **TCX** (Linux 6.6+): every attachment is a link owned by this process, so nothing
+//!   outlives the agent, even when it is killed. `auto` uses it wherever the kernel has it.
+//! - **netlink** (`cls_bpf` filter under a `clsact` qdisc): kernels before 6.6 (Debian
+//!   12's 6.1), or forced with `--tc-attach netlink`. A filter belongs to the interface,
+//!   not to the process: a killed agent's filters keep running on every packet.
+//!
+//! Rules of the netlink path, so that restarts (a crash loop included) never pile up
+//! filters and the agent never removes what another tool put there:
+//!
+//! - Our filter is recognisable: ingress, `bpf` classifier, priority [`PRIORITY`]
+//!   (20036, `0x4e44`), handle [`HANDLE`] (`0x4e44`), program name [`PROGRAM`]
+//!   (`tc filter show dev X ingress` shows `pref 20036 bpf ... handle 0x4e44
+//!   nd_tc_ingress`). It returns `TC_ACT_UNSPEC`, so filters after it still run.
+//! - Before attaching to an interface (in either mode), the agent deletes the filters
+//!   matching all of that: they were left by a previous agent killed before it could
+//!   detach. Nothing else is touched.
+//! - The agent adds a `clsact` qdisc only where there is none, and owns the ones it added.
+//!   It also takes over a predecessor's: when it has just deleted leftover filters of ours
+//!   on an interface and its `clsact` then holds no filter in either direction, that
+//!   `clsact` is taken to be the predecessor's (nothing else uses it) and is owned.
+//! - On a clean exit, the agent detaches its filters, then deletes each `clsact` it owns
+//!   if, and only if, no filter is left in it in either direction: deleting a qdisc
+//!   deletes its filters, so one that another tool started using since is kept.
+//! - One agent per network namespace: a second agent started in the same namespace would
+//!   take the first one's filters for leftovers.
 
 use std::collections::HashMap;
 
@@ -9,17 +36,36 @@ use aya::{
     Ebpf,
     maps::{HashMap as BpfHashMap, MapData},
     programs::{
-        ProgramError, SchedClassifier, TcAttachType,
-        tc::{self, SchedClassifierLinkId},
+        LinkOrder, ProgramError, SchedClassifier, TcAttachType,
+        tc::{self, NlOptions, SchedClassifierLinkId, TcAttachOptions, TcHandle},
     },
 };
 use tracing::{debug, info, warn};
 
-use crate::host_network::Link;
+use crate::host_network::{
+    Link, NetlinkError,
+    tc::{ClsactSide, TcFilter, clsact_filters, delete_clsact, delete_filter, has_clsact},
+};
 
 pub const PROGRAM: &str = "nd_tc_ingress";
+/// Priority of our netlink filter: fixed, so a restarted agent recognises a killed one's.
+/// Lower runs first; the kernel numbers filters added without one from 49152 down.
+pub const PRIORITY: u16 = 0x4e44;
+/// Handle of our netlink filter (with [`PRIORITY`] and [`PROGRAM`], what marks it ours).
+pub const HANDLE: u32 = 0x4e44;
 const ARPHRD_ETHER: u16 = 1;
 const ARPHRD_LOOPBACK: u16 = 772;
+
+/// How the classifier is attached (`node-diag run --tc-attach`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum AttachMode {
+    /// TCX where the kernel has it (6.6+), else a netlink filter under `clsact`.
+    #[default]
+    Auto,
+    /// Always a netlink filter under `clsact`: the pre-6.6 path, for testing it and for
+    /// kernels whose TCX misbehaves.
+    Netlink,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum TcError {
@@ -29,10 +75,35 @@ pub enum TcError {
     Load(#[from] ProgramError),
 }
 
+/// How one interface got attached.
+#[derive(Debug, Clone, Copy)]
+enum Via {
+    Tcx,
+    Netlink,
+}
+
+impl Via {
+    fn as_str(self) -> &'static str {
+        match self {
+            Via::Tcx => "tcx",
+            Via::Netlink => "netlink",
+        }
+    }
+}
+
+struct Attached {
+    name: String,
+    link: SchedClassifierLinkId,
+}
+
 pub struct TcIngress {
-    attached: HashMap<u32, (String, SchedClassifierLinkId)>,
+    mode: AttachMode,
+    attached: HashMap<u32, Attached>,
     /// Interfaces that refused the attachment, so the warning is given once.
     failed: HashMap<u32, String>,
+    /// `clsact` qdiscs this agent added, or took over from a killed predecessor, by
+    /// ifindex: deleted on exit when empty.
+    owned_clsact: HashMap<u32, String>,
 }
 
 fn program(ebpf: &mut Ebpf) -> Result<&mut SchedClassifier, TcError> {
@@ -44,11 +115,13 @@ fn program(ebpf: &mut Ebpf) -> Result<&mut SchedClassifier, TcError> {
 
 impl TcIngress {
     /// Loads the classifier; attachments follow with [`TcIngress::sync`].
-    pub fn load(ebpf: &mut Ebpf) -> Result<Self, TcError> {
+    pub fn load(ebpf: &mut Ebpf, mode: AttachMode) -> Result<Self, TcError> {
         program(ebpf)?.load()?;
         Ok(Self {
+            mode,
             attached: HashMap::new(),
             failed: HashMap::new(),
+            owned_clsact: HashMap::new(),
         })
     }
 
@@ -74,14 +147,15 @@ impl TcIngress {
             .copied()
             .collect();
         for index in gone {
-            if let Some((name, link)) = self.attached.remove(&index) {
+            if let Some(gone) = self.attached.remove(&index) {
                 // The kernel already dropped the attachment with the interface.
-                let _ = prog.detach(link);
+                let _ = prog.detach(gone.link);
                 let _ = l3.remove(&index);
-                debug!(interface = %name, "interface gone; TC ingress detached");
+                debug!(interface = %gone.name, "interface gone; TC ingress detached");
             }
         }
         self.failed.retain(|i, _| present.contains_key(i));
+        self.owned_clsact.retain(|i, _| present.contains_key(i));
         for (index, link) in present {
             if self.attached.contains_key(&index) || self.failed.contains_key(&index) {
                 continue;
@@ -89,10 +163,22 @@ impl TcIngress {
             if link.link_type != ARPHRD_ETHER {
                 let _ = l3.insert(index, 0, 0);
             }
-            match attach(prog, &link.name) {
-                Ok(id) => {
-                    info!(interface = %link.name, "TC ingress attached");
-                    self.attached.insert(index, (link.name.clone(), id));
+            if remove_leftovers(index, &link.name) {
+                self.owned_clsact.insert(index, link.name.clone());
+            }
+            match attach(prog, self.mode, index, &link.name) {
+                Ok((id, via, created_clsact)) => {
+                    info!(interface = %link.name, via = via.as_str(), "TC ingress attached");
+                    if created_clsact {
+                        self.owned_clsact.insert(index, link.name.clone());
+                    }
+                    self.attached.insert(
+                        index,
+                        Attached {
+                            name: link.name.clone(),
+                            link: id,
+                        },
+                    );
                 }
                 Err(e) => {
                     // A vanished or unsupported interface costs that interface only.
@@ -102,15 +188,153 @@ impl TcIngress {
             }
         }
     }
+
+    /// Detaches from every interface, then deletes the `clsact` qdiscs this agent owns
+    /// that hold no filter any more. Called on a clean exit, before the programs unload.
+    pub fn detach_all(&mut self, ebpf: &mut Ebpf) {
+        if let Ok(prog) = program(ebpf) {
+            for (_, attached) in self.attached.drain() {
+                if let Err(e) = prog.detach(attached.link) {
+                    // Usually the interface went away in the meantime.
+                    debug!(interface = %attached.name, error = %e, "TC ingress detach failed");
+                }
+            }
+        }
+        for (index, name) in self.owned_clsact.drain() {
+            remove_clsact_if_empty(index, &name);
+        }
+    }
 }
 
-fn attach(prog: &mut SchedClassifier, name: &str) -> Result<SchedClassifierLinkId, ProgramError> {
-    match prog.attach(name, TcAttachType::Ingress) {
-        Ok(id) => Ok(id),
-        // Kernels before 6.6 have no TCX and attach through a clsact qdisc.
-        Err(first) => match tc::qdisc_add_clsact(name) {
-            Ok(()) => prog.attach(name, TcAttachType::Ingress),
-            Err(_) => Err(first),
-        },
+/// Attaches `prog` to interface `name` (ifindex `index`): TCX first in `Auto` mode, else
+/// (or when TCX fails) a netlink filter under `clsact`, added when missing. Returns the
+/// link, how it was made, and whether this call added the `clsact`.
+fn attach(
+    prog: &mut SchedClassifier,
+    mode: AttachMode,
+    index: u32,
+    name: &str,
+) -> Result<(SchedClassifierLinkId, Via, bool), ProgramError> {
+    if mode == AttachMode::Auto {
+        // Tried rather than decided by kernel version, so backports count.
+        match prog.attach_with_options(
+            name,
+            TcAttachType::Ingress,
+            TcAttachOptions::TcxOrder(LinkOrder::default()),
+        ) {
+            Ok(id) => return Ok((id, Via::Tcx, false)),
+            Err(e) => debug!(interface = %name, error = %e, "no TCX; attaching through clsact"),
+        }
+    }
+    // Fails when a clsact is already there (another tool's, or ours taken over).
+    let created = tc::qdisc_add_clsact(name).is_ok();
+    let options = NlOptions {
+        priority: PRIORITY,
+        handle: TcHandle::from(HANDLE),
+        ..NlOptions::default()
+    };
+    match prog.attach_with_options(
+        name,
+        TcAttachType::Ingress,
+        TcAttachOptions::Netlink(options),
+    ) {
+        Ok(id) => Ok((id, Via::Netlink, created)),
+        Err(e) => {
+            if created {
+                // Nothing of ours is in it: leave the interface as it was.
+                if let Err(e) = delete_clsact(index) {
+                    warn!(interface = %name, error = %e, "cannot delete the clsact qdisc just added");
+                }
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Whether a dumped filter is one this agent attaches (see the module rules).
+fn is_ours(filter: &TcFilter) -> bool {
+    filter.kind == "bpf"
+        && filter.priority() == PRIORITY
+        && filter.handle() == HANDLE
+        && filter.bpf_name.as_deref() == Some(PROGRAM)
+}
+
+/// Deletes the filters of ours a killed agent left on interface `index`. Returns whether
+/// its `clsact` is to be owned: some were deleted and it holds no other filter.
+fn remove_leftovers(index: u32, name: &str) -> bool {
+    let filters = match clsact_filters(index, ClsactSide::Ingress) {
+        Ok(filters) => filters,
+        Err(e) => {
+            warn!(interface = %name, error = %e, "cannot list TC filters; filters a previous agent left there stay");
+            return false;
+        }
+    };
+    let mut removed = 0;
+    for filter in filters.iter().filter(|f| is_ours(f)) {
+        match delete_filter(filter) {
+            Ok(()) => removed += 1,
+            Err(e) => {
+                warn!(interface = %name, error = %e, "cannot delete a TC filter a previous agent left")
+            }
+        }
+    }
+    if removed == 0 {
+        return false;
+    }
+    info!(interface = %name, removed, "deleted TC filters a previous agent left");
+    match clsact_empty(index) {
+        Ok(empty) => empty,
+        Err(e) => {
+            warn!(interface = %name, error = %e, "cannot list TC filters; the clsact qdisc will be kept");
+            false
+        }
+    }
+}
+
+/// Whether interface `index`'s `clsact` holds no filter in either direction.
+fn clsact_empty(index: u32) -> Result<bool, NetlinkError> {
+    for side in ClsactSide::BOTH {
+        if !clsact_filters(index, side)?.is_empty() {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+fn remove_clsact_if_empty(index: u32, name: &str) {
+    let result = (|| {
+        if !has_clsact(index)? {
+            return Ok(false);
+        }
+        if !clsact_empty(index)? {
+            info!(interface = %name, "clsact qdisc kept: it holds other filters");
+            return Ok(false);
+        }
+        delete_clsact(index)?;
+        Ok::<_, NetlinkError>(true)
+    })();
+    match result {
+        Ok(true) => info!(interface = %name, "clsact qdisc deleted"),
+        Ok(false) => {}
+        Err(e) => warn!(interface = %name, error = %e, "cannot delete the clsact qdisc"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_our_priority_handle_and_name_together_are_ours() {
+        let ours = |kind, prio, handle, name| is_ours(&TcFilter::fixture(kind, prio, handle, name));
+        assert!(ours("bpf", PRIORITY, HANDLE, Some(PROGRAM)));
+        // Another tool's program, or ours loaded by hand at another place, is not.
+        assert!(!ours("bpf", PRIORITY, HANDLE, Some("cil_from_netdev")));
+        assert!(!ours("bpf", PRIORITY, HANDLE, None));
+        assert!(!ours("bpf", 49152, HANDLE, Some(PROGRAM)));
+        assert!(!ours("bpf", PRIORITY, 1, Some(PROGRAM)));
+        assert!(!ours("u32", PRIORITY, HANDLE, None));
+        // The kernel's per-priority entry (handle 0) is not a filter to delete.
+        assert!(!ours("bpf", PRIORITY, 0, None));
     }
 }
