@@ -384,11 +384,21 @@ fn run_vm(
         Arch::X86_64 => (PathBuf::from("/"), None::<PathBuf>),
         Arch::Aarch64 => bail!("aarch64 guests are not wired up yet"),
     };
+    let probe = run_dir.join("probe.cpio");
+    initramfs::write_probe(&busybox, &qemu::probe_init(), &probe)?;
+    let accel = qemu::pick_accel(arch, &kernel.image, &probe, &run_dir.join("probe.log"))?;
+    say(format_args!("accelerator: {}", accel.name()));
+
     let script = guest::script(&guest::Plan {
         agent: &build.agent,
         manifest_dir: &build.manifest_dir,
         binaries: &build.binaries,
         filters: &filters,
+        // Emulated CPUs run several times slower than the host's.
+        time_scale: match accel {
+            qemu::Accel::Kvm => 1,
+            qemu::Accel::Tcg => TCG_TIME_SCALE,
+        },
     });
     let initrd = run_dir.join("initramfs.cpio");
     initramfs::write(
@@ -401,11 +411,6 @@ fn run_vm(
         &run_dir.join("scratch"),
         &initrd,
     )?;
-
-    let probe = run_dir.join("probe.cpio");
-    initramfs::write_probe(&busybox, &qemu::probe_init(), &probe)?;
-    let accel = qemu::pick_accel(arch, &kernel.image, &probe, &run_dir.join("probe.log"))?;
-    say(format_args!("accelerator: {}", accel.name()));
 
     let mut shares = vec![
         qemu::Share {
@@ -504,6 +509,9 @@ fn run_vm(
         error,
     })
 }
+
+/// How much longer the tests wait on the agent in a TCG guest.
+const TCG_TIME_SCALE: u32 = 4;
 
 /// Modules the initramfs loads to mount its root: virtio PCI, 9p over virtio, overlayfs
 /// (built-in ones are skipped; their dependencies come along).
