@@ -175,7 +175,7 @@ impl Metrics {
         let headroom = Family::<InterfaceNetnsLabels, Gauge>::default();
         registry.register(
             "node_diag_overlay_mtu_headroom_bytes",
-            "Expected MTU (underlay minus encapsulation) minus actual MTU; negative when misconfigured",
+            "Expected MTU (underlay minus encapsulation) minus the effective MTU (the interface's, capped by its routes' mtu); negative when misconfigured",
             headroom.clone(),
         );
         registry.register(

@@ -160,21 +160,85 @@ pub enum UnderlaySource {
     Bound,
     /// The route the kernel picks to the tunnel's remote (or multicast group).
     RouteToRemote,
+    /// The route to the `dst` of one of its FDB entries (a VXLAN without a remote).
+    RouteToFdbDestination,
+    /// The route to one of its peers' endpoints (WireGuard).
+    RouteToWireguardPeer,
+    /// The route to the gateway of a route through it: the outer destination of an IP
+    /// tunnel without a remote (Calico's `tunl0`).
+    RouteToTunnelGateway,
+    /// The route to the `encap ... dst` of a route through it (a metadata-mode device).
+    RouteToEncapDestination,
     /// The device holding the tunnel's local address.
     LocalAddress,
-    /// The device of the default route (no remote, no local: metadata mode, WireGuard).
+    /// The device of the default route (no endpoint known: metadata mode, a WireGuard
+    /// device without peers).
     DefaultRoute,
     /// The largest-MTU physical interface that is up, as a last resort.
     LargestPhysical,
 }
 
-/// The device a tunnel's encapsulated packets leave by.
+impl UnderlaySource {
+    /// For sources that are a route to an endpoint: what the endpoint is.
+    pub fn endpoint_kind(self) -> Option<&'static str> {
+        Some(match self {
+            Self::RouteToRemote => "its remote",
+            Self::RouteToFdbDestination => "an FDB destination",
+            Self::RouteToWireguardPeer => "a WireGuard peer's endpoint",
+            Self::RouteToTunnelGateway => "the gateway of a route through it",
+            Self::RouteToEncapDestination => "the encap destination of a route through it",
+            _ => return None,
+        })
+    }
+}
+
+/// One way out of a tunnel: the device its encapsulated packets to one endpoint (or to
+/// every endpoint, when there is one way) leave by, and the route they take there.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Underlay {
     pub ifindex: u32,
     pub name: String,
+    /// The device's MTU.
     pub mtu: u32,
     pub source: UnderlaySource,
+    /// The endpoint (outer destination) whose route this is, when known; with several
+    /// endpoints on the same way out, the first.
+    pub endpoint: Option<IpAddr>,
+    /// How many of the tunnel's endpoints take this way out (0 when none is known).
+    pub endpoints: u32,
+    /// The route to the endpoint ("192.168.88.0/24"), when it has an `mtu` metric.
+    pub route: Option<String>,
+    /// That route's `mtu` metric, which caps the device's for encapsulated packets.
+    pub route_mtu: Option<u32>,
+}
+
+impl Underlay {
+    /// The largest encapsulated packet this way out carries: the device's MTU, capped by
+    /// the route's `mtu` (a larger route `mtu` does not make the device carry more).
+    pub fn path_mtu(&self) -> u32 {
+        self.route_mtu.map_or(self.mtu, |r| r.min(self.mtu))
+    }
+
+    /// The outer header's family, when the endpoint tells it.
+    pub fn family(&self) -> Option<Family> {
+        self.endpoint.map(Family::of)
+    }
+}
+
+/// The routes through an interface that carry packets beyond its link (see
+/// `RouteEntry::leaves_the_link`), grouped by their MTU metrics: what the kernel builds
+/// packets to when it sends by them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RouteMetrics {
+    /// The first such route ("default via 169.254.1.1").
+    pub route: String,
+    pub family: Family,
+    /// The `mtu` metric, when set.
+    pub mtu: Option<u32>,
+    /// The `advmss` metric, when set.
+    pub advmss: Option<u32>,
+    /// How many routes through the interface have these metrics.
+    pub routes: u32,
 }
 
 /// The other end of a veth.
@@ -199,8 +263,12 @@ pub struct Interface {
     pub up: bool,
     /// The device this one sits on (`IFLA_LINK`, or the device a tunnel is bound to).
     pub lower: Option<DeviceRef>,
-    /// For tunnels: the device encapsulated packets leave by (bound, or found by route).
-    pub underlay: Option<Underlay>,
+    /// For tunnels: the devices encapsulated packets leave by (bound, or found by the
+    /// route to each endpoint), one per distinct way out; empty when none was found.
+    pub underlays: Vec<Underlay>,
+    /// The routes through it that leave its link, grouped by their MTU metrics; empty
+    /// when there are none.
+    pub routes: Vec<RouteMetrics>,
     /// For tunnels: their configuration.
     pub tunnel: Option<Tunnel>,
     /// For tunnels: the outer header's family, when the configuration tells it.

@@ -1,7 +1,8 @@
 //! Interface inventory: a [`Snapshot`] of every interface of the agent's network
 //! namespace and of each pod namespace attached to it by a veth, with what the MTU model
-//! needs: kind, MTU, the lower or underlay device of tunnels, the tunnel family, veth
-//! peers, and each namespace's PMTUD sysctls.
+//! needs: kind, MTU, the lower device and the underlays of tunnels (one per way out to
+//! their endpoints), the tunnel family, the MTU metrics of the routes through each
+//! interface, veth peers, and each namespace's PMTUD sysctls.
 //!
 //! Each namespace is read from inside it (`read_here`), the pod ones from a short-lived
 //! thread that joined them (`namespaces::in_netns`): netlink sockets belong to the
@@ -11,25 +12,30 @@
 
 use std::{collections::HashMap, fs, path::Path};
 
-use tracing::warn;
+use tracing::{debug, warn};
 
 use super::{
+    fdb,
     interfaces::{
-        DeviceRef, Interface, LinkKind, Namespace, Snapshot, Sysctls, Underlay, UnderlaySource,
+        DeviceRef, Interface, LinkKind, Namespace, RouteMetrics, Snapshot, Sysctls, Underlay,
         VethPeer,
     },
     links::{self, Link},
     namespaces::{self, NetnsFile, in_netns},
+    routes::{self, FibLookup, RouteEntry},
     rtnetlink::NetlinkError,
-    underlay::{resolve_underlay, tunnel_family},
+    underlay::{self, RawUnderlay, resolve_underlays, tunnel_family},
+    wireguard,
 };
 
 /// One namespace as read from inside it.
 struct Raw {
     links: Vec<Link>,
     sysctls: Sysctls,
-    /// Tunnel ifindex → its underlay's ifindex and how it was found.
-    underlays: HashMap<u32, (u32, UnderlaySource)>,
+    /// Tunnel ifindex → its ways out.
+    underlays: HashMap<u32, Vec<RawUnderlay>>,
+    /// Interface ifindex → the MTU metrics of the routes through it that leave its link.
+    routes: HashMap<u32, Vec<RouteMetrics>>,
 }
 
 /// Snapshot of the calling thread's namespace and the pod namespaces attached to it.
@@ -87,6 +93,7 @@ impl Raw {
             links: Vec::new(),
             sysctls: Sysctls::default(),
             underlays: HashMap::new(),
+            routes: HashMap::new(),
         }
     }
 }
@@ -113,6 +120,33 @@ fn read_sysctl(name: &str) -> Option<u32> {
         .ok()
 }
 
+/// The routes that leave their link, grouped per interface by their MTU metrics, in
+/// dump order.
+fn route_metrics(routes: &[RouteEntry]) -> HashMap<u32, Vec<RouteMetrics>> {
+    let mut out: HashMap<u32, Vec<RouteMetrics>> = HashMap::new();
+    for r in routes.iter().filter(|r| r.leaves_the_link()) {
+        let mut oifs: Vec<u32> = r.hops.iter().map(|h| h.oif).collect();
+        oifs.dedup();
+        for oif in oifs {
+            let groups = out.entry(oif).or_default();
+            match groups
+                .iter_mut()
+                .find(|g| g.family == r.family && g.mtu == r.mtu && g.advmss == r.advmss)
+            {
+                Some(g) => g.routes += 1,
+                None => groups.push(RouteMetrics {
+                    route: r.to_string(),
+                    family: r.family,
+                    mtu: r.mtu,
+                    advmss: r.advmss,
+                    routes: 1,
+                }),
+            }
+        }
+    }
+    out
+}
+
 /// Reads the calling thread's namespace.
 fn read_here() -> Result<Raw, NetlinkError> {
     let links = links::links()?;
@@ -120,21 +154,55 @@ fn read_here() -> Result<Raw, NetlinkError> {
         ip_no_pmtu_disc: read_sysctl("ip_no_pmtu_disc"),
         tcp_mtu_probing: read_sysctl("tcp_mtu_probing"),
     };
-    let mut underlays = HashMap::new();
-    for link in &links {
-        let kind = LinkKind::from_kernel(link.kind.as_deref(), link.link_type);
-        if !kind.is_tunnel() {
-            continue;
-        }
-        let tunnel = link.tunnel.clone().unwrap_or_default();
-        if let Some(u) = resolve_underlay(link, &kind, &tunnel, &links) {
-            underlays.insert(link.index, u);
+    let routes = routes::routes()?;
+    let kinds: Vec<(&Link, LinkKind)> = links
+        .iter()
+        .map(|l| (l, LinkKind::from_kernel(l.kind.as_deref(), l.link_type)))
+        .collect();
+    // Only what some tunnel here needs is read: an FDB dump for VXLANs that may have
+    // per-peer entries, a generic netlink query per WireGuard device.
+    let needs_fdb = kinds
+        .iter()
+        .any(|(l, k)| *k == LinkKind::Vxlan && !l.tunnel.as_ref().is_some_and(|t| t.external));
+    let fdb = if needs_fdb {
+        fdb::fdb_destinations().unwrap_or_else(|e| {
+            debug!(error = %e, "FDB dump failed; VXLAN peers unknown");
+            Vec::new()
+        })
+    } else {
+        Vec::new()
+    };
+    let mut wg = HashMap::new();
+    for (l, _) in kinds.iter().filter(|(_, k)| *k == LinkKind::Wireguard) {
+        match wireguard::device(l.index) {
+            Ok(Some(dev)) => {
+                wg.insert(l.index, dev);
+            }
+            Ok(None) => {}
+            Err(e) => debug!(device = %l.name, error = %e, "WireGuard peers unreadable"),
         }
     }
+    let ns = underlay::Namespace {
+        links: &links,
+        routes: &routes,
+        fdb: &fdb,
+        wireguard: &wg,
+    };
+    let lookup = FibLookup::new()?;
+    let mut underlays = HashMap::new();
+    for (link, kind) in kinds.iter().filter(|(_, k)| k.is_tunnel()) {
+        let tunnel = link.tunnel.clone().unwrap_or_default();
+        let ways = resolve_underlays(link, kind, &tunnel, &ns, &lookup);
+        if !ways.is_empty() {
+            underlays.insert(link.index, ways);
+        }
+    }
+    let routes = route_metrics(&routes);
     Ok(Raw {
         links,
         sysctls,
         underlays,
+        routes,
     })
 }
 
@@ -181,14 +249,24 @@ fn assemble(
                     .or(l.link)
                     .and_then(|i| device(raw, i))
             };
-            let underlay = raw.underlays.get(&l.index).and_then(|&(idx, source)| {
-                device(raw, idx).map(|d| Underlay {
-                    ifindex: d.ifindex,
-                    name: d.name,
-                    mtu: d.mtu,
-                    source,
+            let underlays = raw
+                .underlays
+                .get(&l.index)
+                .into_iter()
+                .flatten()
+                .filter_map(|w| {
+                    device(raw, w.ifindex).map(|d| Underlay {
+                        ifindex: d.ifindex,
+                        name: d.name,
+                        mtu: d.mtu,
+                        source: w.source,
+                        endpoint: w.endpoint,
+                        endpoints: w.endpoints,
+                        route: w.route.clone(),
+                        route_mtu: w.route_mtu,
+                    })
                 })
-            });
+                .collect();
             let veth_peer = if kind == LinkKind::Veth {
                 joined.veth_peer(pos, l)
             } else {
@@ -202,7 +280,8 @@ fn assemble(
                 mtu: l.mtu.unwrap_or(0),
                 up: l.up,
                 lower,
-                underlay,
+                underlays,
+                routes: raw.routes.get(&l.index).cloned().unwrap_or_default(),
                 remote_family: tunnel_cfg.as_ref().and_then(|t| tunnel_family(&kind, t)),
                 tunnel: tunnel_cfg,
                 veth_peer,
@@ -289,7 +368,10 @@ mod tests {
     use std::{process::Command, thread, time::Duration, time::Instant};
 
     use super::*;
-    use crate::host_network::{interfaces::Family, monitor::watch};
+    use crate::host_network::{
+        interfaces::{Family, UnderlaySource},
+        monitor::watch,
+    };
 
     #[test]
     fn snapshot_of_this_namespace() {
@@ -377,6 +459,33 @@ mod tests {
         sh(&format!(
             "ip netns exec {pod} sysctl -qw net.ipv4.ip_no_pmtu_disc=1"
         ));
+        // Routes and FDB entries: a VXLAN without a remote whose peer is an FDB entry, one
+        // whose peer's network has a route `mtu`, and the pod's routes (its default route
+        // with metrics, the router's host route that leaves no link).
+        ip(&format!(
+            "-n {node} link add vxf type vxlan id 44 dstport 4791"
+        ));
+        sh(&format!(
+            "ip netns exec {node} bridge fdb append 00:00:00:00:00:00 dev vxf dst 10.78.0.2"
+        ));
+        ip(&format!(
+            "-n {node} route add 10.79.0.0/24 dev ul0 mtu 1400"
+        ));
+        ip(&format!(
+            "-n {node} link add vxr type vxlan id 45 dstport 4792"
+        ));
+        sh(&format!(
+            "ip netns exec {node} bridge fdb append 00:00:00:00:00:00 dev vxr dst 10.79.0.5"
+        ));
+        ip(&format!("-n {node} link set vxf mtu 1450 up"));
+        ip(&format!("-n {node} link set vxr mtu 1350 up"));
+        ip(&format!("-n {pod} addr add 10.244.1.7/32 dev eth0"));
+        ip(&format!(
+            "-n {pod} route add 169.254.1.1 dev eth0 scope link"
+        ));
+        ip(&format!(
+            "-n {pod} route add default via 169.254.1.1 dev eth0 mtu 1500 advmss 1410"
+        ));
 
         let node_file = NetnsFile {
             inode: namespaces::netns_inode(Path::new(&format!("/run/netns/{node}"))).unwrap(),
@@ -404,19 +513,42 @@ mod tests {
         assert_eq!(vx0.mtu, 1450);
         assert_eq!(vx0.remote_family, Some(Family::V4));
         assert_eq!(vx0.lower.as_ref().map(|l| l.name.as_str()), Some("ul0"));
-        let u = vx0.underlay.as_ref().unwrap();
+        let u = &vx0.underlays[0];
         assert_eq!(
             (u.name.as_str(), u.mtu, u.source),
             ("ul0", 1500, UnderlaySource::Bound)
         );
         let vxu = get(&node, "vxu");
         assert_eq!(vxu.lower, None);
-        let u = vxu.underlay.as_ref().unwrap();
+        let u = &vxu.underlays[0];
         assert_eq!(
             (u.name.as_str(), u.source),
             ("ul0", UnderlaySource::RouteToRemote)
         );
+        let vxf = get(&node, "vxf");
+        let u = &vxf.underlays[0];
+        assert_eq!(
+            (u.name.as_str(), u.source, u.endpoint, u.route_mtu),
+            (
+                "ul0",
+                UnderlaySource::RouteToFdbDestination,
+                Some("10.78.0.2".parse().unwrap()),
+                None
+            )
+        );
+        let u = &get(&node, "vxr").underlays[0];
+        assert_eq!(
+            (u.route.as_deref(), u.route_mtu, u.path_mtu()),
+            (Some("10.79.0.0/24"), Some(1400), 1400),
+            "the route's mtu, from a FIB match (no cached exception)"
+        );
         let eth0 = get(&pod, "eth0");
+        assert_eq!(eth0.routes.len(), 1, "{:?}", eth0.routes);
+        let r = &eth0.routes[0];
+        assert_eq!(
+            (r.route.as_str(), r.mtu, r.advmss),
+            ("default via 169.254.1.1", Some(1500), Some(1410))
+        );
         let p = eth0.veth_peer.as_ref().unwrap();
         assert_eq!(
             (p.netns, p.name.as_deref()),

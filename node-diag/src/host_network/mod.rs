@@ -3,8 +3,11 @@
 //!
 //! - `rtnetlink`: the one request/response loop and socket every lookup goes through.
 //! - `links`: link dumps, with the veth facts and the tunnel configuration.
-//! - `routes`: route and address lookups (where a tunnel's packets leave, and the
-//!   probe's egress route).
+//! - `routes`: route dumps and lookups (where a tunnel's packets to an endpoint leave,
+//!   the `mtu`/`advmss` metrics of the routes through an interface, the probe's egress
+//!   route) and address lookups.
+//! - `fdb`: VXLAN FDB entries, the peers of a VXLAN without a remote.
+//! - `wireguard`: a WireGuard device's peers' endpoints, over generic netlink.
 //! - `namespaces`: network namespaces, their ids, which ones make up this node
 //!   ([`local_scope`]: the agent's own and every pod namespace attached to it by a veth),
 //!   and running code inside one.
@@ -12,12 +15,14 @@
 //! - `tc`: `clsact` qdiscs and their filters (dump, delete), for the TC attachment on
 //!   kernels without TCX.
 //! - `interfaces`, `underlay`, `inventory`: the [`Snapshot`] of every interface of those
-//!   namespaces ([`snapshot`]), each tunnel with its underlay.
+//!   namespaces ([`snapshot`]), each tunnel with its underlays (the route to each of its
+//!   endpoints), each interface with the MTU metrics of its routes.
 //!
 //! Everything acts on the calling thread's network namespace: a netlink socket belongs to
 //! the namespace it was opened in, so a thread that entered another namespace looks
 //! inside it with the same functions.
 
+mod fdb;
 mod interfaces;
 mod inventory;
 mod links;
@@ -27,8 +32,9 @@ mod routes;
 mod rtnetlink;
 pub mod tc;
 mod underlay;
+mod wireguard;
 
-pub use interfaces::{Family, Interface, LinkKind, Snapshot, UnderlaySource};
+pub use interfaces::{Family, Interface, LinkKind, RouteMetrics, Snapshot, UnderlaySource};
 pub use inventory::{local_port_range, snapshot};
 pub use links::{Link, UdpEncap, links};
 pub use monitor::watch;

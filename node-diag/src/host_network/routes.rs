@@ -1,17 +1,25 @@
 //! Route and address lookups: where the kernel sends a packet for an address, the
-//! default route's device, and which device holds a local address. The inventory uses
-//! them to find a tunnel's underlay when it is not bound to a device.
+//! configured route that decides it (its `mtu` and `advmss` metrics included), the main
+//! table's routes, and which device holds a local address. The inventory uses them to
+//! find each tunnel endpoint's underlay and what the routes through an interface cap.
 
-use std::net::IpAddr;
+use std::{fmt, net::IpAddr};
 
 use netlink_packet_core::NLM_F_DUMP;
 use netlink_packet_route::{
     AddressFamily, RouteNetlinkMessage,
     address::{AddressAttribute, AddressMessage},
-    route::{RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteMetric, RouteType},
+    route::{
+        RouteAddress, RouteAttribute, RouteFlags, RouteHeader, RouteIp6Tunnel, RouteIpTunnel,
+        RouteLwTunnelEncap, RouteMessage, RouteMetric, RouteProtocol, RouteType,
+    },
 };
+use netlink_sys::Socket;
 
-use super::rtnetlink::{NetlinkError, request, socket};
+use super::{
+    interfaces::Family,
+    rtnetlink::{NetlinkError, request, socket},
+};
 
 /// What the kernel's route lookup answers for one destination (`ip route get`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,17 +66,6 @@ pub fn route_get(dst: IpAddr) -> Result<Option<Route>, NetlinkError> {
     }))
 }
 
-/// The output interface the kernel's route lookup picks for `dst`. `None` when there is
-/// no route.
-pub fn route_oif(dst: IpAddr) -> Result<Option<u32>, NetlinkError> {
-    match route_get(dst) {
-        Ok(route) => Ok(route.map(|r| r.oif)),
-        // ENETUNREACH, EHOSTUNREACH...: no route is an answer, not a failure.
-        Err(NetlinkError::Kernel(_)) => Ok(None),
-        Err(e) => Err(e),
-    }
-}
-
 fn family_of(a: IpAddr) -> AddressFamily {
     if a.is_ipv4() {
         AddressFamily::Inet
@@ -83,53 +80,6 @@ fn route_oif_of(r: &RouteMessage) -> Option<u32> {
         RouteAttribute::MultiPath(hops) => hops.first().map(|h| h.interface_index),
         _ => None,
     })
-}
-
-/// The interface of the main table's default route (the lowest metric one) for IPv4
-/// (`v6 == false`) or IPv6.
-pub fn default_route_oif(v6: bool) -> Result<Option<u32>, NetlinkError> {
-    let sock = socket()?;
-    let mut msg = RouteMessage::default();
-    msg.header.address_family = if v6 {
-        AddressFamily::Inet6
-    } else {
-        AddressFamily::Inet
-    };
-    let replies = request(&sock, RouteNetlinkMessage::GetRoute(msg), NLM_F_DUMP)?;
-    let mut best: Option<(u32, u32)> = None;
-    for m in replies {
-        let RouteNetlinkMessage::NewRoute(r) = m else {
-            continue;
-        };
-        let table = r
-            .attributes
-            .iter()
-            .find_map(|a| match a {
-                RouteAttribute::Table(t) => Some(*t),
-                _ => None,
-            })
-            .unwrap_or(u32::from(r.header.table));
-        if r.header.destination_prefix_length != 0
-            || r.header.kind != RouteType::Unicast
-            || table != u32::from(RouteHeader::RT_TABLE_MAIN)
-        {
-            continue;
-        }
-        let metric = r
-            .attributes
-            .iter()
-            .find_map(|a| match a {
-                RouteAttribute::Priority(p) => Some(*p),
-                _ => None,
-            })
-            .unwrap_or(0);
-        if let Some(oif) = route_oif_of(&r)
-            && best.is_none_or(|(m, _)| metric < m)
-        {
-            best = Some((metric, oif));
-        }
-    }
-    Ok(best.map(|(_, oif)| oif))
 }
 
 /// The interface holding the local address `addr`, if any.
@@ -148,4 +98,392 @@ pub fn address_owner(addr: IpAddr) -> Result<Option<u32>, NetlinkError> {
         }
         _ => None,
     }))
+}
+
+/// One next hop of a configured route.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NextHop {
+    pub oif: u32,
+    pub gateway: Option<IpAddr>,
+}
+
+/// A configured route (a FIB entry, never a cached exception: a PMTU learned from
+/// frag-needed is the path's state, not its configuration), as the MTU model reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteEntry {
+    pub family: Family,
+    /// Destination network; the unspecified address with length 0 for a default route.
+    pub dst: IpAddr,
+    pub prefix_len: u8,
+    /// The single next hop, or each hop of a multipath route.
+    pub hops: Vec<NextHop>,
+    /// The `mtu` metric (RTAX_MTU): the largest packet the kernel builds or forwards
+    /// by this route, whatever the device's MTU.
+    pub mtu: Option<u32>,
+    /// The `advmss` metric (RTAX_ADVMSS): the TCP MSS advertised to peers reached by
+    /// this route, which bounds the segments they send back.
+    pub advmss: Option<u32>,
+    /// Added by the kernel for an address's own subnet (`proto kernel`).
+    pub connected: bool,
+    /// The outer destination of a lightweight tunnel (`encap ip dst X`/`encap ip6 dst X`)
+    /// for a metadata-mode tunnel device.
+    pub encap_dst: Option<IpAddr>,
+    /// Routing table id.
+    pub table: u32,
+    pub unicast: bool,
+    /// The route's metric (priority): the lowest wins among equal prefixes.
+    pub metric: u32,
+}
+
+impl RouteEntry {
+    pub fn is_default(&self) -> bool {
+        self.prefix_len == 0
+    }
+
+    /// Whether the route leaves by interface `ifindex` (any hop of a multipath route).
+    pub fn via(&self, ifindex: u32) -> bool {
+        self.hops.iter().any(|h| h.oif == ifindex)
+    }
+
+    /// Whether the route can carry packets beyond the link it leaves by: a default
+    /// route, a route through a gateway, or a subnet routed onto the link. Host routes
+    /// without a gateway, a device's own subnet (`proto kernel`) and IPv6 link-local
+    /// routes only reach neighbours on the link itself (for a pod's veth, its node and the
+    /// pods on the same bridge), so their packets never enter an overlay.
+    pub fn leaves_the_link(&self) -> bool {
+        if !self.unicast || self.table != u32::from(RouteHeader::RT_TABLE_MAIN) {
+            return false;
+        }
+        if self.is_default() || self.hops.iter().any(|h| h.gateway.is_some()) {
+            return true;
+        }
+        let host = self.prefix_len == if self.dst.is_ipv4() { 32 } else { 128 };
+        let link_local = match self.dst {
+            IpAddr::V6(a) => a.segments()[0] & 0xffc0 == 0xfe80,
+            IpAddr::V4(_) => false,
+        };
+        !(host || self.connected || link_local)
+    }
+}
+
+/// "default via 169.254.1.1", "10.244.2.0/24 via 10.244.2.0", "10.244.3.0/24".
+impl fmt::Display for RouteEntry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_default() {
+            f.write_str("default")?;
+        } else {
+            write!(f, "{}/{}", self.dst, self.prefix_len)?;
+        }
+        if let Some(gw) = self.hops.iter().find_map(|h| h.gateway) {
+            write!(f, " via {gw}")?;
+        }
+        Ok(())
+    }
+}
+
+fn ip_of(a: &RouteAddress) -> Option<IpAddr> {
+    match a {
+        RouteAddress::Inet(a) => Some((*a).into()),
+        RouteAddress::Inet6(a) => Some((*a).into()),
+        _ => None,
+    }
+}
+
+fn encap_dst_of(encap: &[RouteLwTunnelEncap]) -> Option<IpAddr> {
+    encap.iter().find_map(|e| match e {
+        RouteLwTunnelEncap::Ip(RouteIpTunnel::Destination(a)) => Some((*a).into()),
+        RouteLwTunnelEncap::Ip6(RouteIp6Tunnel::Destination(a)) => Some((*a).into()),
+        _ => None,
+    })
+}
+
+/// A route message as a [`RouteEntry`]; `None` for other families.
+pub(crate) fn route_entry_from(r: &RouteMessage) -> Option<RouteEntry> {
+    let family = match r.header.address_family {
+        AddressFamily::Inet => Family::V4,
+        AddressFamily::Inet6 => Family::V6,
+        _ => return None,
+    };
+    let unspecified: IpAddr = match family {
+        Family::V4 => std::net::Ipv4Addr::UNSPECIFIED.into(),
+        Family::V6 => std::net::Ipv6Addr::UNSPECIFIED.into(),
+    };
+    let mut e = RouteEntry {
+        family,
+        dst: unspecified,
+        prefix_len: r.header.destination_prefix_length,
+        hops: Vec::new(),
+        mtu: None,
+        advmss: None,
+        connected: r.header.protocol == RouteProtocol::Kernel,
+        encap_dst: None,
+        table: u32::from(r.header.table),
+        unicast: r.header.kind == RouteType::Unicast,
+        metric: 0,
+    };
+    let (mut oif, mut gateway) = (None, None);
+    for a in &r.attributes {
+        match a {
+            RouteAttribute::Destination(d) => e.dst = ip_of(d).unwrap_or(unspecified),
+            RouteAttribute::Oif(i) => oif = Some(*i),
+            RouteAttribute::Gateway(g) => gateway = ip_of(g),
+            RouteAttribute::Table(t) => e.table = *t,
+            RouteAttribute::Priority(p) => e.metric = *p,
+            RouteAttribute::Encap(encap) => e.encap_dst = encap_dst_of(encap),
+            RouteAttribute::Metrics(metrics) => {
+                for m in metrics {
+                    match m {
+                        RouteMetric::Mtu(v) if *v != 0 => e.mtu = Some(*v),
+                        RouteMetric::Advmss(v) if *v != 0 => e.advmss = Some(*v),
+                        _ => {}
+                    }
+                }
+            }
+            RouteAttribute::MultiPath(hops) => {
+                e.hops.extend(hops.iter().map(|h| NextHop {
+                    oif: h.interface_index,
+                    gateway: h.attributes.iter().find_map(|a| match a {
+                        RouteAttribute::Gateway(g) => ip_of(g),
+                        _ => None,
+                    }),
+                }));
+            }
+            _ => {}
+        }
+    }
+    if let Some(oif) = oif {
+        e.hops.insert(0, NextHop { oif, gateway });
+    }
+    Some(e)
+}
+
+/// Every IPv4 and IPv6 route of the calling thread's namespace, all tables.
+pub fn routes() -> Result<Vec<RouteEntry>, NetlinkError> {
+    let sock = socket()?;
+    let mut out = Vec::new();
+    for family in [AddressFamily::Inet, AddressFamily::Inet6] {
+        let mut msg = RouteMessage::default();
+        msg.header.address_family = family;
+        let replies = request(&sock, RouteNetlinkMessage::GetRoute(msg), NLM_F_DUMP)?;
+        out.extend(replies.iter().filter_map(|m| match m {
+            RouteNetlinkMessage::NewRoute(r) => route_entry_from(r),
+            _ => None,
+        }));
+    }
+    Ok(out)
+}
+
+/// The main table's default route with the lowest metric, from a dump: its interface.
+pub fn default_route_oif_in(routes: &[RouteEntry], family: Family) -> Option<u32> {
+    routes
+        .iter()
+        .filter(|r| {
+            r.family == family
+                && r.is_default()
+                && r.unicast
+                && r.table == u32::from(RouteHeader::RT_TABLE_MAIN)
+        })
+        .filter_map(|r| Some((r.metric, r.hops.first()?.oif)))
+        .min_by_key(|(metric, _)| *metric)
+        .map(|(_, oif)| oif)
+}
+
+/// Route lookups on one socket of the calling thread's namespace: one round trip each,
+/// however many endpoints a tunnel has.
+pub struct FibLookup {
+    sock: Socket,
+}
+
+impl FibLookup {
+    pub fn new() -> Result<Self, NetlinkError> {
+        Ok(Self { sock: socket()? })
+    }
+
+    /// The configured route the kernel picks for `dst` (`ip route get fibmatch`), from
+    /// interface `oif` (a tunnel's bound device) and with firewall mark `mark` (a
+    /// WireGuard device's fwmark) when given: the same lookup the tunnel's own packets
+    /// get. `Ok(None)` when there is no route.
+    pub fn fib_match(
+        &self,
+        dst: IpAddr,
+        oif: Option<u32>,
+        mark: Option<u32>,
+    ) -> Result<Option<RouteEntry>, NetlinkError> {
+        let mut msg = RouteMessage::default();
+        msg.header.address_family = family_of(dst);
+        msg.header.destination_prefix_length = if dst.is_ipv4() { 32 } else { 128 };
+        msg.header.flags = RouteFlags::FibMatch;
+        msg.attributes
+            .push(RouteAttribute::Destination(RouteAddress::from(dst)));
+        if let Some(oif) = oif {
+            msg.attributes.push(RouteAttribute::Oif(oif));
+        }
+        if let Some(mark) = mark {
+            msg.attributes.push(RouteAttribute::Mark(mark));
+        }
+        match request(&self.sock, RouteNetlinkMessage::GetRoute(msg), 0) {
+            Ok(replies) => Ok(replies.iter().find_map(|m| match m {
+                RouteNetlinkMessage::NewRoute(r) => route_entry_from(r),
+                _ => None,
+            })),
+            // ENETUNREACH, EHOSTUNREACH...: no route is an answer, not a failure.
+            Err(NetlinkError::Kernel(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Route messages as the kernel dumps them, built with the crate's types and parsed
+/// back: fixtures for routes this kernel cannot hold (through devices it lacks).
+#[cfg(test)]
+pub(crate) mod fixtures {
+    use netlink_packet_core::{Emitable as _, Parseable as _};
+    use netlink_packet_route::route::{RouteLwEnCapType, RouteScope};
+
+    use super::*;
+
+    /// Options of a fixture route beyond its destination and interface.
+    #[derive(Default)]
+    pub struct Opts {
+        pub gateway: Option<IpAddr>,
+        pub mtu: Option<u32>,
+        pub advmss: Option<u32>,
+        pub kernel: bool,
+        pub encap_dst: Option<IpAddr>,
+    }
+
+    /// A main-table unicast route to `dst/len` out of `oif`, serialized and parsed back.
+    pub fn route(dst: IpAddr, len: u8, oif: u32, o: Opts) -> RouteEntry {
+        let mut msg = RouteMessage::default();
+        msg.header.address_family = family_of(dst);
+        msg.header.destination_prefix_length = len;
+        msg.header.table = RouteHeader::RT_TABLE_MAIN;
+        msg.header.kind = RouteType::Unicast;
+        msg.header.protocol = if o.kernel {
+            RouteProtocol::Kernel
+        } else {
+            RouteProtocol::Boot
+        };
+        msg.header.scope = if o.gateway.is_some() {
+            RouteScope::Universe
+        } else {
+            RouteScope::Link
+        };
+        if len > 0 {
+            msg.attributes
+                .push(RouteAttribute::Destination(RouteAddress::from(dst)));
+        }
+        msg.attributes.push(RouteAttribute::Oif(oif));
+        if let Some(gw) = o.gateway {
+            msg.attributes
+                .push(RouteAttribute::Gateway(RouteAddress::from(gw)));
+        }
+        let mut metrics = Vec::new();
+        metrics.extend(o.mtu.map(RouteMetric::Mtu));
+        metrics.extend(o.advmss.map(RouteMetric::Advmss));
+        if !metrics.is_empty() {
+            msg.attributes.push(RouteAttribute::Metrics(metrics));
+        }
+        if let Some(encap) = o.encap_dst {
+            let (kind, attr) = match encap {
+                IpAddr::V4(a) => (
+                    RouteLwEnCapType::Ip,
+                    RouteLwTunnelEncap::Ip(RouteIpTunnel::Destination(a)),
+                ),
+                IpAddr::V6(a) => (
+                    RouteLwEnCapType::Ip6,
+                    RouteLwTunnelEncap::Ip6(RouteIp6Tunnel::Destination(a)),
+                ),
+            };
+            msg.attributes.push(RouteAttribute::EncapType(kind));
+            msg.attributes.push(RouteAttribute::Encap(vec![attr]));
+        }
+        let mut buf = vec![0; msg.buffer_len()];
+        msg.emit(&mut buf);
+        let parsed = RouteMessage::parse(buf.as_slice()).expect("fixture parses");
+        route_entry_from(&parsed).expect("an IP route")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{
+        fixtures::{Opts, route},
+        *,
+    };
+
+    fn a(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn which_routes_leave_their_link() {
+        let gw = || Opts {
+            gateway: Some(a("169.254.1.1")),
+            ..Opts::default()
+        };
+        let default = route(a("0.0.0.0"), 0, 2, gw());
+        assert!(default.is_default() && default.leaves_the_link());
+        assert_eq!(default.to_string(), "default via 169.254.1.1");
+        let subnet = route(a("10.244.2.0"), 24, 3, Opts::default());
+        assert!(subnet.leaves_the_link(), "a subnet routed onto the link");
+        assert_eq!(subnet.to_string(), "10.244.2.0/24");
+        for (r, why) in [
+            (
+                route(a("169.254.1.1"), 32, 2, Opts::default()),
+                "the router's host route",
+            ),
+            (
+                route(
+                    a("10.244.1.0"),
+                    24,
+                    2,
+                    Opts {
+                        kernel: true,
+                        ..Opts::default()
+                    },
+                ),
+                "the address's own subnet",
+            ),
+            (
+                route(a("fe80::"), 64, 2, Opts::default()),
+                "IPv6 link-local",
+            ),
+        ] {
+            assert!(!r.leaves_the_link(), "{why}: {r:?}");
+        }
+        let mut local = route(a("0.0.0.0"), 0, 2, gw());
+        local.table = 255;
+        assert!(!local.leaves_the_link(), "not the main table");
+    }
+
+    #[test]
+    fn metrics_and_encapsulation_parse() {
+        let r = route(
+            a("10.244.2.0"),
+            24,
+            7,
+            Opts {
+                gateway: Some(a("10.200.0.2")),
+                mtu: Some(1450),
+                advmss: Some(1410),
+                encap_dst: Some(a("fd00:77::2")),
+                ..Opts::default()
+            },
+        );
+        assert_eq!((r.mtu, r.advmss), (Some(1450), Some(1410)));
+        assert_eq!(r.encap_dst, Some(a("fd00:77::2")));
+        assert!(r.via(7) && !r.via(2));
+        assert_eq!(r.family, Family::V4);
+    }
+
+    #[test]
+    fn default_route_of_the_lowest_metric() {
+        let mut high = route(a("0.0.0.0"), 0, 2, Opts::default());
+        high.metric = 200;
+        let mut low = route(a("0.0.0.0"), 0, 3, Opts::default());
+        low.metric = 100;
+        assert_eq!(default_route_oif_in(&[high, low], Family::V4), Some(3));
+        assert_eq!(default_route_oif_in(&[], Family::V6), None);
+    }
 }

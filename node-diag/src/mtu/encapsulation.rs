@@ -85,13 +85,29 @@ pub enum Encapsulation {
 }
 
 impl Encapsulation {
-    /// The encapsulation of a tunnel interface; `None` for other kinds. A tunnel whose
-    /// configuration does not tell the outer family (WireGuard, metadata-mode or
-    /// endpoint-less VXLAN/Geneve) is taken as IPv4, the kernel's own default for VXLAN,
-    /// rather than risk false alarms on IPv4 nodes.
-    pub fn for_interface(i: &Interface) -> Option<Self> {
+    /// The encapsulation of a tunnel interface toward an endpoint of `family` (the
+    /// configured one when `None`); `None` for other kinds. A tunnel whose family neither
+    /// its configuration nor an endpoint tells (a metadata-mode device or WireGuard
+    /// without known endpoints) is taken as IPv4, the kernel's own default for VXLAN,
+    /// rather than risk false alarms on IPv4 nodes. IP tunnels' kinds fix their family.
+    pub fn for_interface(i: &Interface, family: Option<Family>) -> Option<Self> {
         let t = i.tunnel.clone().unwrap_or_default();
-        let family = i.remote_family.unwrap_or(Family::V4);
+        let fixed = matches!(
+            i.kind,
+            LinkKind::Ipip
+                | LinkKind::Sit
+                | LinkKind::Gre
+                | LinkKind::Gretap
+                | LinkKind::Ip6tnl
+                | LinkKind::Ip6gre
+                | LinkKind::Ip6gretap
+        );
+        let family = if fixed {
+            i.remote_family
+        } else {
+            family.or(i.remote_family)
+        }
+        .unwrap_or(Family::V4);
         let gre = |ethernet| Self::Gre {
             family,
             ethernet,

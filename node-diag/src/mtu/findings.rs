@@ -13,31 +13,67 @@ use crate::findings::{Finding, Kind, Layer, Severity};
 fn mismatch_finding(v: &MtuVerdict, now: SystemTime) -> Finding {
     let limit = v.expected_mtu.unwrap_or(0);
     let excess = -v.headroom.unwrap_or(0);
+    // Where the underlay is a route's `mtu` below its device, raising that route is the
+    // way to raise the underlay.
+    let raise_underlay = match (&v.underlay_route, &v.underlay) {
+        (Some(route), Some(dev)) => {
+            format!("raise the mtu of route {route} (it caps the underlay {dev}) by {excess} bytes")
+        }
+        (None, Some(dev)) => format!("raise the underlay {dev}'s MTU by {excess} bytes"),
+        _ => format!("raise the underlay's MTU by {excess} bytes"),
+    };
     let remediation = match v.role {
-        Role::Overlay => format!(
-            "Set {}'s MTU to {limit} (the CNI's tunnel MTU setting), or raise the underlay {}'s \
-             MTU by {excess} bytes.",
-            v.interface,
-            v.underlay.as_deref().unwrap_or("device")
-        ),
+        Role::Overlay => match (&v.route, v.route_mtu) {
+            (Some(route), Some(_)) => format!(
+                "Set the mtu of route {route} through {} to {limit} (or {}'s MTU), or \
+                 {raise_underlay}.",
+                v.interface, v.interface
+            ),
+            _ => format!(
+                "Set {}'s MTU to {limit} (the CNI's tunnel MTU setting), or {raise_underlay}.",
+                v.interface
+            ),
+        },
         _ => {
             let by_arithmetic = v
                 .underlay_mtu
                 .zip(v.overhead)
                 .map(|(u, o)| u.saturating_sub(o));
+            let effective = v.effective_mtu.unwrap_or(v.mtu);
             // When the overlay device itself is set below what its underlay allows, it is
             // the one to raise; otherwise only the underlay can make room.
             let alternative = match (by_arithmetic, &v.overlay) {
-                (Some(max), Some(ov)) if max > limit && max >= v.mtu => {
-                    format!("raise {ov}'s MTU to {}", v.mtu)
+                (Some(max), Some(ov)) if max > limit && max >= effective => {
+                    format!("raise {ov}'s MTU to {effective}")
                 }
-                _ => format!("raise the underlay MTU by {excess} bytes"),
+                _ => raise_underlay,
+            };
+            // A route metric decides what the pod sends: the route is what to fix (the
+            // CNI's route MTU, as Cilium sets it), the device may stay larger.
+            let fix = match (&v.route, v.route_mtu) {
+                (Some(route), Some(_)) => {
+                    let whose = match v.role {
+                        Role::NodeVeth => "its pod's routes".to_string(),
+                        _ => format!("the pod's routes in netns {}", v.netns_name),
+                    };
+                    format!(
+                        "Set the mtu of {whose} ({route}) to {limit} (the CNI's route MTU \
+                         setting; running pods pick it up when recreated)"
+                    )
+                }
+                (Some(route), None) => format!(
+                    "Give route {route} mtu {limit} like the pod's other routes, or set the \
+                     CNI MTU to {limit} (advmss only bounds TCP)"
+                ),
+                _ => format!(
+                    "Set the CNI MTU to {limit} (pod interfaces and their node-side veths; \
+                     running pods pick it up when recreated)"
+                ),
             };
             format!(
-                "Set the CNI MTU to {limit} (pod interfaces and their node-side veths; \
-                 running pods pick it up when recreated), or {alternative}. Until then clamp \
-                 TCP MSS to the path MTU (iptables -t mangle -A POSTROUTING -p tcp \
-                 --tcp-flags SYN,RST SYN -j TCPMSS --clamp-mss-to-pmtu)."
+                "{fix}, or {alternative}. Until then clamp TCP MSS to the path MTU (iptables \
+                 -t mangle -A POSTROUTING -p tcp --tcp-flags SYN,RST SYN -j TCPMSS \
+                 --clamp-mss-to-pmtu)."
             )
         }
     };
@@ -61,10 +97,22 @@ fn mismatch_finding(v: &MtuVerdict, now: SystemTime) -> Finding {
     };
     put("underlay", v.underlay.clone().into());
     put("underlay_mtu", v.underlay_mtu.into());
+    put("underlay_device_mtu", v.underlay_device_mtu.into());
+    put("underlay_route", v.underlay_route.clone().into());
+    put("underlay_route_mtu", v.underlay_route_mtu.into());
+    put(
+        "underlay_endpoint",
+        v.underlay_endpoint.map(|a| a.to_string()).into(),
+    );
+    put("underlay_endpoints", v.underlay_endpoints.into());
     put("encapsulation", v.encapsulation.clone().into());
     put("overhead", v.overhead.into());
     put("expected_mtu", v.expected_mtu.into());
     put("actual_mtu", v.mtu.into());
+    put("effective_mtu", v.effective_mtu.into());
+    put("route", v.route.clone().into());
+    put("route_mtu", v.route_mtu.into());
+    put("route_advmss", v.route_advmss.into());
     put("headroom", v.headroom.into());
     put("overhead_breakdown", v.overhead_breakdown.clone().into());
     put(

@@ -7,8 +7,8 @@ use super::{Model, model::MtuVerdict};
 use crate::{
     findings::Finding,
     host_network::{
-        Interface, LinkKind, Namespace, Snapshot, Sysctls, Tunnel, Underlay, UnderlaySource,
-        VethPeer, tunnel_family,
+        Family, Interface, LinkKind, Namespace, RouteMetrics, Snapshot, Sysctls, Tunnel, Underlay,
+        UnderlaySource, VethPeer, tunnel_family,
     },
 };
 
@@ -26,7 +26,8 @@ pub(super) fn iface(ns: u32, name: &str, ifindex: u32, kind: LinkKind, mtu: u32)
         mtu,
         up: true,
         lower: None,
-        underlay: None,
+        underlays: Vec::new(),
+        routes: Vec::new(),
         tunnel: None,
         remote_family: None,
         veth_peer: None,
@@ -40,12 +41,51 @@ pub(super) fn tunnel(
 ) -> Interface {
     i.remote_family = tunnel_family(&i.kind, &t);
     i.tunnel = Some(t);
-    i.underlay = underlay.map(|(name, ifindex, mtu, source)| Underlay {
+    i.underlays = underlay
+        .map(|(name, ifindex, mtu, source)| way(name, ifindex, mtu, source, None, 0))
+        .into_iter()
+        .collect();
+    i
+}
+
+/// A way out of a tunnel: device `name` (`ifindex`, `mtu`), found by `source`, toward
+/// `endpoint` (shared by `endpoints` endpoints).
+pub(super) fn way(
+    name: &str,
+    ifindex: u32,
+    mtu: u32,
+    source: UnderlaySource,
+    endpoint: Option<IpAddr>,
+    endpoints: u32,
+) -> Underlay {
+    Underlay {
         ifindex,
         name: name.into(),
         mtu,
         source,
-    });
+        endpoint,
+        endpoints,
+        route: None,
+        route_mtu: None,
+    }
+}
+
+/// `i` with routes leaving its link: (route, its `mtu`, its `advmss`).
+pub(super) fn routed(mut i: Interface, routes: &[(&str, Option<u32>, Option<u32>)]) -> Interface {
+    i.routes = routes
+        .iter()
+        .map(|&(route, mtu, advmss)| RouteMetrics {
+            route: route.into(),
+            family: if route.contains(':') {
+                Family::V6
+            } else {
+                Family::V4
+            },
+            mtu,
+            advmss,
+            routes: 1,
+        })
+        .collect();
     i
 }
 

@@ -1,14 +1,25 @@
 //! The model proper: each interface's role (overlay, pod interface, node-side veth,
-//! underlay), the largest MTU it may have, and the verdict. Overlays are held to their
-//! underlay minus the encapsulation overhead; pod interfaces and node-side veths to the
-//! ceiling, the smallest limit of the node's overlays that are up.
+//! underlay), the largest MTU it may have, its effective MTU, and the verdict.
+//!
+//! - Overlays are held to the smallest of their ways out: each underlay's path MTU (the
+//!   device's MTU, capped by the `mtu` of the route to the endpoint) minus the
+//!   encapsulation overhead for that endpoint's family.
+//! - Pod interfaces and node-side veths are held to the ceiling: the smallest limit of the
+//!   node's overlays that are up.
+//! - What is compared with the limit is the effective MTU: the largest packet the kernel
+//!   sends by the interface's routes that leave its link. A route's `mtu` metric caps the
+//!   device's (Cilium's tunnel mode keeps veths at 1500 and puts `mtu 1450` on the pod
+//!   routes); a route without one sends up to the device's MTU. A node-side veth carries
+//!   what its pod's routes let through, so those routes cap it too. A route's `advmss`
+//!   only bounds the TCP segments peers send back: it is reported, never counted as a
+//!   fix, since other protocols still send full-size packets.
 
-use std::{collections::HashSet, fmt::Write as _};
+use std::{collections::HashSet, fmt::Write as _, net::IpAddr};
 
 use serde::Serialize;
 
 use super::encapsulation::Encapsulation;
-use crate::host_network::{Family, Interface, LinkKind, Snapshot, UnderlaySource};
+use crate::host_network::{Family, Interface, LinkKind, RouteMetrics, Snapshot, UnderlaySource};
 
 /// What an interface is to the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -61,29 +72,133 @@ pub struct MtuVerdict {
     pub kind: LinkKind,
     pub role: Role,
     pub up: bool,
+    /// The device's MTU.
     pub mtu: u32,
+    /// For judged interfaces: the largest packet it is given, its MTU capped by the `mtu`
+    /// of its routes (for a node-side veth, of its pod's routes).
+    pub effective_mtu: Option<u32>,
+    /// The route deciding the effective MTU ("default via 169.254.1.1"), when a route
+    /// metric is involved.
+    pub route: Option<String>,
+    pub route_mtu: Option<u32>,
+    pub route_advmss: Option<u32>,
     /// For pod interfaces and node-side veths: the overlay they are compared with.
     pub overlay: Option<String>,
     pub overlay_mtu: Option<u32>,
-    /// The overlay's underlay (for overlays: their own; for pods: their overlay's); for
-    /// other devices, the device they sit on.
+    /// The overlay's underlay (for overlays: their own smallest way out; for pods: their
+    /// overlay's); for other devices, the device they sit on.
     pub underlay: Option<String>,
+    /// The underlay's path MTU: its device's MTU, capped by the route to the endpoint.
     pub underlay_mtu: Option<u32>,
+    /// The underlay device's own MTU.
+    pub underlay_device_mtu: Option<u32>,
+    /// The route to the endpoint, when its `mtu` caps the underlay device.
+    pub underlay_route: Option<String>,
+    pub underlay_route_mtu: Option<u32>,
     pub underlay_source: Option<UnderlaySource>,
+    /// The endpoint whose route is the underlay, when known.
+    pub underlay_endpoint: Option<IpAddr>,
+    /// How many endpoints the tunnel's ways out were found from.
+    pub underlay_endpoints: Option<u32>,
     /// Label such as "VXLAN" or "VXLAN/IPv6".
     pub encapsulation: Option<String>,
     pub family: Option<Family>,
-    /// The family was not in the tunnel's configuration and IPv4 was assumed.
+    /// The family was not in the tunnel's configuration nor told by an endpoint, and
+    /// IPv4 was assumed.
     pub family_assumed: bool,
     pub overhead: Option<u32>,
     pub overhead_breakdown: Option<String>,
     /// The largest MTU this interface may have.
     pub expected_mtu: Option<u32>,
-    /// `expected_mtu − mtu`: negative when the interface is too large.
+    /// `expected_mtu − effective_mtu`: negative when the interface is too large.
     pub headroom: Option<i64>,
     pub verdict: Verdict,
     /// The arithmetic, or why there is none.
     pub detail: String,
+    /// For overlays: "underlay ul0 1500 − VXLAN 50 = 1450", what the ceiling quotes.
+    #[serde(skip)]
+    limit_arithmetic: Option<String>,
+}
+
+/// An interface's effective MTU and how its routes decide it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Effective {
+    mtu: u32,
+    /// The route deciding it, when some route through the interface has an `mtu`.
+    deciding: Option<RouteMetrics>,
+    /// How to say it after "{subject} is {mtu}" (empty when no route metric matters).
+    explanation: String,
+}
+
+/// IPv4 + TCP or IPv6 + TCP headers: an MSS plus this is the packet it fills.
+fn tcp_headers(f: Family) -> u32 {
+    match f {
+        Family::V4 => 40,
+        Family::V6 => 60,
+    }
+}
+
+/// `i`'s effective MTU from its own routes: the largest packet any of its routes that
+/// leave the link builds (a route without `mtu` builds up to the device's MTU).
+fn effective_of(i: &Interface) -> Effective {
+    let by = |r: &RouteMetrics| r.mtu.map_or(i.mtu, |m| m.min(i.mtu));
+    let mut effective = Effective {
+        mtu: i.mtu,
+        deciding: None,
+        explanation: String::new(),
+    };
+    let with_mtu = i.routes.iter().find(|r| r.mtu.is_some());
+    if let Some(with_mtu) = with_mtu {
+        // The largest wins; among equals a route without `mtu` explains best why the
+        // device's MTU still counts.
+        let deciding = i
+            .routes
+            .iter()
+            .max_by_key(|r| (by(r), r.mtu.is_none()))
+            .unwrap_or(with_mtu);
+        effective.mtu = by(deciding);
+        effective.explanation = match deciding.mtu {
+            Some(m) if m < i.mtu => format!(
+                ": route {} mtu {m} caps {} {}",
+                deciding.route, i.kind, i.mtu
+            ),
+            Some(m) if m == i.mtu => format!(" (route {} mtu {m} does not cap it)", deciding.route),
+            Some(m) => format!(
+                " (route {} mtu {m} is above it: larger packets are dropped by the device)",
+                deciding.route
+            ),
+            None => format!(
+                ": route {} has no mtu (route {} mtu {} does)",
+                deciding.route,
+                with_mtu.route,
+                with_mtu.mtu.unwrap_or(0)
+            ),
+        };
+        effective.deciding = Some(deciding.clone());
+    }
+    if let Some(r) = i.routes.iter().find(|r| r.advmss.is_some()) {
+        let advmss = r.advmss.unwrap_or(0);
+        let _ = write!(
+            effective.explanation,
+            "; route {} advmss {advmss} keeps the TCP segments peers send within {} (other \
+             protocols are not bounded by it)",
+            r.route,
+            advmss + tcp_headers(r.family)
+        );
+        if effective.deciding.is_none() {
+            effective.deciding = Some(r.clone());
+        }
+    }
+    effective
+}
+
+/// The `mtu` every route of a pod interface that leaves its link carries (the largest),
+/// when all carry one: what a node-side veth is given from the pod.
+fn route_cap(i: &Interface) -> Option<&RouteMetrics> {
+    if i.routes.is_empty() || i.routes.iter().any(|r| r.mtu.is_none()) {
+        return None;
+    }
+    i.routes.iter().max_by_key(|r| r.mtu)
 }
 
 impl MtuVerdict {
@@ -97,11 +212,20 @@ impl MtuVerdict {
             role,
             up: i.up,
             mtu: i.mtu,
+            effective_mtu: None,
+            route: None,
+            route_mtu: None,
+            route_advmss: None,
             overlay: None,
             overlay_mtu: None,
             underlay: i.lower.as_ref().map(|l| l.name.clone()),
             underlay_mtu: i.lower.as_ref().map(|l| l.mtu),
+            underlay_device_mtu: i.lower.as_ref().map(|l| l.mtu),
+            underlay_route: None,
+            underlay_route_mtu: None,
             underlay_source: None,
+            underlay_endpoint: None,
+            underlay_endpoints: None,
             encapsulation: None,
             family: None,
             family_assumed: false,
@@ -111,6 +235,7 @@ impl MtuVerdict {
             headroom: None,
             verdict: Verdict::NotApplicable,
             detail: String::new(),
+            limit_arithmetic: None,
         }
     }
 
@@ -128,17 +253,32 @@ impl MtuVerdict {
         }
     }
 
-    fn judge(&mut self, arithmetic: &str, subject: &str, limit: u32) {
-        let headroom = i64::from(limit) - i64::from(self.mtu);
+    fn set_effective(&mut self, e: &Effective) {
+        self.effective_mtu = Some(e.mtu);
+        if let Some(r) = &e.deciding {
+            self.route = Some(r.route.clone());
+            self.route_mtu = r.mtu;
+            self.route_advmss = r.advmss;
+        }
+    }
+
+    /// Compares the effective MTU `e` with `limit`, `arithmetic` saying where the limit
+    /// comes from.
+    fn judge(&mut self, arithmetic: &str, subject: &str, limit: u32, e: &Effective) {
+        self.set_effective(e);
+        let headroom = i64::from(limit) - i64::from(e.mtu);
         self.expected_mtu = Some(limit);
         self.headroom = Some(headroom);
-        if headroom < 0 {
-            self.verdict = Verdict::Mismatch;
-            self.detail = format!("{arithmetic}, but {subject} is {}", self.mtu);
+        let (verdict, joint) = if headroom < 0 {
+            (Verdict::Mismatch, ", but")
         } else {
-            self.verdict = Verdict::Ok;
-            self.detail = format!("{arithmetic}; {subject} is {}", self.mtu);
-        }
+            (Verdict::Ok, ";")
+        };
+        self.verdict = verdict;
+        self.detail = format!(
+            "{arithmetic}{joint} {subject} is {}{}",
+            e.mtu, e.explanation
+        );
     }
 }
 
@@ -169,7 +309,13 @@ fn role_of(i: &Interface, own: u32, underlays: &HashSet<(u32, u32)>) -> Role {
     }
 }
 
-fn source_note(i: &Interface, source: UnderlaySource, underlay: &str) -> Option<String> {
+/// For a tunnel not bound to a device: how its underlay was found.
+fn source_note(
+    i: &Interface,
+    v: &MtuVerdict,
+    source: UnderlaySource,
+    underlay: &str,
+) -> Option<String> {
     let t = i.tunnel.as_ref();
     let how = match source {
         UnderlaySource::Bound => return None,
@@ -185,6 +331,18 @@ fn source_note(i: &Interface, source: UnderlaySource, underlay: &str) -> Option<
         ),
         UnderlaySource::DefaultRoute => "the default route".into(),
         UnderlaySource::LargestPhysical => "the largest physical interface".into(),
+        other => {
+            let kind = other.endpoint_kind().unwrap_or("endpoint");
+            let endpoint = v
+                .underlay_endpoint
+                .map_or_else(|| "an endpoint".into(), |a| a.to_string());
+            match v.underlay_endpoints {
+                Some(n) if n > 1 => format!(
+                    "the route to {endpoint}, {kind}, the smallest path of its {n} endpoints"
+                ),
+                _ => format!("the route to {endpoint}, {kind}"),
+            }
+        }
     };
     Some(format!(
         "{} is not bound to a device; underlay {underlay} is {how}",
@@ -194,44 +352,71 @@ fn source_note(i: &Interface, source: UnderlaySource, underlay: &str) -> Option<
 
 fn overlay_verdict(i: &Interface) -> MtuVerdict {
     let mut v = MtuVerdict::new(i, Role::Overlay);
-    let Some(enc) = Encapsulation::for_interface(i) else {
+    let Some(configured) = Encapsulation::for_interface(i, None) else {
         return v;
     };
-    v.encapsulation = Some(enc.label());
-    v.family = Some(enc.family());
-    v.family_assumed = i.remote_family.is_none();
-    v.overhead = Some(enc.overhead());
-    v.overhead_breakdown = Some(enc.breakdown());
     v.underlay = None;
     v.underlay_mtu = None;
+    v.underlay_device_mtu = None;
+    // The smallest way out, each with the overhead of its endpoint's family.
+    let chosen = i
+        .underlays
+        .iter()
+        .filter_map(|u| {
+            let enc = Encapsulation::for_interface(i, u.family())?;
+            Some((u.path_mtu().saturating_sub(enc.overhead()), u, enc))
+        })
+        .min_by_key(|(expected, ..)| *expected);
+    let enc = chosen.as_ref().map_or(configured, |(_, _, enc)| *enc);
+    v.encapsulation = Some(enc.label());
+    v.family = Some(enc.family());
+    v.family_assumed =
+        i.remote_family.is_none() && chosen.as_ref().is_none_or(|(_, u, _)| u.endpoint.is_none());
+    v.overhead = Some(enc.overhead());
+    v.overhead_breakdown = Some(enc.breakdown());
     if !i.up {
         v.verdict = Verdict::Down;
         v.detail = format!("{} is down", i.name);
         return v;
     }
-    let Some(u) = &i.underlay else {
+    let Some((expected, u, _)) = chosen else {
         v.verdict = Verdict::Unknown;
         v.detail = format!(
-            "no underlay found for {} (not bound to a device, no route to its remote, no \
+            "no underlay found for {} (not bound to a device, no route to an endpoint, no \
              default route, no physical interface up)",
             i.name
         );
         return v;
     };
     v.underlay = Some(u.name.clone());
-    v.underlay_mtu = Some(u.mtu);
+    v.underlay_mtu = Some(u.path_mtu());
+    v.underlay_device_mtu = Some(u.mtu);
     v.underlay_source = Some(u.source);
-    let expected = u.mtu.saturating_sub(enc.overhead());
-    let mut arithmetic = format!(
-        "underlay {} {} − {} {} = {expected}",
-        u.name,
-        u.mtu,
+    v.underlay_endpoint = u.endpoint;
+    let endpoints: u32 = i.underlays.iter().map(|u| u.endpoints).sum();
+    v.underlay_endpoints = (endpoints > 0).then_some(endpoints);
+    let mut arithmetic = format!("underlay {} {}", u.name, u.path_mtu());
+    if let (Some(route), Some(m)) = (&u.route, u.route_mtu)
+        && m < u.mtu
+    {
+        v.underlay_route = Some(route.clone());
+        v.underlay_route_mtu = Some(m);
+        let _ = write!(
+            arithmetic,
+            " (route {route} mtu {m} caps {} {})",
+            u.name, u.mtu
+        );
+    }
+    let _ = write!(
+        arithmetic,
+        " − {} {} = {expected}",
         enc.label(),
         enc.overhead()
     );
     if v.family_assumed {
         arithmetic.push_str(" (IPv4 underlay assumed)");
     }
+    v.limit_arithmetic = Some(arithmetic.clone());
     if i.tunnel.as_ref().is_some_and(|t| t.external) {
         // Metadata-mode devices (Cilium's, for one) are left at a large MTU on purpose:
         // the kernel checks each packet against the route to its endpoint instead.
@@ -243,9 +428,9 @@ fn overlay_verdict(i: &Interface) -> MtuVerdict {
         );
     } else {
         let subject = v.subject(None);
-        v.judge(&arithmetic, &subject, expected);
+        v.judge(&arithmetic, &subject, expected, &effective_of(i));
     }
-    if let Some(note) = source_note(i, u.source, &u.name) {
+    if let Some(note) = source_note(i, &v, u.source, &u.name) {
         let _ = write!(v.detail, " ({note})");
     }
     v
@@ -267,32 +452,23 @@ fn ceiling(verdicts: &[MtuVerdict], own: u32) -> Option<Ceiling> {
         .enumerate()
         .filter(|(_, v)| v.role == Role::Overlay && v.netns == own && v.up)
         .filter_map(|(idx, v)| {
+            v.encapsulation.as_ref()?;
             let external = v.verdict == Verdict::NotApplicable;
-            let (limit, arithmetic) = match (v.underlay.as_ref(), v.underlay_mtu, v.expected_mtu) {
-                (Some(u), Some(umtu), Some(expected)) if external || expected <= v.mtu => (
-                    expected,
-                    format!(
-                        "underlay {u} {umtu} − {} {} = {expected} (overlay {})",
-                        v.encapsulation.as_deref()?,
-                        v.overhead?,
-                        v.interface
-                    ),
-                ),
-                (Some(u), Some(umtu), Some(expected)) => (
-                    v.mtu,
-                    format!(
-                        "overlay {} is {} (below underlay {u} {umtu} − {} {} = {expected})",
-                        v.interface,
-                        v.mtu,
-                        v.encapsulation.as_deref()?,
-                        v.overhead?
-                    ),
+            // What the overlay is given: its MTU, capped by its routes.
+            let given = v.effective_mtu.unwrap_or(v.mtu);
+            let (limit, arithmetic) = match (&v.limit_arithmetic, v.expected_mtu) {
+                (Some(a), Some(expected)) if external || expected <= given => {
+                    (expected, format!("{a} (overlay {})", v.interface))
+                }
+                (Some(a), Some(_)) => (
+                    given,
+                    format!("overlay {} is {given} (below {a})", v.interface),
                 ),
                 _ => (
-                    v.mtu,
+                    given,
                     format!(
-                        "overlay {} is {} (its underlay is unknown)",
-                        v.interface, v.mtu
+                        "overlay {} is {given} (its underlay is unknown)",
+                        v.interface
                     ),
                 ),
             };
@@ -311,7 +487,7 @@ pub(super) fn verdicts(snap: &Snapshot) -> Vec<MtuVerdict> {
     let underlays: HashSet<(u32, u32)> = snap
         .interfaces
         .iter()
-        .filter_map(|i| Some((i.netns, i.underlay.as_ref()?.ifindex)))
+        .flat_map(|i| i.underlays.iter().map(|u| (i.netns, u.ifindex)))
         .collect();
     let mut out: Vec<MtuVerdict> = snap
         .interfaces
@@ -342,20 +518,69 @@ pub(super) fn verdicts(snap: &Snapshot) -> Vec<MtuVerdict> {
         v.overlay_mtu = Some(ov.mtu);
         v.underlay = ov.underlay.clone();
         v.underlay_mtu = ov.underlay_mtu;
+        v.underlay_device_mtu = ov.underlay_device_mtu;
+        v.underlay_route = ov.underlay_route.clone();
+        v.underlay_route_mtu = ov.underlay_route_mtu;
         v.underlay_source = ov.underlay_source;
+        v.underlay_endpoint = ov.underlay_endpoint;
+        v.underlay_endpoints = ov.underlay_endpoints;
         v.encapsulation = ov.encapsulation.clone();
         v.family = ov.family;
         v.family_assumed = ov.family_assumed;
         v.overhead = ov.overhead;
         v.overhead_breakdown = ov.overhead_breakdown.clone();
+        let effective = if v.role == Role::PodInterface {
+            effective_of(i)
+        } else {
+            node_side_effective(i, snap)
+        };
         let subject = if v.role == Role::PodInterface {
             format!("{subject} (netns {})", v.netns_name)
         } else {
             subject
         };
-        v.judge(&c.arithmetic, &subject, c.limit);
+        v.judge(&c.arithmetic, &subject, c.limit, &effective);
     }
     out
+}
+
+/// A node-side veth is given what its pod's routes let through: capped by them when all
+/// carry an `mtu`.
+fn node_side_effective(i: &Interface, snap: &Snapshot) -> Effective {
+    let pod = i.veth_peer.as_ref().and_then(|p| {
+        snap.interfaces
+            .iter()
+            .find(|x| Some(x.netns) == p.netns && x.ifindex == p.ifindex)
+    });
+    match pod.and_then(route_cap) {
+        Some(r) => {
+            let m = r.mtu.unwrap_or(i.mtu);
+            let (mtu, explanation) = if m < i.mtu {
+                (
+                    m,
+                    format!(
+                        ": its pod's route {} mtu {m} caps {} {}",
+                        r.route, i.kind, i.mtu
+                    ),
+                )
+            } else {
+                (
+                    i.mtu,
+                    format!(" (its pod's route {} mtu {m} does not cap it)", r.route),
+                )
+            };
+            Effective {
+                mtu,
+                deciding: Some(r.clone()),
+                explanation,
+            }
+        }
+        None => Effective {
+            mtu: i.mtu,
+            deciding: None,
+            explanation: String::new(),
+        },
+    }
 }
 
 #[cfg(test)]
@@ -503,6 +728,373 @@ mod tests {
         assert_eq!(verdict(&vs, NODE, "ul0").role, Role::Underlay);
         assert_eq!(verdict(&vs, POD, "ul1").role, Role::Underlay);
         assert!(findings(&snap, SystemTime::UNIX_EPOCH).is_empty());
+    }
+
+    /// Cilium's tunnel mode: an external `cilium_vxlan`, veths at 1500 on both ends, the
+    /// pod's default route with `mtu` (its route to the router itself leaves no link, so
+    /// the inventory does not list it).
+    fn cilium(route_mtu: u32) -> Snapshot {
+        let mut snap = node(1500, 1450, 1500, 1500);
+        snap.interfaces.retain(|i| i.name != "vx0");
+        snap.interfaces.push(tunnel(
+            iface(NODE, "cilium_vxlan", 7, LinkKind::Vxlan, 1500),
+            Tunnel {
+                external: true,
+                ..Tunnel::default()
+            },
+            None,
+        ));
+        let ext = snap.interfaces.last_mut().unwrap();
+        ext.underlays = vec![way(
+            "ul0",
+            2,
+            1500,
+            UnderlaySource::RouteToEncapDestination,
+            Some(IpAddr::from([192, 168, 77, 2])),
+            1,
+        )];
+        let pod = snap
+            .interfaces
+            .iter_mut()
+            .find(|i| i.netns == POD && i.name == "eth0")
+            .unwrap();
+        *pod = routed(
+            pod.clone(),
+            &[("default via 10.244.1.1", Some(route_mtu), None)],
+        );
+        snap
+    }
+
+    #[test]
+    fn cilium_route_mtu_caps_1500_veths() {
+        let snap = cilium(1450);
+        let vs = verdicts(&snap);
+        let pod = verdict(&vs, POD, "eth0");
+        assert_eq!(pod.verdict, Verdict::Ok, "{pod:#?}");
+        assert_eq!((pod.mtu, pod.effective_mtu), (1500, Some(1450)));
+        assert_eq!(pod.headroom, Some(0));
+        assert_eq!(pod.route.as_deref(), Some("default via 10.244.1.1"));
+        assert!(
+            pod.detail.contains(
+                "pod eth0 (netns pod-a) is 1450: route default via 10.244.1.1 mtu 1450 caps \
+                 veth 1500"
+            ),
+            "{}",
+            pod.detail
+        );
+        let node_side = verdict(&vs, NODE, "veth1");
+        assert_eq!(node_side.verdict, Verdict::Ok, "{node_side:#?}");
+        assert!(
+            node_side
+                .detail
+                .contains("its pod's route default via 10.244.1.1 mtu 1450 caps veth 1500"),
+            "{}",
+            node_side.detail
+        );
+        // The external device's underlay is the route to its endpoint, IPv4 known.
+        let ext = verdict(&vs, NODE, "cilium_vxlan");
+        assert!(!ext.family_assumed);
+        assert_eq!(ext.underlay_endpoint, Some(IpAddr::from([192, 168, 77, 2])));
+        assert!(findings(&snap, SystemTime::UNIX_EPOCH).is_empty());
+    }
+
+    #[test]
+    fn cilium_route_mtu_1500_over_the_1450_tunnel_names_the_route() {
+        let snap = cilium(1500);
+        let vs = verdicts(&snap);
+        let pod = verdict(&vs, POD, "eth0");
+        assert_eq!(pod.verdict, Verdict::Mismatch);
+        assert_eq!((pod.effective_mtu, pod.headroom), (Some(1500), Some(-50)));
+        assert!(
+            pod.detail.contains(
+                "but pod eth0 (netns pod-a) is 1500 (route default via 10.244.1.1 mtu 1500 \
+                 does not cap it)"
+            ),
+            "{}",
+            pod.detail
+        );
+        let fs = findings(&snap, SystemTime::UNIX_EPOCH);
+        let f = fs
+            .iter()
+            .find(|f| f.interface.as_deref() == Some("eth0"))
+            .unwrap();
+        assert_eq!(f.evidence["route"], "default via 10.244.1.1");
+        assert_eq!(f.evidence["route_mtu"], 1500);
+        assert_eq!(f.evidence["effective_mtu"], 1500);
+        assert!(
+            f.remediation
+                .starts_with("Set the mtu of the pod's routes in netns pod-a (default via"),
+            "{}",
+            f.remediation
+        );
+        let node_side = verdict(&vs, NODE, "veth1");
+        assert_eq!(node_side.verdict, Verdict::Mismatch);
+        assert!(
+            node_side.detail.ends_with(
+                "is 1500 (its pod's route default via 10.244.1.1 mtu 1500 does not cap it)"
+            ),
+            "{}",
+            node_side.detail
+        );
+        let f = fs
+            .iter()
+            .find(|f| f.interface.as_deref() == Some("veth1"))
+            .unwrap();
+        assert!(
+            f.remediation
+                .starts_with("Set the mtu of its pod's routes (default via 10.244.1.1) to 1450"),
+            "{}",
+            f.remediation
+        );
+    }
+
+    #[test]
+    fn a_route_without_mtu_sends_at_the_device_mtu() {
+        let mut snap = cilium(1450);
+        let pod = snap
+            .interfaces
+            .iter_mut()
+            .find(|i| i.netns == POD && i.name == "eth0")
+            .unwrap();
+        *pod = routed(
+            pod.clone(),
+            &[
+                ("default via 10.244.1.1", Some(1450), None),
+                ("10.0.0.0/8 via 10.244.1.1", None, None),
+            ],
+        );
+        let vs = verdicts(&snap);
+        let pod = verdict(&vs, POD, "eth0");
+        assert_eq!(pod.verdict, Verdict::Mismatch);
+        assert!(
+            pod.detail.contains(
+                "is 1500: route 10.0.0.0/8 via 10.244.1.1 has no mtu (route default via \
+                 10.244.1.1 mtu 1450 does)"
+            ),
+            "{}",
+            pod.detail
+        );
+        // Its node-side end is not capped either: not every pod route carries an mtu.
+        assert_eq!(verdict(&vs, NODE, "veth1").verdict, Verdict::Mismatch);
+    }
+
+    #[test]
+    fn advmss_alone_bounds_tcp_only() {
+        let mut snap = node(1500, 1450, 1500, 1450);
+        let pod = snap
+            .interfaces
+            .iter_mut()
+            .find(|i| i.netns == POD && i.name == "eth0")
+            .unwrap();
+        *pod = routed(
+            pod.clone(),
+            &[("default via 169.254.1.1", None, Some(1410))],
+        );
+        let vs = verdicts(&snap);
+        let pod = verdict(&vs, POD, "eth0");
+        assert_eq!(pod.verdict, Verdict::Mismatch);
+        assert_eq!(pod.route_advmss, Some(1410));
+        assert!(
+            pod.detail.contains(
+                "route default via 169.254.1.1 advmss 1410 keeps the TCP segments peers send \
+                 within 1450"
+            ),
+            "{}",
+            pod.detail
+        );
+        let f = findings(&snap, SystemTime::UNIX_EPOCH)
+            .into_iter()
+            .find(|f| f.interface.as_deref() == Some("eth0"))
+            .unwrap();
+        assert!(
+            f.remediation
+                .starts_with("Give route default via 169.254.1.1 mtu 1450")
+        );
+    }
+
+    #[test]
+    fn routes_through_an_overlay_cap_it() {
+        let mut snap = node(1500, 1450, 1450, 1450);
+        snap.interfaces.push(routed(
+            tunnel(
+                iface(NODE, "vx9", 9, LinkKind::Vxlan, 1500),
+                bound_vxlan([10, 0, 0, 3]),
+                Some(("ul0", 2, 1500, UnderlaySource::Bound)),
+            ),
+            &[("10.244.3.0/24 via 10.200.0.3", Some(1450), None)],
+        ));
+        let vs = verdicts(&snap);
+        let vx = verdict(&vs, NODE, "vx9");
+        assert_eq!(vx.verdict, Verdict::Ok, "{vx:#?}");
+        assert!(
+            vx.detail.contains(
+                "vxlan vx9 is 1450: route 10.244.3.0/24 via 10.200.0.3 mtu 1450 caps vxlan 1500"
+            ),
+            "{}",
+            vx.detail
+        );
+    }
+
+    /// A VXLAN at `mtu` whose FDB peers are on cl0 (9000) and, with `stray`, one on ul0.
+    fn multi_nic(mtu: u32, stray: bool) -> Snapshot {
+        let mut snap = node(1500, 1450, 1450, 1450);
+        snap.interfaces
+            .push(iface(NODE, "cl0", 8, LinkKind::Physical, 9000));
+        let mut vx = tunnel(
+            iface(NODE, "flannel.1", 9, LinkKind::Vxlan, mtu),
+            Tunnel::default(),
+            None,
+        );
+        vx.underlays.push(way(
+            "cl0",
+            8,
+            9000,
+            UnderlaySource::RouteToFdbDestination,
+            Some(IpAddr::from([192, 168, 88, 2])),
+            2,
+        ));
+        if stray {
+            vx.underlays.push(way(
+                "ul0",
+                2,
+                1500,
+                UnderlaySource::RouteToFdbDestination,
+                Some(IpAddr::from([192, 168, 77, 9])),
+                1,
+            ));
+        }
+        snap.interfaces.push(vx);
+        snap
+    }
+
+    #[test]
+    fn the_underlay_is_the_route_to_the_endpoints() {
+        let vs = verdicts(&multi_nic(8950, false));
+        let vx = verdict(&vs, NODE, "flannel.1");
+        assert_eq!(vx.verdict, Verdict::Ok, "{vx:#?}");
+        assert_eq!(vx.expected_mtu, Some(8950));
+        assert!(!vx.family_assumed);
+        assert!(
+            vx.detail.contains(
+                "underlay cl0 is the route to 192.168.88.2, an FDB destination, the smallest \
+                 path of its 2 endpoints"
+            ),
+            "{}",
+            vx.detail
+        );
+        // One peer on the 1500 network: the smallest way out decides.
+        let snap = multi_nic(8950, true);
+        let vs = verdicts(&snap);
+        let vx = verdict(&vs, NODE, "flannel.1");
+        assert_eq!(vx.verdict, Verdict::Mismatch);
+        assert_eq!(
+            (vx.underlay.as_deref(), vx.expected_mtu),
+            (Some("ul0"), Some(1450))
+        );
+        assert_eq!(vx.underlay_endpoints, Some(3));
+        assert!(
+            vx.detail
+                .starts_with("underlay ul0 1500 − VXLAN 50 = 1450, but vxlan flannel.1 is 8950"),
+            "{}",
+            vx.detail
+        );
+        assert!(
+            vx.detail.contains(
+                "the route to 192.168.77.9, an FDB destination, the smallest path of its 3 endpoints"
+            ),
+            "{}",
+            vx.detail
+        );
+        let f = &findings(&snap, SystemTime::UNIX_EPOCH)[0];
+        assert_eq!(f.evidence["underlay_endpoint"], "192.168.77.9");
+        assert_eq!(f.evidence["underlay_source"], "route_to_fdb_destination");
+    }
+
+    #[test]
+    fn a_route_mtu_caps_the_underlay() {
+        let mut snap = multi_nic(8950, false);
+        let vx = snap.interfaces.last_mut().unwrap();
+        vx.underlays[0].route = Some("192.168.88.0/24".into());
+        vx.underlays[0].route_mtu = Some(1500);
+        let vs = verdicts(&snap);
+        let vx = verdict(&vs, NODE, "flannel.1");
+        assert_eq!(vx.verdict, Verdict::Mismatch);
+        assert!(
+            vx.detail.starts_with(
+                "underlay cl0 1500 (route 192.168.88.0/24 mtu 1500 caps cl0 9000) − VXLAN 50 \
+                 = 1450, but vxlan flannel.1 is 8950"
+            ),
+            "{}",
+            vx.detail
+        );
+        assert_eq!(
+            (vx.underlay_mtu, vx.underlay_device_mtu),
+            (Some(1500), Some(9000))
+        );
+        let f = &findings(&snap, SystemTime::UNIX_EPOCH)[0];
+        assert!(
+            f.remediation.contains(
+                "raise the mtu of route 192.168.88.0/24 (it caps the underlay cl0) by 7500 bytes"
+            ),
+            "{}",
+            f.remediation
+        );
+    }
+
+    #[test]
+    fn ipv6_endpoints_count_ipv6_headers() {
+        // An external VXLAN whose only endpoint is IPv6: 70 bytes, not an assumed 50.
+        let mut snap = cilium(1450);
+        let ext = snap
+            .interfaces
+            .iter_mut()
+            .find(|i| i.name == "cilium_vxlan")
+            .unwrap();
+        ext.underlays[0].endpoint = Some("fd00:77::2".parse().unwrap());
+        let vs = verdicts(&snap);
+        let ext = verdict(&vs, NODE, "cilium_vxlan");
+        assert_eq!(
+            (ext.encapsulation.as_deref(), ext.overhead, ext.expected_mtu),
+            (Some("VXLAN/IPv6"), Some(70), Some(1430))
+        );
+        assert!(!ext.family_assumed);
+        let pod = verdict(&vs, POD, "eth0");
+        assert_eq!((pod.verdict, pod.headroom), (Verdict::Mismatch, Some(-20)));
+
+        // WireGuard toward an IPv6 peer: 80.
+        let mut wg = tunnel(
+            iface(NODE, "wg0", 6, LinkKind::Wireguard, 1420),
+            Tunnel::default(),
+            None,
+        );
+        wg.underlays.push(way(
+            "ul0",
+            2,
+            1500,
+            UnderlaySource::RouteToWireguardPeer,
+            Some("fd00:77::2".parse().unwrap()),
+            1,
+        ));
+        let v = overlay_verdict(&wg);
+        assert_eq!(
+            (v.overhead, v.expected_mtu, v.verdict),
+            (Some(80), Some(1420), Verdict::Ok)
+        );
+        // An IP tunnel's kind fixes its family whatever the endpoint.
+        let mut ipip = tunnel(
+            iface(NODE, "tunl0", 5, LinkKind::Ipip, 1480),
+            Tunnel::default(),
+            None,
+        );
+        ipip.underlays.push(way(
+            "ul0",
+            2,
+            1500,
+            UnderlaySource::RouteToTunnelGateway,
+            Some(IpAddr::from([192, 168, 77, 2])),
+            1,
+        ));
+        assert_eq!(overlay_verdict(&ipip).expected_mtu, Some(1480));
     }
 
     /// An interface from a parsed link message, as the inventory builds it.

@@ -62,6 +62,10 @@ impl Report {
                     v.interface.clone(),
                     v.kind.to_string(),
                     v.mtu.to_string(),
+                    // Only where routes make it differ: the arithmetic below says how.
+                    v.effective_mtu
+                        .filter(|e| *e != v.mtu)
+                        .map_or_else(dash, |e| e.to_string()),
                     underlay,
                     num(v.overhead),
                     num(v.expected_mtu),
@@ -81,6 +85,7 @@ impl Report {
                 "INTERFACE",
                 "KIND",
                 "MTU",
+                "EFFECTIVE",
                 "UNDERLAY",
                 "OVERHEAD",
                 "EXPECTED",
@@ -199,6 +204,7 @@ mod tests {
         assert!(text.contains("ul0/1500 via vx0"), "{text}");
         assert!(text.contains("MISMATCH"), "{text}");
         assert!(text.contains("1 MTU mismatch(es)"), "{text}");
+        assert!(text.contains("EFFECTIVE"), "{text}");
         let json = serde_json::to_value(&r).unwrap();
         for k in ["interfaces", "sysctls", "findings"] {
             assert!(json[k].is_array(), "{k}");
