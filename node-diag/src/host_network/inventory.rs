@@ -126,6 +126,7 @@ fn route_metrics(routes: &[RouteEntry]) -> HashMap<u32, Vec<RouteMetrics>> {
     let mut out: HashMap<u32, Vec<RouteMetrics>> = HashMap::new();
     for r in routes.iter().filter(|r| r.leaves_the_link()) {
         let mut oifs: Vec<u32> = r.hops.iter().map(|h| h.oif).collect();
+        oifs.sort_unstable();
         oifs.dedup();
         for oif in oifs {
             let groups = out.entry(oif).or_default();

@@ -5,7 +5,10 @@
 //! The messages are small and fixed (uapi `linux/wireguard.h`, `linux/genetlink.h`), so
 //! they are built and parsed here by hand rather than through another crate.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::{
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    os::fd::AsRawFd as _,
+};
 
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_GENERIC};
 
@@ -138,16 +141,18 @@ pub(crate) fn parse_device(payload: &[u8], dev: &mut WgDevice) {
     }
 }
 
-/// Sends `msg` and hands each reply payload to `each` until the answer is complete.
+/// Sends `msg` and hands each reply payload to `each` until the answer is complete: for
+/// a dump, its `NLMSG_DONE`; otherwise the first datagram, which holds the one answer.
 fn exchange(
     sock: &Socket,
     msg: &[u8],
+    dump: bool,
     mut each: impl FnMut(u16, &[u8]),
 ) -> Result<(), NetlinkError> {
     sock.send(msg, 0)?;
     loop {
         let (data, _) = sock.recv_from_full()?;
-        let mut done = false;
+        let mut done = !dump;
         for (kind, payload) in messages(&data) {
             match kind {
                 NLMSG_DONE => done = true,
@@ -171,34 +176,60 @@ fn exchange(
     }
 }
 
-/// The peers and fwmark of WireGuard device `ifindex` in the calling thread's
-/// namespace. `Ok(None)` when the kernel has no WireGuard support.
-pub fn device(ifindex: u32) -> Result<Option<WgDevice>, NetlinkError> {
+/// A generic netlink socket of the calling thread's namespace whose receives give up
+/// after a second: a snapshot must never hang on one device's answer.
+fn genl_socket() -> Result<Socket, NetlinkError> {
     let mut sock = Socket::new(NETLINK_GENERIC)?;
     sock.bind_auto()?;
     sock.connect(&SocketAddr::new(0, 0))?;
+    let tv = libc::timeval {
+        tv_sec: 1,
+        tv_usec: 0,
+    };
+    // SAFETY: setsockopt reads `size_of::<timeval>()` bytes from a live timeval.
+    let rc = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&raw const tv).cast(),
+            size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    Ok(sock)
+}
 
-    let mut name = WG_GENL_NAME.as_bytes().to_vec();
+/// The id of generic netlink family `name`; `None` when the kernel has no such family
+/// (its module is not loaded).
+fn family_id(sock: &Socket, name: &str) -> Result<Option<u16>, NetlinkError> {
+    let mut name = name.as_bytes().to_vec();
     name.push(0);
     let mut a = Vec::new();
     put_attr(&mut a, CTRL_ATTR_FAMILY_NAME, &name);
     let mut family = None;
     let lookup = genl_message(GENL_ID_CTRL, NLM_F_REQUEST, CTRL_CMD_GETFAMILY, 1, &a);
-    match exchange(&sock, &lookup, |_, payload| {
+    match exchange(sock, &lookup, false, |_, payload| {
         for (kind, v) in attrs(payload.get(GENL_HDRLEN..).unwrap_or_default()) {
             if kind == CTRL_ATTR_FAMILY_ID && v.len() >= 2 {
                 family = Some(u16::from_ne_bytes([v[0], v[1]]));
             }
         }
     }) {
-        // No such family: no module, so no WireGuard device either.
-        Err(NetlinkError::Kernel(code)) if -code == libc::ENOENT => return Ok(None),
-        r => r?,
+        Err(NetlinkError::Kernel(code)) if -code == libc::ENOENT => Ok(None),
+        r => r.map(|()| family),
     }
-    let Some(family) = family else {
+}
+
+/// The peers and fwmark of WireGuard device `ifindex` in the calling thread's
+/// namespace. `Ok(None)` when the kernel has no WireGuard support.
+pub fn device(ifindex: u32) -> Result<Option<WgDevice>, NetlinkError> {
+    let sock = genl_socket()?;
+    let Some(family) = family_id(&sock, WG_GENL_NAME)? else {
         return Ok(None);
     };
-
     let mut a = Vec::new();
     put_attr(&mut a, WGDEVICE_A_IFINDEX, &ifindex.to_ne_bytes());
     let get = genl_message(
@@ -209,7 +240,7 @@ pub fn device(ifindex: u32) -> Result<Option<WgDevice>, NetlinkError> {
         &a,
     );
     let mut dev = WgDevice::default();
-    exchange(&sock, &get, |kind, payload| {
+    exchange(&sock, &get, true, |kind, payload| {
         if kind == family {
             parse_device(payload.get(GENL_HDRLEN..).unwrap_or_default(), &mut dev);
         }
@@ -313,6 +344,29 @@ mod tests {
         assert_eq!(parsed[0].0, GENL_ID_CTRL);
         let names: Vec<_> = attrs(&parsed[0].1[GENL_HDRLEN..]).collect();
         assert_eq!(names, vec![(CTRL_ATTR_FAMILY_NAME, &b"wireguard\0"[..])]);
+    }
+
+    #[test]
+    fn family_lookup_against_this_kernel() {
+        // The controller's own family is always there; a made-up one never is.
+        let sock = genl_socket().expect("generic netlink socket");
+        assert_eq!(family_id(&sock, "nlctrl").unwrap(), Some(GENL_ID_CTRL));
+        assert_eq!(family_id(&sock, "no-such-family").unwrap(), None);
+        // A dump (every family) ends with its NLMSG_DONE, as WG_CMD_GET_DEVICE's does.
+        let dump = genl_message(
+            GENL_ID_CTRL,
+            NLM_F_REQUEST | NLM_F_ACK | NLM_F_DUMP,
+            CTRL_CMD_GETFAMILY,
+            1,
+            &[],
+        );
+        let mut families = 0;
+        exchange(&sock, &dump, true, |kind, _| {
+            assert_eq!(kind, GENL_ID_CTRL);
+            families += 1;
+        })
+        .expect("family dump");
+        assert!(families >= 1);
     }
 
     #[test]
