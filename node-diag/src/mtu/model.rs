@@ -484,9 +484,13 @@ fn ceiling(verdicts: &[MtuVerdict], own: u32) -> Option<Ceiling> {
 /// Every interface of the snapshot, judged.
 pub(super) fn verdicts(snap: &Snapshot) -> Vec<MtuVerdict> {
     let own = snap.own_netns;
+    // The node's tunnels that are up: a tunnel inside a pod (a VPN sidecar, or the ipip
+    // module's `tunl0` every namespace gets, down) finds the pod's eth0 by its default
+    // route, which is still the pod's interface to judge.
     let underlays: HashSet<(u32, u32)> = snap
         .interfaces
         .iter()
+        .filter(|i| i.netns == own && i.up)
         .flat_map(|i| i.underlays.iter().map(|u| (i.netns, u.ifindex)))
         .collect();
     let mut out: Vec<MtuVerdict> = snap
@@ -1095,6 +1099,26 @@ mod tests {
             1,
         ));
         assert_eq!(overlay_verdict(&ipip).expected_mtu, Some(1480));
+    }
+
+    #[test]
+    fn tunnels_inside_pods_do_not_make_their_eth0_an_underlay() {
+        // With the ipip module loaded every namespace has a `tunl0` (down), and a pod may
+        // run its own WireGuard: both find the pod's eth0 by its default route.
+        let mut snap = node(1500, 1450, 1500, 1450);
+        for (name, ifindex, up) in [("tunl0", 7, false), ("wg0", 8, true)] {
+            let mut t = tunnel(
+                iface(POD, name, ifindex, LinkKind::Ipip, 1480),
+                Tunnel::default(),
+                Some(("eth0", 2, 1500, UnderlaySource::DefaultRoute)),
+            );
+            t.up = up;
+            snap.interfaces.push(t);
+        }
+        let vs = verdicts(&snap);
+        let pod = verdict(&vs, POD, "eth0");
+        assert_eq!(pod.role, Role::PodInterface);
+        assert_eq!(pod.verdict, Verdict::Mismatch);
     }
 
     /// An interface from a parsed link message, as the inventory builds it.
