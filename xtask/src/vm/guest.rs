@@ -89,7 +89,9 @@ echo "ND-VM-TEST-END {name} exit=$rc""#,
 sync
 echo "ND-VM: powering off"
 echo o > /proc/sysrq-trigger
-sleep 30
+# Wait in the shell itself: the power-off unmounts the root, so no command can start,
+# and PID 1 must not exit (the kernel would panic).
+while :; do :; done
 "#,
     );
     s

@@ -455,7 +455,12 @@ fn run_vm(
         &run_dir.join("console.log"),
         options.timeout,
         false,
-        &["ND-VM-INIT-FAILED", "Kernel panic", "ND-VM-TEST-END"],
+        &[
+            "ND-VM-INIT-FAILED",
+            "Kernel panic",
+            "ND-VM-TEST-END",
+            POWER_OFF,
+        ],
     )?;
 
     let tests = read_results(&out.join("results"));
@@ -471,6 +476,8 @@ fn run_vm(
     } else if let Some(line) = boot
         .markers
         .iter()
+        // What happens once the power-off began is not the tests' doing.
+        .take_while(|l| !l.contains(POWER_OFF))
         .find(|l| l.contains("ND-VM-INIT-FAILED") || l.contains("Kernel panic"))
     {
         Some(format!("the guest failed: {line}"))
@@ -509,6 +516,9 @@ fn run_vm(
         error,
     })
 }
+
+/// What the guest's kernel prints when the guest script powers it off.
+const POWER_OFF: &str = "sysrq: Power Off";
 
 /// How much longer the tests wait on the agent in a TCG guest.
 const TCG_TIME_SCALE: u32 = 4;
