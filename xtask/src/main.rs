@@ -16,6 +16,7 @@ mod cmd;
 mod cross;
 mod prereqs;
 mod suite;
+mod vm;
 
 use std::{ffi::OsString, process::ExitCode};
 
@@ -63,6 +64,33 @@ enum Command {
         /// Run only the integration tests whose name contains NAME.
         #[arg(long, value_name = "NAME")]
         filter: Option<String>,
+    },
+    /// Run the integration suite on other kernels: Debian's 6.1 and 6.12 booted under
+    /// qemu (KVM when it works, else TCG), x86_64 and aarch64, or this machine's (`host`).
+    ///
+    /// Downloads and caches the kernel packages under target/vm, builds an initramfs,
+    /// boots each kernel with the host's root (x86_64) or a Debian arm64 userland
+    /// (aarch64) shared over 9p, runs the test binaries built on the host inside it and
+    /// streams the console. Exits non-zero on a failed test, a guest crash or a timeout.
+    /// Needs root.
+    Integration {
+        /// Kernels: host, 6.1, 6.12 or all (host, 6.1 and 6.12 on x86_64, plus the
+        /// arm64 subset on 6.1). Repeatable.
+        #[arg(long = "kernel", value_name = "KERNEL", default_value = "host")]
+        kernels: Vec<String>,
+        /// Only this guest architecture (aarch64 runs a subset unless --filter is given).
+        #[arg(long, value_enum)]
+        arch: Option<vm::Arch>,
+        /// Run only the tests whose name contains NAME (repeatable: any matches).
+        #[arg(long = "filter", value_name = "NAME")]
+        filters: Vec<String>,
+        /// Keep each guest's run directory (initramfs, console log, results).
+        #[arg(long)]
+        keep: bool,
+        /// Minutes a guest may run before it is killed and the run fails.
+        #[arg(long, value_name = "MINUTES", default_value_t = 75,
+              value_parser = clap::value_parser!(u64).range(1..=600))]
+        timeout: u64,
     },
     /// Measure the agent's overhead (root): throughput, connection rate, per-program
     /// cost, agent RSS and CPU, and a refused-connect storm, each against a no-agent
@@ -115,6 +143,19 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
             conn_rate,
             storm,
             out,
+        }),
+        Command::Integration {
+            kernels,
+            arch,
+            filters,
+            keep,
+            timeout,
+        } => vm::run(&vm::Options {
+            kernels,
+            arch,
+            filters,
+            keep,
+            timeout: std::time::Duration::from_secs(timeout * 60),
         }),
         Command::Prereqs { test_tools } => prereqs::ensure(prereqs::Tools { test_tools }),
         Command::Build { release } => {

@@ -39,6 +39,8 @@ const TEST_TOOLS: &[(&str, &str)] = &[
     // The linux/arm64 cross build of the container image's binary.
     ("aarch64-linux-gnu-gcc", "gcc-aarch64-linux-gnu"),
     ("qemu-aarch64", "qemu-user"),
+    // WireGuard peers in the tunnel MTU tests.
+    ("wg", "wireguard-tools"),
 ];
 /// Debian packages the tests need that install no binary of their own.
 const TEST_PACKAGES: &[&str] = &["libc6-dev-arm64-cross"];
@@ -248,6 +250,47 @@ fn python_modules(apt: &mut Apt) -> Result<()> {
     cmd::run(&mut pip(&["--break-system-packages"]))
 }
 
+/// What booting guest kernels needs: qemu for each architecture, a static busybox for
+/// the initramfs, xz/zstd for compressed modules, depmod, and for aarch64 guests the
+/// arm64 package lists and mmdebstrap (their userland).
+pub fn ensure_vm(aarch64: bool) -> Result<()> {
+    let mut apt = Apt::default();
+    let mut tools = vec![
+        ("qemu-system-x86_64", "qemu-system-x86"),
+        ("busybox", "busybox-static"),
+        ("xz", "xz-utils"),
+        ("zstd", "zstd"),
+        ("depmod", "kmod"),
+        ("dpkg-deb", "dpkg"),
+    ];
+    if aarch64 {
+        tools.push(("qemu-system-aarch64", "qemu-system-arm"));
+        tools.push(("mmdebstrap", "mmdebstrap"));
+        foreign_arch(&mut apt, "arm64")?;
+    }
+    system_tools(&mut apt, &tools)?;
+    // busybox (dynamic) and busybox-static both install /bin/busybox.
+    apt.ensure("busybox-static", &["busybox-static"])
+}
+
+/// Adds a dpkg foreign architecture (for `apt-get download pkg:arm64`), then refreshes
+/// the package lists.
+fn foreign_arch(apt: &mut Apt, arch: &str) -> Result<()> {
+    let step = format!("dpkg architecture {arch}");
+    let foreign = cmd::output(cmd::command("dpkg").arg("--print-foreign-architectures"))?;
+    if foreign.lines().any(|l| l.trim() == arch) {
+        say(&step, "present");
+        return Ok(());
+    }
+    if !cmd::is_root() {
+        bail!("as root run: dpkg --add-architecture {arch} && apt-get update");
+    }
+    say(&step, "adding");
+    cmd::run(cmd::command("dpkg").args(["--add-architecture", arch]))?;
+    apt.updated = false;
+    apt.update()
+}
+
 /// Checks other system tools, (binary, Debian package) pairs, and installs the missing
 /// ones (as root): what `cargo xtask bench` drives on top of the test tools.
 pub fn ensure_system_tools(tools: &[(&str, &str)]) -> Result<()> {
@@ -316,18 +359,55 @@ impl Apt {
                 packages.join(" ")
             );
         }
+        self.update()?;
+        let install = |extra: &[String]| {
+            let mut apt = cmd::command("apt-get");
+            apt.env("DEBIAN_FRONTEND", "noninteractive")
+                // Without recommends: prometheus would pull in node-exporter, and
+                // wireguard-tools a whole kernel image.
+                .args(["install", "-y", "--no-install-recommends"])
+                .args(["-o", "DPkg::Lock::Timeout=300"])
+                .args(packages)
+                .args(extra);
+            apt
+        };
+        let first = cmd::run(&mut install(&[]));
+        if first.is_ok() || !packages.iter().any(|p| p.starts_with("qemu-")) {
+            return first;
+        }
+        // A qemu-utils newer than the release's (from backports, as on these machines)
+        // breaks the release's qemu-system: take the release's qemu-utils too.
+        let codename = os_codename()?;
+        say(
+            "qemu",
+            format_args!(
+                "retrying with qemu-utils/{codename} (the installed one is from another suite)"
+            ),
+        );
+        cmd::run(&mut install(&[
+            "--allow-downgrades".to_owned(),
+            format!("qemu-utils/{codename}"),
+        ]))
+    }
+
+    /// `apt-get update`, once.
+    fn update(&mut self) -> Result<()> {
         if !self.updated {
-            cmd::run(cmd::command("apt-get").arg("update"))?;
+            cmd::run(cmd::command("apt-get").args(["update", "-q"]))?;
             self.updated = true;
         }
-        cmd::run(
-            cmd::command("apt-get")
-                .env("DEBIAN_FRONTEND", "noninteractive")
-                // Without recommends: prometheus would pull in node-exporter.
-                .args(["install", "-y", "--no-install-recommends"])
-                .args(packages),
-        )
+        Ok(())
     }
+}
+
+/// `VERSION_CODENAME` from /etc/os-release (`bookworm`).
+fn os_codename() -> Result<String> {
+    let release = std::fs::read_to_string("/etc/os-release")?;
+    release
+        .lines()
+        .find_map(|l| l.strip_prefix("VERSION_CODENAME="))
+        .map(|c| c.trim_matches('"').to_owned())
+        .context("/etc/os-release has no VERSION_CODENAME")
 }
 
 /// Whether dpkg reports `package` as installed.

@@ -75,7 +75,7 @@ pub fn run(options: &Options) -> Result<()> {
 
     match privilege {
         None => println!("[test] integration tests: skipped (--skip-integration)"),
-        Some(privilege) => integration(&privilege, options.filter.as_deref())?,
+        Some(privilege) => integration(&privilege, options.filter.as_slice())?,
     }
     if options.filter.is_some() {
         println!("[test] cross builds: skipped (--filter runs only the matching tests)");
@@ -129,10 +129,10 @@ fn cargo(args: &[&str]) -> Command {
 }
 
 /// The privileged integration tests, one test at a time (they share the kernel).
-fn integration(privilege: &cmd::Privilege, filter: Option<&str>) -> Result<()> {
+pub(crate) fn integration(privilege: &cmd::Privilege, filters: &[String]) -> Result<()> {
     const STEP: &str = "integration tests";
     let agent = agent::binary(false)?;
-    let harness_args = harness_args(filter);
+    let harness_args = harness_args(filters);
     match privilege {
         cmd::Privilege::Root => {
             let mut test = cargo(&["test", "-p", TESTS_PACKAGE, "--"]);
@@ -166,15 +166,15 @@ fn integration(privilege: &cmd::Privilege, filter: Option<&str>) -> Result<()> {
 }
 
 /// Arguments for the libtest harness: one thread, then the optional name filter.
-fn harness_args(filter: Option<&str>) -> Vec<&str> {
+fn harness_args(filters: &[String]) -> Vec<&str> {
     let mut args = vec!["--test-threads=1"];
-    args.extend(filter);
+    args.extend(filters.iter().map(String::as_str));
     args
 }
 
 /// Builds the integration tests without running them; returns the package directory
 /// (the tests' working directory under `cargo test`) and the test executables.
-fn build_test_binaries() -> Result<(PathBuf, Vec<PathBuf>)> {
+pub(crate) fn build_test_binaries() -> Result<(PathBuf, Vec<PathBuf>)> {
     let mut build = cargo(&[
         "test",
         "-p",
@@ -235,9 +235,9 @@ mod tests {
 
     #[test]
     fn harness_args_put_the_filter_last() {
-        assert_eq!(harness_args(None), ["--test-threads=1"]);
+        assert_eq!(harness_args(&[]), ["--test-threads=1"]);
         assert_eq!(
-            harness_args(Some("refused")),
+            harness_args(&["refused".to_owned()]),
             ["--test-threads=1", "refused"]
         );
     }

@@ -1,0 +1,148 @@
+//! The script a guest runs inside its root: the mounts a booted system would have,
+//! `node-diag doctor`, then every integration test binary, one test at a time, with the
+//! results written to the results share for the host to read.
+//!
+//! Results files (in [`super::initramfs::GUEST_OUT`]): `doctor.json`, `results` (one
+//! line per test binary: `name exit-code seconds`) and `done`, written last: a guest
+//! that crashes or hangs never writes it.
+
+use std::{fmt::Write as _, path::Path};
+
+use super::initramfs::GUEST_OUT;
+
+/// Modules the tests need that autoloading might not bring in early enough.
+const MODULES: &[&str] = &[
+    "veth",
+    "vxlan",
+    "bridge",
+    "nf_tables",
+    "nf_conntrack",
+    "nft_chain_nat",
+    "nft_reject_inet",
+    "nft_ct",
+    "sch_ingress",
+    "cls_bpf",
+    "cls_u32",
+];
+
+/// What the guest runs.
+pub struct Plan<'a> {
+    /// The agent binary (a host path, visible at the same path in the guest).
+    pub agent: &'a Path,
+    /// The tests' package directory (their working directory, as under `cargo test`).
+    pub manifest_dir: &'a Path,
+    /// Test executables.
+    pub binaries: &'a [std::path::PathBuf],
+    /// libtest name filters (any of them matches).
+    pub filters: &'a [String],
+}
+
+/// The guest script for `plan`.
+pub fn script(plan: &Plan<'_>) -> String {
+    let mut s = format!(
+        r#"#!/bin/sh
+# Written by `cargo xtask integration`; runs as PID 1 inside the guest's root.
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+export HOME=/root LANG=C.UTF-8 RUST_BACKTRACE=1
+OUT={GUEST_OUT}
+mount -t tmpfs -o mode=1777 tmpfs /tmp
+mkdir -p /dev/pts /dev/shm /run/netns /run/lock /sys/fs/cgroup /sys/fs/bpf
+mount -t devpts devpts /dev/pts
+mount -t tmpfs tmpfs /dev/shm
+mount -t cgroup2 cgroup2 /sys/fs/cgroup
+mount -t bpf bpf /sys/fs/bpf
+hostname nd-vm
+ip link set lo up
+modprobe -a {modules} 2>&1 | sed 's/^/modprobe: /'
+echo "ND-VM: kernel $(uname -r) ($(uname -m)), $(nproc) CPUs, user space ready"
+AGENT={agent}
+"$AGENT" doctor -o json > "$OUT/doctor.json" 2>"$OUT/doctor.err"
+"$AGENT" doctor 2>&1
+cd {manifest}
+"#,
+        modules = MODULES.join(" "),
+        agent = quote(plan.agent),
+        manifest = quote(plan.manifest_dir),
+    );
+    let filters: Vec<String> = plan.filters.iter().map(|f| quote_str(f)).collect();
+    for binary in plan.binaries {
+        let name = test_name(binary);
+        let _ = writeln!(
+            s,
+            r#"echo "ND-VM-TEST-START {name}"
+start=$(date +%s)
+NODE_DIAG_BIN="$AGENT" CARGO_MANIFEST_DIR={manifest} NODE_DIAG_REQUIRE_TUNNELS=1 {binary} --test-threads=1 {filters}
+rc=$?
+echo "{name} $rc $(( $(date +%s) - start ))" >> "$OUT/results"
+echo "ND-VM-TEST-END {name} exit=$rc""#,
+            manifest = quote(plan.manifest_dir),
+            binary = quote(binary),
+            filters = filters.join(" "),
+        );
+    }
+    s.push_str(
+        r#"echo done > "$OUT/done"
+sync
+echo "ND-VM: powering off"
+echo o > /proc/sysrq-trigger
+sleep 30
+"#,
+    );
+    s
+}
+
+/// `target/debug/deps/scenarios-0123abcd` → `scenarios`.
+pub fn test_name(binary: &Path) -> String {
+    let file = binary
+        .file_name()
+        .map(|f| f.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    match file.rsplit_once('-') {
+        Some((name, hash)) if hash.chars().all(|c| c.is_ascii_hexdigit()) => name.to_owned(),
+        _ => file,
+    }
+}
+
+fn quote(path: &Path) -> String {
+    quote_str(&path.to_string_lossy())
+}
+
+/// Single-quotes `s` for sh.
+fn quote_str(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r#"'\''"#))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn script_runs_each_binary_with_the_filters_and_records_it() {
+        let binaries = vec![
+            std::path::PathBuf::from("/w/target/debug/deps/scenarios-0a1b2c3d4e5f6789"),
+            std::path::PathBuf::from("/w/target/debug/deps/mtu-ffff"),
+        ];
+        let filters = vec!["refused".to_owned(), "it's".to_owned()];
+        let s = script(&Plan {
+            agent: Path::new("/w/target/debug/node-diag"),
+            manifest_dir: Path::new("/w/tests"),
+            binaries: &binaries,
+            filters: &filters,
+        });
+        assert!(s.contains(
+            "'/w/target/debug/deps/scenarios-0a1b2c3d4e5f6789' --test-threads=1 'refused' 'it'\\''s'"
+        ));
+        assert!(s.contains(r#"echo "mtu $rc"#));
+        // `done` is written after the last test only.
+        assert!(s.rfind("ND-VM-TEST-END mtu").unwrap() < s.find("\"$OUT/done\"").unwrap());
+    }
+
+    #[test]
+    fn test_names_drop_cargo_hashes() {
+        assert_eq!(
+            test_name(Path::new("/x/deps/tc_fallback-0123456789abcdef")),
+            "tc_fallback"
+        );
+        assert_eq!(test_name(Path::new("/x/deps/plain")), "plain");
+    }
+}

@@ -1,0 +1,611 @@
+//! `cargo xtask integration`: the integration suite on the kernels nodes run.
+//!
+//! `host` runs the test binaries on this machine's kernel, as `cargo xtask test` does.
+//! Every other entry boots a Debian kernel under qemu and runs the same binaries, built
+//! on the host, inside it:
+//!
+//! ```text
+//! kernel.rs    apt-get download + dpkg-deb -x + depmod  →  Kernel (image, modules)
+//! initramfs.rs busybox + root modules + init + guest.sh  →  newc cpio
+//! qemu.rs      qemu-system-* (KVM when a probe boot works, else TCG), 9p shares,
+//!              console streamed as `[vm 6.1] ...`, deadline
+//! guest.rs     inside the guest: mounts, doctor, each test binary  →  results share
+//! arm64.rs     the aarch64 userland (mmdebstrap) and the cross-built tests
+//! ```
+//!
+//! An x86_64 guest's root is the host's `/` (read-only over 9p, under a tmpfs overlay),
+//! so the host's `ip`, `nft`, `python3` and the built binaries run unchanged. An aarch64
+//! guest's root is a Debian arm64 userland, with the workspace shared at its host path.
+//! Each run leaves `target/vm/runs/<kernel>-<arch>/` (console log, doctor report,
+//! results) and the matrix's outcome in `target/vm/results.json` and `results.md`, the
+//! table the README's kernel support section records.
+
+mod guest;
+mod initramfs;
+mod kernel;
+mod qemu;
+
+use std::{
+    fmt, fs,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+use serde::Serialize;
+
+use crate::{agent, cmd, prereqs, suite};
+
+/// An architecture the matrix boots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Arch {
+    #[value(name = "x86_64")]
+    X86_64,
+    #[value(name = "aarch64")]
+    Aarch64,
+}
+
+impl Arch {
+    /// Debian's name for it (package suffixes, `dpkg --add-architecture`).
+    pub fn debian(self) -> &'static str {
+        match self {
+            Self::X86_64 => "amd64",
+            Self::Aarch64 => "arm64",
+        }
+    }
+
+    /// Whether binaries built for the host run on it (this machine is x86_64).
+    pub fn is_host(self) -> bool {
+        self == Self::X86_64
+    }
+}
+
+impl fmt::Display for Arch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::X86_64 => "x86_64",
+            Self::Aarch64 => "aarch64",
+        })
+    }
+}
+
+/// The tests an aarch64 guest runs when no `--filter` is given: TCG emulating another
+/// architecture is several times slower, so the subset that proves the eBPF object
+/// passes the arm64 verifier and its BTF offsets resolve: doctor (always run), refused,
+/// timeout, reset, the PMTUD black hole and a clean shutdown.
+pub const ARM64_SUBSET: &[&str] = &[
+    "scenarios::refused_connect_is_a_listener_problem",
+    "scenarios::forward_drop_timeout_is_a_firewall_problem",
+    "scenarios::reset_by_peer_is_reported_as_reset_not_refused",
+    "scenarios::sigterm_exits_cleanly_and_detaches",
+    "filtered_frag_needed_is_a_pmtud_black_hole",
+];
+
+/// Options of `cargo xtask integration`.
+pub struct Options {
+    /// `host`, a series name (`6.1`, `6.12`) or `all`; repeatable.
+    pub kernels: Vec<String>,
+    /// Only this architecture (`all` otherwise means x86_64 plus the arm64 subset).
+    pub arch: Option<Arch>,
+    /// libtest name filters.
+    pub filters: Vec<String>,
+    /// Keep each run's directory (initramfs, console log, results); print its path.
+    pub keep: bool,
+    /// Deadline per guest.
+    pub timeout: Duration,
+}
+
+/// One entry of the matrix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Entry {
+    Host,
+    Vm(kernel::Series, Arch),
+}
+
+impl fmt::Display for Entry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Host => f.write_str("host"),
+            Self::Vm(series, arch) => write!(f, "{} {arch}", series.name),
+        }
+    }
+}
+
+/// Expands the command line into matrix entries, in order, each once.
+fn entries(kernels: &[String], arch: Option<Arch>) -> Result<Vec<Entry>> {
+    let mut out = Vec::new();
+    let mut push = |e: Entry| {
+        if !out.contains(&e) {
+            out.push(e);
+        }
+    };
+    let kernels: Vec<&str> = if kernels.is_empty() {
+        vec!["host"]
+    } else {
+        kernels.iter().map(String::as_str).collect()
+    };
+    for name in kernels {
+        match name {
+            "host" => match arch {
+                None | Some(Arch::X86_64) => push(Entry::Host),
+                Some(Arch::Aarch64) => bail!(
+                    "--kernel host runs on this machine, which is x86_64: use --kernel 6.1 or 6.12 with --arch aarch64"
+                ),
+            },
+            "all" => {
+                if arch != Some(Arch::Aarch64) {
+                    push(Entry::Host);
+                    for s in kernel::SERIES {
+                        push(Entry::Vm(*s, Arch::X86_64));
+                    }
+                }
+                if arch != Some(Arch::X86_64) {
+                    // The arm64 subset on the oldest kernel nodes run, under TCG.
+                    push(Entry::Vm(kernel::SERIES[0], Arch::Aarch64));
+                }
+            }
+            name => {
+                let series = kernel::series(name).with_context(|| {
+                    let known: Vec<_> = kernel::SERIES.iter().map(|s| s.name).collect();
+                    format!(
+                        "unknown kernel `{name}`: expected host, {} or all",
+                        known.join(", ")
+                    )
+                })?;
+                push(Entry::Vm(series, arch.unwrap_or(Arch::X86_64)));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The outcome of one matrix entry.
+#[derive(Debug, Serialize)]
+pub struct Outcome {
+    pub kernel: String,
+    pub arch: Arch,
+    /// `uname -r` (the host's for `host`).
+    pub release: String,
+    /// `host`, `kvm` or `tcg`.
+    pub accel: String,
+    /// Which tests: `whole suite`, `arm64 subset` or the filters.
+    pub suite: String,
+    /// Test binaries: (name, exit code, seconds).
+    pub tests: Vec<(String, i32, u64)>,
+    /// The agent's `doctor` verdict and how it attaches TC programs there.
+    pub doctor: String,
+    pub tc_attach: String,
+    pub passed: bool,
+    pub seconds: u64,
+    /// Why it failed, when it did not get as far as a test failure.
+    pub error: Option<String>,
+}
+
+pub fn run(options: &Options) -> Result<()> {
+    let entries = entries(&options.kernels, options.arch)?;
+    if !cmd::is_root() {
+        bail!(
+            "`cargo xtask integration` needs root (the tests load eBPF programs; the guests' 9p shares map root): run it as root"
+        );
+    }
+    let vm_arches: Vec<Arch> = entries
+        .iter()
+        .filter_map(|e| match e {
+            Entry::Vm(_, arch) => Some(*arch),
+            Entry::Host => None,
+        })
+        .collect();
+    prereqs::ensure(prereqs::Tools::TEST)?;
+    if !vm_arches.is_empty() {
+        prereqs::ensure_vm(vm_arches.contains(&Arch::Aarch64))?;
+    }
+    let target = cmd::target_dir()?;
+    let root = target.join("vm");
+    let mut outcomes = Vec::new();
+    let mut builds = Builds::default();
+    for entry in &entries {
+        say(format_args!("=== {entry}: starting"));
+        let started = Instant::now();
+        let outcome = match *entry {
+            Entry::Host => run_host(options),
+            Entry::Vm(series, arch) => builds
+                .get(arch)
+                .and_then(|build| run_vm(series, arch, build, &root, options)),
+        };
+        let mut outcome = outcome.unwrap_or_else(|err| Outcome {
+            kernel: entry.to_string(),
+            arch: match entry {
+                Entry::Vm(_, arch) => *arch,
+                Entry::Host => Arch::X86_64,
+            },
+            release: String::new(),
+            accel: String::new(),
+            suite: String::new(),
+            tests: Vec::new(),
+            doctor: String::new(),
+            tc_attach: String::new(),
+            passed: false,
+            seconds: 0,
+            error: Some(format!("{err:#}")),
+        });
+        outcome.seconds = started.elapsed().as_secs();
+        say(format_args!(
+            "=== {entry}: {} in {}",
+            if outcome.passed { "PASSED" } else { "FAILED" },
+            minutes(outcome.seconds)
+        ));
+        outcomes.push(outcome);
+    }
+    fs::create_dir_all(&root)?;
+    let table = table(&outcomes);
+    fs::write(root.join("results.md"), &table)?;
+    fs::write(
+        root.join("results.json"),
+        serde_json::to_string_pretty(&outcomes)?,
+    )?;
+    println!("\n{table}");
+    say(format_args!(
+        "results: {} and results.json",
+        root.join("results.md").display()
+    ));
+    let failed: Vec<_> = outcomes
+        .iter()
+        .filter(|o| !o.passed)
+        .map(|o| format!("{} {}", o.kernel, o.error.as_deref().unwrap_or("")))
+        .collect();
+    if !failed.is_empty() {
+        bail!("integration suite failed on: {}", failed.join("; "));
+    }
+    Ok(())
+}
+
+/// The binaries a guest runs.
+#[derive(Debug, Clone)]
+struct Build {
+    agent: PathBuf,
+    manifest_dir: PathBuf,
+    binaries: Vec<PathBuf>,
+}
+
+/// Each architecture's binaries, built once per invocation.
+#[derive(Default)]
+struct Builds {
+    x86_64: Option<Build>,
+    aarch64: Option<Build>,
+}
+
+impl Builds {
+    fn get(&mut self, arch: Arch) -> Result<&Build> {
+        let slot = match arch {
+            Arch::X86_64 => &mut self.x86_64,
+            Arch::Aarch64 => &mut self.aarch64,
+        };
+        if slot.is_none() {
+            *slot = Some(match arch {
+                Arch::X86_64 => build_host()?,
+                Arch::Aarch64 => build_arm64()?,
+            });
+        }
+        Ok(slot.as_ref().expect("just built"))
+    }
+}
+
+fn build_arm64() -> Result<Build> {
+    bail!("aarch64 guests are not wired up yet")
+}
+
+fn build_host() -> Result<Build> {
+    agent::build(false)?;
+    let (manifest_dir, binaries) = suite::build_test_binaries()?;
+    Ok(Build {
+        agent: agent::binary(false)?,
+        manifest_dir,
+        binaries,
+    })
+}
+
+fn run_host(options: &Options) -> Result<Outcome> {
+    agent::build(false)?;
+    let privilege = cmd::Privilege::Root;
+    let ok = suite::integration(&privilege, &options.filters).is_ok();
+    let release = cmd::output(cmd::command("uname").arg("-r"))?
+        .trim()
+        .to_owned();
+    let doctor = doctor_summary(
+        &cmd::output(cmd::command(agent::binary(false)?).args(["doctor", "-o", "json"]))
+            .unwrap_or_default(),
+    );
+    Ok(Outcome {
+        kernel: "host".into(),
+        arch: Arch::X86_64,
+        release,
+        accel: "host".into(),
+        suite: suite_name(&options.filters, Arch::X86_64),
+        tests: Vec::new(),
+        doctor: doctor.0,
+        tc_attach: doctor.1,
+        passed: ok,
+        seconds: 0,
+        error: (!ok).then(|| "a test failed (output above)".to_owned()),
+    })
+}
+
+fn suite_name(filters: &[String], arch: Arch) -> String {
+    match (filters.is_empty(), arch) {
+        (true, Arch::X86_64) => "whole suite".into(),
+        (true, Arch::Aarch64) => "arm64 subset".into(),
+        (false, _) => format!("filter: {}", filters.join(" ")),
+    }
+}
+
+fn run_vm(
+    series: kernel::Series,
+    arch: Arch,
+    build: &Build,
+    root: &Path,
+    options: &Options,
+) -> Result<Outcome> {
+    qemu::require(arch)?;
+    let cache = root.join("cache");
+    let package = series.newest_package(arch)?;
+    let kernel = kernel::fetch(&package, arch, &cache)?;
+    say(format_args!("{package}: kernel {}", kernel.release));
+    let run_dir = root.join("runs").join(format!("{}-{arch}", series.name));
+    if run_dir.exists() {
+        fs::remove_dir_all(&run_dir)?;
+    }
+    let out = run_dir.join("out");
+    fs::create_dir_all(&out)?;
+
+    let busybox = match arch {
+        Arch::X86_64 => host_busybox()?,
+        Arch::Aarch64 => bail!("aarch64 guests are not wired up yet"),
+    };
+    let modules = kernel.modules_for(ROOT_MODULES)?;
+    let filters: Vec<String> = if options.filters.is_empty() && arch == Arch::Aarch64 {
+        ARM64_SUBSET.iter().map(|s| (*s).to_owned()).collect()
+    } else {
+        options.filters.clone()
+    };
+    let (root_dir, workspace) = match arch {
+        Arch::X86_64 => (PathBuf::from("/"), None::<PathBuf>),
+        Arch::Aarch64 => bail!("aarch64 guests are not wired up yet"),
+    };
+    let script = guest::script(&guest::Plan {
+        agent: &build.agent,
+        manifest_dir: &build.manifest_dir,
+        binaries: &build.binaries,
+        filters: &filters,
+    });
+    let initrd = run_dir.join("initramfs.cpio");
+    initramfs::write(
+        &initramfs::Contents {
+            busybox: &busybox,
+            modules: &modules,
+            workspace: workspace.as_deref(),
+            guest_script: &script,
+        },
+        &run_dir.join("scratch"),
+        &initrd,
+    )?;
+
+    let probe = run_dir.join("probe.cpio");
+    initramfs::write_probe(&busybox, &qemu::probe_init(), &probe)?;
+    let accel = qemu::pick_accel(arch, &kernel.image, &probe, &run_dir.join("probe.log"))?;
+    say(format_args!("accelerator: {}", accel.name()));
+
+    let mut shares = vec![
+        qemu::Share {
+            tag: initramfs::TAG_ROOT,
+            path: root_dir,
+            readonly: true,
+        },
+        qemu::Share {
+            tag: initramfs::TAG_MODULES,
+            path: kernel.modules.clone(),
+            readonly: true,
+        },
+        qemu::Share {
+            tag: initramfs::TAG_OUT,
+            path: out.clone(),
+            readonly: false,
+        },
+    ];
+    if let Some(ws) = &workspace {
+        shares.push(qemu::Share {
+            tag: initramfs::TAG_WORKSPACE,
+            path: ws.clone(),
+            readonly: true,
+        });
+    }
+    let machine = qemu::Machine {
+        arch,
+        accel,
+        image: &kernel.image,
+        initramfs: &initrd,
+        shares: &shares,
+        memory_mib: 4096,
+        cpus: 2,
+    };
+    let prefix = format!(
+        "[vm {}{}]",
+        series.name,
+        if arch.is_host() { "" } else { " arm64" }
+    );
+    let boot = machine.boot(
+        &prefix,
+        &run_dir.join("console.log"),
+        options.timeout,
+        false,
+        &["ND-VM-INIT-FAILED", "Kernel panic", "ND-VM-TEST-END"],
+    )?;
+
+    let tests = read_results(&out.join("results"));
+    let done = out.join("done").exists();
+    let (doctor, tc_attach) =
+        doctor_summary(&fs::read_to_string(out.join("doctor.json")).unwrap_or_default());
+    let error = if !boot.exited {
+        Some(format!(
+            "the guest did not finish within {} (console: {})",
+            minutes(options.timeout.as_secs()),
+            run_dir.join("console.log").display()
+        ))
+    } else if let Some(line) = boot
+        .markers
+        .iter()
+        .find(|l| l.contains("ND-VM-INIT-FAILED") || l.contains("Kernel panic"))
+    {
+        Some(format!("the guest failed: {line}"))
+    } else if !done {
+        Some("the guest stopped before the tests finished (crash?)".to_owned())
+    } else if tests.len() != build.binaries.len() {
+        Some(format!(
+            "{} of {} test binaries reported",
+            tests.len(),
+            build.binaries.len()
+        ))
+    } else {
+        tests
+            .iter()
+            .filter(|(_, rc, _)| *rc != 0)
+            .map(|(name, rc, _)| format!("{name} exited {rc}"))
+            .reduce(|a, b| format!("{a}, {b}"))
+    };
+    if options.keep {
+        say(format_args!("kept {}", run_dir.display()));
+    } else {
+        let _ = fs::remove_file(&initrd);
+        let _ = fs::remove_dir_all(run_dir.join("scratch"));
+    }
+    Ok(Outcome {
+        kernel: series.name.to_owned(),
+        arch,
+        release: kernel.release,
+        accel: accel.name().to_owned(),
+        suite: suite_name(&options.filters, arch),
+        tests,
+        doctor,
+        tc_attach,
+        passed: error.is_none(),
+        seconds: boot.elapsed.as_secs(),
+        error,
+    })
+}
+
+/// Modules the initramfs loads to mount its root: virtio PCI, 9p over virtio, overlayfs
+/// (built-in ones are skipped; their dependencies come along).
+const ROOT_MODULES: &[&str] = &["virtio_pci", "9pnet_virtio", "9p", "overlay"];
+
+fn host_busybox() -> Result<PathBuf> {
+    let path = PathBuf::from("/bin/busybox");
+    let data =
+        fs::read(&path).context("/bin/busybox is missing: apt-get install busybox-static")?;
+    // busybox (dynamic) links against the host's libc, absent from the initramfs.
+    let elf = object::File::parse(&*data).context("/bin/busybox is not an ELF file")?;
+    if object::Object::section_by_name(&elf, ".interp").is_some() {
+        bail!("/bin/busybox is dynamically linked: apt-get install busybox-static");
+    }
+    Ok(path)
+}
+
+/// `name exit seconds` lines.
+fn read_results(path: &Path) -> Vec<(String, i32, u64)> {
+    fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| {
+            let mut it = line.split_whitespace();
+            Some((
+                it.next()?.to_owned(),
+                it.next()?.parse().ok()?,
+                it.next()?.parse().ok()?,
+            ))
+        })
+        .collect()
+}
+
+/// (verdict, TC attachment) from `node-diag doctor -o json`.
+fn doctor_summary(json: &str) -> (String, String) {
+    let Ok(value) = serde_json::from_str::<serde_json::Value>(json) else {
+        return ("no report".into(), "?".into());
+    };
+    let verdict = value["verdict"].as_str().unwrap_or("?").to_owned();
+    let tc = value["checks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["name"] == "tc attach")
+        .and_then(|c| c["detail"].as_str())
+        .map(|d| d.split([' ', ',']).next().unwrap_or(d).to_owned())
+        .unwrap_or_else(|| "?".into());
+    (verdict, tc)
+}
+
+fn minutes(seconds: u64) -> String {
+    format!("{}m{:02}s", seconds / 60, seconds % 60)
+}
+
+/// The markdown table of a matrix run.
+fn table(outcomes: &[Outcome]) -> String {
+    let mut t = String::from(
+        "| kernel | arch | release | accel | TC attach | doctor | suite | result | wall time |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | ---: |\n",
+    );
+    for o in outcomes {
+        t.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            o.kernel,
+            o.arch,
+            o.release,
+            o.accel,
+            o.tc_attach,
+            o.doctor,
+            o.suite,
+            if o.passed { "passed" } else { "FAILED" },
+            minutes(o.seconds)
+        ));
+    }
+    t
+}
+
+fn say(what: impl fmt::Display) {
+    println!("[integration] {what}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(kernels: &[&str], arch: Option<Arch>) -> Vec<String> {
+        let kernels: Vec<String> = kernels.iter().map(|k| (*k).to_owned()).collect();
+        entries(&kernels, arch)
+            .unwrap()
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn all_is_host_both_series_and_the_arm64_subset() {
+        assert_eq!(
+            names(&["all"], None),
+            ["host", "6.1 x86_64", "6.12 x86_64", "6.1 aarch64"]
+        );
+        assert_eq!(names(&["all"], Some(Arch::Aarch64)), ["6.1 aarch64"]);
+        assert_eq!(names(&["6.1", "host", "6.1"], None), ["6.1 x86_64", "host"]);
+        assert_eq!(names(&[], None), ["host"]);
+        assert!(entries(&["5.4".to_owned()], None).is_err());
+        assert!(entries(&["host".to_owned()], Some(Arch::Aarch64)).is_err());
+    }
+
+    #[test]
+    fn doctor_summary_reads_verdict_and_tc_attach() {
+        let json = r#"{"checks":[{"name":"tc attach","status":"ok","detail":"netlink clsact filters (no TCX before Linux 6.6)"}],"verdict":"ready"}"#;
+        assert_eq!(
+            doctor_summary(json),
+            ("ready".to_owned(), "netlink".to_owned())
+        );
+        assert_eq!(doctor_summary("").0, "no report");
+    }
+}
