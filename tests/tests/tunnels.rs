@@ -113,10 +113,12 @@ mod tunnels {
         assert_shape_mtu(&f);
         let summary = field(&f, "summary");
         let arithmetic = format!(
-            "underlay {UNDERLAY_IF} {UNDERLAY_MTU} − {} {} = {expected}, but {} {} is {actual}",
-            t.label, t.overhead, t.kind, t.name
+            "underlay {UNDERLAY_IF} {UNDERLAY_MTU} − {} {} = {expected}",
+            t.label, t.overhead
         );
         assert!(summary.starts_with(&arithmetic), "{arithmetic:?}: {f:#}");
+        let subject = format!(", but {} {} is {actual}", t.kind, t.name);
+        assert!(summary.contains(&subject), "{subject:?}: {f:#}");
         let how = format!("underlay {UNDERLAY_IF} is {}", t.how);
         assert!(summary.contains(&how), "{how:?}: {f:#}");
         let e = &f["evidence"];
