@@ -239,48 +239,34 @@ mod tunnels {
 
     // WireGuard ---------------------------------------------------------------------------
 
-    /// WireGuard's peers are not in its link attributes: the model takes the default route's
-    /// device as its underlay and assumes an IPv4 one.
-    fn wireguard(name: &str) -> Tunnel<'_> {
+    /// WireGuard whose peer has an endpoint on node B's underlay address (IPv4 or IPv6):
+    /// the model reads it over generic netlink, and the route to it is the underlay.
+    fn wireguard<'a>(name: &'a str, endpoint_ip: &str) -> Tunnel<'a> {
+        let v6 = endpoint_ip.contains(':');
         Tunnel {
             name,
             kind: "wireguard",
-            label: "WireGuard",
-            family: "v4",
-            overhead: 60,
-            source: "default_route",
-            how: "the default route".into(),
+            label: if v6 { "WireGuard/IPv6" } else { "WireGuard" },
+            family: if v6 { "v6" } else { "v4" },
+            overhead: if v6 { 80 } else { 60 },
+            source: "route_to_remote",
+            how: format!("the route to {endpoint_ip}"),
         }
     }
 
-    /// A WireGuard device with one peer at node B's underlay address, and node A's default
-    /// route over the underlay, as a node's would be. Nothing is sent: the device has no
-    /// private key.
-    fn add_wireguard(topo: &Topology, name: &str) -> bool {
+    /// A WireGuard device with one peer, at `endpoint` (`ip:port`, `[ip6]:port`) or none.
+    /// Nothing is sent: the device has no private key.
+    fn add_wireguard(topo: &Topology, name: &str, endpoint: Option<&str>) -> bool {
         if !add_tunnel_or_skip(&topo.node_a, name, "wireguard", &[]) {
             return false;
         }
         let peer_key = public_key(&cmd::run(&["wg", "genkey"]));
-        let endpoint = format!("{}:51820", topo.node_b_underlay);
-        cmd::run_in(
-            &topo.node_a,
-            &[
-                "wg",
-                "set",
-                name,
-                "peer",
-                &peer_key,
-                "endpoint",
-                &endpoint,
-                "allowed-ips",
-                "10.99.0.2/32",
-            ],
-        );
-        let via = topo.node_b_underlay.to_string();
-        ip_a(
-            topo,
-            &["route", "add", "default", "via", &via, "dev", UNDERLAY_IF],
-        );
+        let mut args = vec!["wg", "set", name, "peer", &peer_key];
+        if let Some(endpoint) = endpoint {
+            args.extend(["endpoint", endpoint]);
+        }
+        args.extend(["allowed-ips", "10.99.0.2/32"]);
+        cmd::run_in(&topo.node_a, &args);
         true
     }
 
@@ -307,35 +293,95 @@ mod tunnels {
             .to_owned()
     }
 
+    /// WireGuard's default MTU: room for an IPv6 underlay on 1500.
+    const WG_DEFAULT_MTU: u32 = 1420;
+
     #[test]
     fn wireguard_above_its_underlay_is_an_overlay_mismatch() {
         let topo = Topology::new();
-        if !add_wireguard(&topo, "wg9") {
+        let endpoint = format!("{}:51820", topo.node_b_underlay);
+        if !add_wireguard(&topo, "wg9", Some(&endpoint)) {
             return;
         }
         set_up(&topo, "wg9", Some(1500));
         let agent = Agent::start_ready(&topo);
-        let t = wireguard("wg9");
+        let t = wireguard("wg9", &topo.node_b_underlay.to_string());
         assert_mismatch(&agent, &topo, &t, 1500);
         let f = agent.wait_finding(mismatch_on(&topo.node_a, "wg9"), FINDING_WITHIN);
         assert!(
-            field(&f, "summary").contains("(IPv4 underlay assumed)"),
-            "the family is an assumption and says so: {f:#}"
+            !field(&f, "summary").contains("assumed"),
+            "the peer's endpoint tells the family: {f:#}"
         );
     }
 
     #[test]
     fn wireguard_at_underlay_minus_60_is_clean() {
         let topo = Topology::new();
-        if !add_wireguard(&topo, "wg9") {
+        let endpoint = format!("{}:51820", topo.node_b_underlay);
+        if !add_wireguard(&topo, "wg9", Some(&endpoint)) {
             return;
         }
-        // The kernel's default, 1420, leaves room for an IPv6 underlay (80).
-        assert_eq!(kernel_mtu(&topo, "wg9"), 1420);
-        let t = wireguard("wg9");
+        assert_eq!(kernel_mtu(&topo, "wg9"), WG_DEFAULT_MTU);
+        let t = wireguard("wg9", &topo.node_b_underlay.to_string());
         set_up(&topo, "wg9", Some(t.expected_mtu()));
         let agent = Agent::start_ready(&topo);
         assert_clean(&agent, &topo, "wg9");
+    }
+
+    /// 1440 fits an IPv4 underlay, not the IPv6 one this peer is reached over.
+    #[test]
+    fn wireguard_over_ipv6_above_its_underlay_is_an_overlay_mismatch() {
+        let topo = Topology::new();
+        add_ipv6_underlay(&topo);
+        let endpoint = format!("[{NODE_B_V6}]:51820");
+        if !add_wireguard(&topo, "wg9", Some(&endpoint)) {
+            return;
+        }
+        set_up(&topo, "wg9", Some(1440));
+        let agent = Agent::start_ready(&topo);
+        assert_mismatch(&agent, &topo, &wireguard("wg9", NODE_B_V6), 1440);
+    }
+
+    #[test]
+    fn wireguard_over_ipv6_at_its_kernel_default_is_clean() {
+        let topo = Topology::new();
+        add_ipv6_underlay(&topo);
+        let endpoint = format!("[{NODE_B_V6}]:51820");
+        if !add_wireguard(&topo, "wg9", Some(&endpoint)) {
+            return;
+        }
+        set_up(&topo, "wg9", None);
+        assert_kernel_default(&topo, &wireguard("wg9", NODE_B_V6));
+        let agent = Agent::start_ready(&topo);
+        assert_clean(&agent, &topo, "wg9");
+    }
+
+    /// A peer without an endpoint (it has not been heard from) tells nothing: the default
+    /// route's device is the underlay, IPv4 assumed, and the summary says so.
+    #[test]
+    fn wireguard_without_endpoints_is_judged_by_the_default_route() {
+        let topo = Topology::new();
+        if !add_wireguard(&topo, "wg9", None) {
+            return;
+        }
+        let via = topo.node_b_underlay.to_string();
+        ip_a(
+            &topo,
+            &["route", "add", "default", "via", &via, "dev", UNDERLAY_IF],
+        );
+        set_up(&topo, "wg9", Some(1500));
+        let agent = Agent::start_ready(&topo);
+        let t = Tunnel {
+            source: "default_route",
+            how: "the default route".into(),
+            ..wireguard("wg9", &via)
+        };
+        assert_mismatch(&agent, &topo, &t, 1500);
+        let f = agent.wait_finding(mismatch_on(&topo.node_a, "wg9"), FINDING_WITHIN);
+        assert!(
+            field(&f, "summary").contains("= 1440 (IPv4 underlay assumed)"),
+            "{f:#}"
+        );
     }
 
     // IPIP --------------------------------------------------------------------------------
