@@ -11,7 +11,7 @@ use crate::{
     emit::{bump_lru, inc},
     kernel::{field, kread, skb_dev},
     maps::ICMP_SENT,
-    packet::{ETH_P_IP, skb_flow},
+    packet::{ETH_P_IP, Packet, skb_flow},
 };
 
 const ICMP_DEST_UNREACH: i32 = 3;
@@ -43,7 +43,8 @@ fn try_icmp_send(ctx: &TracePointContext) -> Option<()> {
             .and_then(|dev| kread::<u32>(dev, config!(dev_mtu)))
             .unwrap_or(0);
     }
-    let packet = skb_flow(skb, ETH_P_IP)?;
+    let mut packet = Packet::default();
+    skb_flow(skb, ETH_P_IP, &mut packet)?;
     // Not scoped: the entry is evidence about a flow, consulted only for this node's own
     // sockets.
     let mut info = IcmpInfo {

@@ -3,7 +3,10 @@
 //! at the offsets BTF gave, all through [`CONFIG`](crate::config). Every read can fail
 //! and says so with `None`; attribution to a namespace or device degrades to 0 instead.
 
-use aya_ebpf::{helpers::bpf_probe_read_kernel, programs::TracePointContext};
+use aya_ebpf::{
+    helpers::{bpf_probe_read_kernel, bpf_probe_read_kernel_buf},
+    programs::TracePointContext,
+};
 use node_diag_common::{AF_INET, AF_INET6, FlowKey, TupleOffsets};
 
 use crate::{config::config, packet::set_v4};
@@ -24,6 +27,18 @@ pub fn kread<T>(base: u64, offset: u32) -> Option<T> {
     }
     // SAFETY: bpf_probe_read_kernel checks the address and fails instead of faulting.
     unsafe { bpf_probe_read_kernel((base + offset as u64) as *const T) }.ok()
+}
+
+/// Reads `dst.len()` bytes at kernel address `base + offset` straight into `dst`
+/// (no stack copy).
+#[inline(always)]
+pub fn kread_into(dst: &mut [u8], base: u64, offset: u32) -> Option<()> {
+    if base == 0 {
+        return None;
+    }
+    // SAFETY: bpf_probe_read_kernel_buf checks the source address and fails instead of
+    // faulting; `dst` is a valid buffer of its length.
+    unsafe { bpf_probe_read_kernel_buf((base + offset as u64) as *const u8, dst) }.ok()
 }
 
 /// The flow tuple of a sock-based tracepoint record (local end first).

@@ -5,7 +5,10 @@
 
 use node_diag_common::{AF_INET, AF_INET6, FlowKey};
 
-use crate::{config::config, kernel::kread};
+use crate::{
+    config::config,
+    kernel::{kread, kread_into},
+};
 
 pub const TCP_FLAG_SYN: u8 = 0x02;
 pub const TCP_FLAG_ACK: u8 = 0x10;
@@ -26,6 +29,11 @@ pub fn set_v4(dst: &mut [u8; 16], v4: [u8; 4]) {
 }
 
 /// What [`skb_flow`] found at the network header of an skb.
+///
+/// Parsed in place into one caller-owned value: every copy of a `FlowKey` (two 16-byte
+/// arrays, copied byte by byte in BPF) is a separate stack slot, and the drop paths must
+/// fit the 512-byte stack that kernels before 6.13 give a program and its calls together.
+#[derive(Default)]
 pub struct Packet {
     /// Sender first; ports only for TCP/UDP.
     pub flow: FlowKey,
@@ -38,10 +46,10 @@ pub struct Packet {
     pub l4: u64,
 }
 
-/// Parses the IP header (and ports) at the skb's network header. IPv6 extension headers
-/// are not walked.
+/// Parses the IP header (and ports) at the skb's network header into `p`. IPv6
+/// extension headers are not walked.
 #[inline(always)]
-pub fn skb_flow(skb: u64, protocol: u16) -> Option<Packet> {
+pub fn skb_flow(skb: u64, protocol: u16, p: &mut Packet) -> Option<()> {
     if config!(btf_ok) == 0 {
         return None;
     }
@@ -50,55 +58,50 @@ pub fn skb_flow(skb: u64, protocol: u16) -> Option<Packet> {
     if nh == 0xffff {
         return None;
     }
-    ip_flow(head + nh as u64, protocol)
+    ip_flow(head + nh as u64, protocol, p)
 }
 
-/// Parses an IPv4/IPv6 header at kernel address `ip`.
+/// Parses an IPv4/IPv6 header at kernel address `ip` into `p`.
 #[inline(always)]
-pub fn ip_flow(ip: u64, protocol: u16) -> Option<Packet> {
-    let mut flow = FlowKey::default();
+pub fn ip_flow(ip: u64, protocol: u16, p: &mut Packet) -> Option<()> {
+    let flow = &mut p.flow;
     let (l4, l4proto) = if protocol == ETH_P_IP {
         let ver_ihl = kread::<u8>(ip, 0)?;
         if ver_ihl >> 4 != 4 {
             return None;
         }
         flow.family = AF_INET;
-        set_v4(&mut flow.saddr, kread::<[u8; 4]>(ip, 12)?);
-        set_v4(&mut flow.daddr, kread::<[u8; 4]>(ip, 16)?);
+        kread_into(&mut flow.saddr[..4], ip, 12)?;
+        kread_into(&mut flow.daddr[..4], ip, 16)?;
         (ip + ((ver_ihl & 0x0f) as u64) * 4, kread::<u8>(ip, 9)?)
     } else if protocol == ETH_P_IPV6 {
         flow.family = AF_INET6;
-        flow.saddr = kread::<[u8; 16]>(ip, 8)?;
-        flow.daddr = kread::<[u8; 16]>(ip, 24)?;
+        kread_into(&mut flow.saddr, ip, 8)?;
+        kread_into(&mut flow.daddr, ip, 24)?;
         (ip + 40, kread::<u8>(ip, 6)?)
     } else {
         return None;
     };
-    let (mut flags, mut code) = (0, 0);
     if l4proto == IPPROTO_TCP || l4proto == IPPROTO_UDP {
         flow.sport = u16::from_be(kread::<u16>(l4, 0)?);
         flow.dport = u16::from_be(kread::<u16>(l4, 2)?);
         if l4proto == IPPROTO_TCP {
-            flags = kread::<u8>(l4, 13)?;
+            p.flags = kread::<u8>(l4, 13)?;
         }
     } else if l4proto == IPPROTO_ICMP || l4proto == IPPROTO_ICMPV6 {
-        flags = kread::<u8>(l4, 0)?;
-        code = kread::<u8>(l4, 1)?;
+        p.flags = kread::<u8>(l4, 0)?;
+        p.code = kread::<u8>(l4, 1)?;
     }
-    Some(Packet {
-        flow,
-        l4proto,
-        flags,
-        code,
-        l4,
-    })
+    p.l4proto = l4proto;
+    p.l4 = l4;
+    Some(())
 }
 
-/// The TCP flow of a packet (sender first) and its TCP flags.
+/// Turns `flow` around in place: the flow seen from its other end.
 #[inline(always)]
-pub fn skb_tcp_flow(skb: u64, protocol: u16) -> Option<(FlowKey, u8)> {
-    let p = skb_flow(skb, protocol)?;
-    (p.l4proto == IPPROTO_TCP).then_some((p.flow, p.flags))
+pub fn reverse(flow: &mut FlowKey) {
+    core::mem::swap(&mut flow.saddr, &mut flow.daddr);
+    core::mem::swap(&mut flow.sport, &mut flow.dport);
 }
 
 /// Whether an ICMP(v6) type/code is "fragmentation needed" / "packet too big".

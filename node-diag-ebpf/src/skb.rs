@@ -2,14 +2,16 @@
 //! reason the agent asked for are remembered per flow as timeout evidence.
 
 use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
-use node_diag_common::{DropInfo, DropKey, FlowKey, counter, drop_flag, event_kind};
+use node_diag_common::{DropInfo, DropKey, counter, drop_flag, event_kind};
 
 use crate::{
     config::{config, in_scope, now},
     emit::{Extra, bump, bump_lru, emit, inc},
     kernel::{field, kread, skb_dev},
     maps::{DROPS, FRAG_DROPPED, OVERSIZE, OVERSIZE_BY_DEV, SYN_DROPS},
-    packet::{TCP_FLAG_ACK, TCP_FLAG_SYN, ip_flow, is_frag_needed, skb_flow, skb_tcp_flow},
+    packet::{
+        IPPROTO_TCP, Packet, TCP_FLAG_ACK, TCP_FLAG_SYN, ip_flow, is_frag_needed, reverse, skb_flow,
+    },
 };
 
 #[tracepoint]
@@ -39,20 +41,33 @@ fn try_kfree_skb(ctx: &TracePointContext) -> Option<()> {
     } else if reason == config!(reason_netfilter_drop) {
         frag_needed_dropped(skb, protocol, netns, ifindex);
     }
-    if !flow_reason(reason) {
-        return Some(());
+    if flow_reason(reason) {
+        syn_dropped(skb, protocol, reason, netns, ifindex);
     }
-    let (flow, flags) = skb_tcp_flow(skb, protocol)?;
-    if flags & TCP_FLAG_SYN == 0 {
+    Some(())
+}
+
+/// A SYN (or SYN-ACK) dropped for a reason the agent asked for: remembered under the
+/// connecting side's flow as timeout evidence.
+///
+/// This and the other per-reason paths are out of line (BPF-to-BPF calls) so that the
+/// program's own frame stays small: the verifier adds the caller's frame to the deepest
+/// callee's, and before Linux 6.13 (no private stacks) the sum must fit in 512 bytes.
+#[inline(never)]
+fn syn_dropped(skb: u64, protocol: u16, reason: u32, netns: u32, ifindex: u32) -> Option<()> {
+    let mut p = Packet::default();
+    skb_flow(skb, protocol, &mut p)?;
+    if p.l4proto != IPPROTO_TCP || p.flags & TCP_FLAG_SYN == 0 {
         return None;
     }
     // A SYN-ACK dropped here (the return path: rp_filter, a policy on the way back,
     // conntrack INVALID) leaves the connect timing out exactly like a dropped SYN; it is
     // kept under the connecting side's flow, marked.
-    let (flow, drop_flags) = if flags & TCP_FLAG_ACK != 0 {
-        (reversed(&flow), drop_flag::SYN_ACK)
+    let drop_flags = if p.flags & TCP_FLAG_ACK != 0 {
+        reverse(&mut p.flow);
+        drop_flag::SYN_ACK
     } else {
-        (flow, 0)
+        0
     };
     let mut info = DropInfo {
         last_ns: now(),
@@ -63,20 +78,7 @@ fn try_kfree_skb(ctx: &TracePointContext) -> Option<()> {
         flags: drop_flags,
         _pad: 0,
     };
-    bump_lru(&SYN_DROPS, &flow, &mut info).map(|_new| ())
-}
-
-/// The flow seen from its other end.
-#[inline(always)]
-fn reversed(flow: &FlowKey) -> FlowKey {
-    FlowKey {
-        saddr: flow.daddr,
-        daddr: flow.saddr,
-        sport: flow.dport,
-        dport: flow.sport,
-        family: flow.family,
-        _pad: 0,
-    }
+    bump_lru(&SYN_DROPS, &p.flow, &mut info).map(|_new| ())
 }
 
 #[inline(always)]
@@ -95,7 +97,7 @@ fn flow_reason(reason: u32) -> bool {
 
 /// A DF packet dropped for exceeding its route's MTU (the forwarding path, where no
 /// socket is involved): counted per egress device, and the flow's first one reported.
-/// Out of line (a BPF-to-BPF call): the event it builds needs its own stack frame, and
+/// Out of line (see [`syn_dropped`]): the event it builds needs its own stack frame, and
 /// only drops with this one reason pay for the call.
 #[inline(never)]
 fn oversize(ctx: &TracePointContext, skb: u64, protocol: u16, netns: u32) -> Option<()> {
@@ -114,7 +116,8 @@ fn oversize(ctx: &TracePointContext, skb: u64, protocol: u16, netns: u32) -> Opt
             _pad: 0,
         },
     );
-    let packet = skb_flow(skb, protocol)?;
+    let mut packet = Packet::default();
+    skb_flow(skb, protocol, &mut packet)?;
     let len = kread::<u32>(skb, config!(skb_len)).unwrap_or(0);
     let mut info = DropInfo {
         last_ns: now(),
@@ -146,13 +149,17 @@ fn oversize(ctx: &TracePointContext, skb: u64, protocol: u16, netns: u32) -> Opt
 
 /// Netfilter dropped an ICMP frag-needed / packet-too-big: remember the flow it was about
 /// (the quoted original packet), so a stalled sender can be told why PMTUD failed.
-#[inline(always)]
+/// Out of line, see [`syn_dropped`].
+#[inline(never)]
 fn frag_needed_dropped(skb: u64, protocol: u16, netns: u32, ifindex: u32) -> Option<()> {
-    let packet = skb_flow(skb, protocol)?;
+    let mut packet = Packet::default();
+    skb_flow(skb, protocol, &mut packet)?;
     if !is_frag_needed(packet.l4proto, packet.flags, packet.code) {
         return None;
     }
-    let inner = ip_flow(packet.l4 + 8, protocol)?;
+    let quoted = packet.l4 + 8;
+    let mut inner = Packet::default();
+    ip_flow(quoted, protocol, &mut inner)?;
     inc(counter::ICMP_FRAG_DROPPED);
     let mut info = DropInfo {
         last_ns: now(),

@@ -182,6 +182,19 @@ pub fn run() -> Report {
         "per-interface packet hooks",
     ));
 
+    checks.push(tc_attach(&kernel));
+    // The feature probes above load a trivial program; only loading the agent's own
+    // programs, configured for this kernel, shows what its verifier says of them.
+    if missing.is_empty() {
+        programs(&mut checks);
+    } else {
+        checks.push(check(
+            "programs",
+            Status::Warn,
+            "not verified: loading them needs the capabilities above",
+        ));
+    }
+
     let fails = checks.iter().filter(|c| c.status == Status::Fail).count();
     let warns = checks.iter().filter(|c| c.status == Status::Warn).count();
     let (verdict, summary) = if fails > 0 {
@@ -204,6 +217,54 @@ pub fn run() -> Report {
         checks,
         verdict,
         summary,
+    }
+}
+
+/// How TC programs attach here: TCX links from Linux 6.6, else netlink filters under
+/// `clsact` (which outlive a crashed agent; the next start removes them).
+fn tc_attach(kernel: &str) -> Check {
+    let version = kernel_version(kernel);
+    match version {
+        Some(v) if v >= (6, 6) => check("tc attach", Status::Ok, "tcx links (Linux 6.6+)"),
+        Some(_) => check(
+            "tc attach",
+            Status::Ok,
+            "netlink filters under clsact (no TCX before Linux 6.6): removed on exit, and a crashed agent's are removed at the next start",
+        ),
+        None => check(
+            "tc attach",
+            Status::Ok,
+            "tcx when the kernel has it, else netlink filters under clsact",
+        ),
+    }
+}
+
+/// `6.1.0-57-amd64` → (6, 1).
+fn kernel_version(release: &str) -> Option<(u32, u32)> {
+    let mut parts = release.split(['.', '-']);
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
+}
+
+/// Each program loaded (not attached) through the verifier, as the agent configures it.
+fn programs(checks: &mut Vec<Check>) {
+    let opts = loader::Options {
+        syn_retrans_threshold: 2,
+        scoped: true,
+        ebpf_log: crate::kernel::ebpf_log::Level::Off,
+    };
+    match loader::verify(&opts) {
+        Ok(results) => {
+            for (program, result) in results {
+                let name = format!("program {program}");
+                checks.push(match result {
+                    Ok(()) => check(name, Status::Ok, "accepted by this kernel's verifier"),
+                    Err(e) => check(name, Status::Fail, format!("rejected: {e}")),
+                });
+            }
+        }
+        Err(e) => checks.push(check("programs", Status::Fail, e.to_string())),
     }
 }
 

@@ -48,6 +48,22 @@ impl DerefMut for Agent<'_> {
 /// How long loading and attaching the eBPF programs may take (debug build included).
 pub const READY: Duration = Duration::from_secs(30);
 
+/// Environment variable multiplying every wait on the agent: the VM runner sets it for
+/// guests under software emulation (TCG), where everything runs several times slower.
+/// Verdict latency itself is measured on real hardware (`cargo xtask bench`); in a
+/// guest the tests prove the verdicts, not their speed.
+pub const TIME_SCALE_ENV: &str = "NODE_DIAG_TEST_TIME_SCALE";
+
+/// `d` times [`TIME_SCALE_ENV`] (1 when unset or invalid, at most 20).
+pub fn scaled(d: Duration) -> Duration {
+    let scale = std::env::var(TIME_SCALE_ENV)
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+        .unwrap_or(1)
+        .clamp(1, 20);
+    d * scale
+}
+
 impl<'t> Agent<'t> {
     /// Starts the agent in node A with the standard flags and waits until it is ready
     /// (at most [`READY`]).
@@ -75,7 +91,7 @@ impl<'t> Agent<'t> {
     /// Waits for the ready file. Panics, with the agent's stderr, when the agent exits
     /// first or `timeout` passes.
     pub fn wait_ready(&mut self, timeout: Duration) {
-        crate::ok(self.0.wait_ready(timeout));
+        crate::ok(self.0.wait_ready(scaled(timeout)));
     }
 
     /// Its exit status if it has exited.
@@ -86,7 +102,8 @@ impl<'t> Agent<'t> {
     /// Waits for a finding matching `pred` (including ones already printed) and returns
     /// it; panics with every finding and the agent's stderr after `timeout`.
     pub fn wait_finding(&self, pred: impl Fn(&Value) -> bool, timeout: Duration) -> Value {
-        self.try_wait_finding(pred, timeout).unwrap_or_else(|| {
+        let timeout = scaled(timeout);
+        self.0.try_wait_finding(pred, timeout).unwrap_or_else(|| {
             panic!(
                 "no matching finding within {timeout:?}\n{}",
                 self.diagnostics()
@@ -94,10 +111,19 @@ impl<'t> Agent<'t> {
         })
     }
 
+    /// The first finding matching `pred` within `timeout` (scaled), if any.
+    pub fn try_wait_finding(
+        &self,
+        pred: impl Fn(&Value) -> bool,
+        timeout: Duration,
+    ) -> Option<Value> {
+        self.0.try_wait_finding(pred, scaled(timeout))
+    }
+
     /// Watches the findings for `window` and panics (at once) if one matches `pred`,
     /// including ones already printed.
     pub fn expect_no_finding(&self, pred: impl Fn(&Value) -> bool, window: Duration) {
-        if let Some(found) = self.try_wait_finding(pred, window) {
+        if let Some(found) = self.0.try_wait_finding(pred, scaled(window)) {
             panic!("unexpected finding:\n{found:#}\n{}", self.diagnostics());
         }
         // The wait also ends early when stdout closes: that is a failure here.
@@ -153,6 +179,7 @@ impl<'t> Agent<'t> {
     /// Polls `series` until it reaches at least `min` and returns its value; panics
     /// after `timeout` with the last value and the exposition.
     pub fn wait_counter_at_least(&self, series: &str, min: f64, timeout: Duration) -> f64 {
+        let timeout = scaled(timeout);
         let deadline = Instant::now() + timeout;
         loop {
             let text = self.metrics_text();

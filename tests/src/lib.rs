@@ -55,6 +55,21 @@ pub use agent::{Agent, node_diag_bin};
 pub use node_diag_testbed::{netns, topology, unique_name};
 pub use tcp::{ConnectOutcome, ServerMode, TcpServer, tcp_connect, tcp_request};
 
+/// The running kernel's (major, minor), from `/proc/sys/kernel/osrelease`.
+pub fn kernel_version() -> (u32, u32) {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .expect("/proc/sys/kernel/osrelease is readable");
+    let mut parts = release.trim().split(['.', '-']);
+    let mut next = || parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    (next(), next())
+}
+
+/// Whether this kernel attaches TC programs through TCX links (Linux 6.6+); older ones
+/// get netlink filters under `clsact`.
+pub fn kernel_has_tcx() -> bool {
+    kernel_version() >= (6, 6)
+}
+
 /// Unwraps a testbed result, panicking with the error's message (which carries the
 /// command's or the agent's output).
 #[track_caller]

@@ -66,19 +66,34 @@ pub fn tcp_request(
     payload: &[u8],
     timeout: Duration,
 ) -> io::Result<Vec<u8>> {
+    let len = payload.len();
     in_netns(netns, || {
         let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
         stream.set_read_timeout(Some(timeout))?;
         stream.set_write_timeout(Some(timeout))?;
-        stream.write_all(payload)?;
-        let mut reply = vec![0; payload.len()];
+        // Written from another thread while this one reads: an echo of a payload larger
+        // than the socket buffers would otherwise block both ends (on a slow machine,
+        // before autotuning grows the buffers).
+        let mut writer = stream.try_clone()?;
+        let payload = payload.to_vec();
+        let sender = std::thread::spawn(move || writer.write_all(&payload));
+        let mut reply = vec![0; len];
         let mut got = 0;
-        while got < reply.len() {
-            match stream.read(&mut reply[got..])? {
-                0 => break,
-                n => got += n,
+        let read = loop {
+            if got == reply.len() {
+                break Ok(());
             }
-        }
+            match stream.read(&mut reply[got..]) {
+                Ok(0) => break Ok(()),
+                Ok(n) => got += n,
+                Err(e) => break Err(e),
+            }
+        };
+        let sent = sender
+            .join()
+            .map_err(|_| io::Error::other("the writer thread panicked"))?;
+        sent?;
+        read?;
         reply.truncate(got);
         Ok(reply)
     })

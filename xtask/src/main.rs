@@ -64,6 +64,10 @@ enum Command {
         /// Run only the integration tests whose name contains NAME.
         #[arg(long, value_name = "NAME")]
         filter: Option<String>,
+        /// Also run the integration tests in a VM on this kernel (see `integration`);
+        /// repeatable; `none` skips it.
+        #[arg(long = "vm", value_name = "KERNEL", default_value = "6.1")]
+        vm: Vec<String>,
     },
     /// Run the integration suite on other kernels: Debian's 6.1 and 6.12 booted under
     /// qemu (KVM when it works, else TCG), x86_64 and aarch64, or this machine's (`host`).
@@ -88,9 +92,12 @@ enum Command {
         #[arg(long)]
         keep: bool,
         /// Minutes a guest may run before it is killed and the run fails.
-        #[arg(long, value_name = "MINUTES", default_value_t = 75,
+        #[arg(long, value_name = "MINUTES", default_value_t = vm::DEFAULT_TIMEOUT.as_secs() / 60,
               value_parser = clap::value_parser!(u64).range(1..=600))]
         timeout: u64,
+        /// Record the outcome in README.md's kernel support table.
+        #[arg(long)]
+        update_readme: bool,
     },
     /// Measure the agent's overhead (root): throughput, connection rate, per-program
     /// cost, agent RSS and CPU, and a refused-connect storm, each against a no-agent
@@ -150,12 +157,14 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
             filters,
             keep,
             timeout,
+            update_readme,
         } => vm::run(&vm::Options {
             kernels,
             arch,
             filters,
             keep,
             timeout: std::time::Duration::from_secs(timeout * 60),
+            update_readme,
         }),
         Command::Prereqs { test_tools } => prereqs::ensure(prereqs::Tools { test_tools }),
         Command::Build { release } => {
@@ -166,9 +175,11 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Test {
             skip_integration,
             filter,
+            vm,
         } => suite::run(&suite::Options {
             skip_integration,
             filter,
+            vm: vm.into_iter().filter(|k| k != "none").collect(),
         }),
     }
 }

@@ -15,7 +15,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use cargo_metadata::{Artifact, Message};
 
-use crate::{agent, cmd, cross, prereqs};
+use crate::{agent, cmd, cross, prereqs, vm};
 
 /// The integration-test package.
 const TESTS_PACKAGE: &str = "node-diag-tests";
@@ -30,6 +30,9 @@ pub struct Options {
     pub skip_integration: bool,
     /// Only the integration tests whose name contains this.
     pub filter: Option<String>,
+    /// Kernels to run the integration tests on in a VM as well (`cargo xtask
+    /// integration --kernel K`); empty for none.
+    pub vm: Vec<String>,
 }
 
 pub fn run(options: &Options) -> Result<()> {
@@ -75,7 +78,10 @@ pub fn run(options: &Options) -> Result<()> {
 
     match privilege {
         None => println!("[test] integration tests: skipped (--skip-integration)"),
-        Some(privilege) => integration(&privilege, options.filter.as_slice())?,
+        Some(privilege) => {
+            integration(&privilege, options.filter.as_slice())?;
+            vm_integration(options)?;
+        }
     }
     if options.filter.is_some() {
         println!("[test] cross builds: skipped (--filter runs only the matching tests)");
@@ -85,6 +91,33 @@ pub fn run(options: &Options) -> Result<()> {
     bench_smoke(options)?;
     println!("[test] all steps passed");
     Ok(())
+}
+
+/// The integration tests again inside Debian kernels (TCX-less 6.1 by default), which
+/// is where kernel differences show: verifier limits, tracepoint layouts, TC attachment.
+fn vm_integration(options: &Options) -> Result<()> {
+    const STEP: &str = "integration tests in VMs";
+    if options.vm.is_empty() {
+        println!("[test] {STEP}: skipped (--vm none)");
+        return Ok(());
+    }
+    if !cmd::is_root() {
+        println!("[test] {STEP}: skipped (needs root: run `cargo xtask test` as root)");
+        return Ok(());
+    }
+    println!(
+        "[test] {STEP}: cargo xtask integration --kernel {}",
+        options.vm.join(" --kernel ")
+    );
+    vm::run(&vm::Options {
+        kernels: options.vm.clone(),
+        arch: None,
+        filters: options.filter.iter().cloned().collect(),
+        keep: false,
+        timeout: vm::DEFAULT_TIMEOUT,
+        update_readme: false,
+    })
+    .with_context(|| format!("test step `{STEP}` failed"))
 }
 
 /// Announces `cmd` as step `name`, runs it, and names the step if it fails.

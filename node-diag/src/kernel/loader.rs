@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use aya::{
     Ebpf, EbpfLoader,
-    programs::{ProgramError, RawTracePoint, TracePoint},
+    programs::{ProgramError, RawTracePoint, SchedClassifier, TracePoint},
 };
 use node_diag_common::{Config, GLOBAL_CONFIG, TupleOffsets};
 use tracing::{info, warn};
@@ -62,7 +62,19 @@ pub struct Options {
     pub ebpf_log: ebpf_log::Level,
 }
 
-pub fn load(opts: &Options) -> Result<Loaded, LoadError> {
+/// The object configured for this kernel, loaded into user space (nothing in the
+/// kernel yet), with what configuring it found.
+struct Prepared {
+    ebpf: Ebpf,
+    tracefs: PathBuf,
+    mounted_tracefs: bool,
+    usable: Vec<&'static Hook>,
+    degraded: Vec<(String, String)>,
+    drop_reasons: DropReasons,
+    btf_ok: bool,
+}
+
+fn prepare(opts: &Options) -> Result<Prepared, LoadError> {
     let (root, mounted) = tracefs::ensure_mounted()?;
     if mounted {
         info!(path = %root.display(), "mounted tracefs");
@@ -107,11 +119,84 @@ pub fn load(opts: &Options) -> Result<Loaded, LoadError> {
             false
         }
     };
-
-    let mut ebpf = EbpfLoader::new()
+    let ebpf = EbpfLoader::new()
         .override_global(GLOBAL_CONFIG, &config, true)
         .override_global(aya_log::LEVEL, &opts.ebpf_log.global(), true)
         .load(EBPF_OBJECT)?;
+    Ok(Prepared {
+        ebpf,
+        tracefs: root,
+        mounted_tracefs: mounted,
+        usable,
+        degraded,
+        drop_reasons,
+        btf_ok,
+    })
+}
+
+/// A program's name and what the verifier said of it.
+pub type Verdict = (&'static str, Result<(), String>);
+
+/// Loads every program into this kernel, configured as the agent would, and attaches
+/// none: what the verifier says of each (`doctor`). The error is the object's own.
+pub fn verify(opts: &Options) -> Result<Vec<Verdict>, LoadError> {
+    let mut prepared = prepare(opts)?;
+    let mut results = Vec::new();
+    for hook in HOOKS {
+        let Some(program) = prepared.ebpf.program_mut(hook.program) else {
+            return Err(LoadError::MissingProgram(hook.program));
+        };
+        let result = if hook.raw {
+            <&mut RawTracePoint>::try_from(program).and_then(|p| p.load())
+        } else {
+            <&mut TracePoint>::try_from(program).and_then(|p| p.load())
+        };
+        results.push((hook.program, result.map_err(|e| verifier_error(&e))));
+    }
+    let classifier = super::tc::PROGRAM;
+    let Some(program) = prepared.ebpf.program_mut(classifier) else {
+        return Err(LoadError::MissingProgram(classifier));
+    };
+    let result = <&mut SchedClassifier>::try_from(program).and_then(|p| p.load());
+    results.push((classifier, result.map_err(|e| verifier_error(&e))));
+    Ok(results)
+}
+
+/// A load error with the verifier's last words (its log ends with the reason).
+fn verifier_error(e: &ProgramError) -> String {
+    match e {
+        ProgramError::LoadError {
+            io_error,
+            verifier_log,
+        } => {
+            let log = verifier_log.to_string();
+            let last = log
+                .lines()
+                .rev()
+                .map(str::trim)
+                .find(|l| {
+                    !l.is_empty()
+                        && !l.starts_with("processed ")
+                        && !l.starts_with("verification time")
+                })
+                .unwrap_or_default()
+                .to_owned();
+            format!("{io_error}: {last}")
+        }
+        other => other.to_string(),
+    }
+}
+
+pub fn load(opts: &Options) -> Result<Loaded, LoadError> {
+    let Prepared {
+        mut ebpf,
+        tracefs: root,
+        mounted_tracefs: mounted,
+        usable,
+        mut degraded,
+        drop_reasons,
+        btf_ok,
+    } = prepare(opts)?;
     let ebpf_log = ebpf_log::init(&mut ebpf, opts.ebpf_log).unwrap_or_else(|e| {
         warn!(error = %e, "eBPF programs' logs unavailable");
         None

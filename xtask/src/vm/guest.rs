@@ -35,6 +35,9 @@ pub struct Plan<'a> {
     pub binaries: &'a [std::path::PathBuf],
     /// libtest name filters (any of them matches).
     pub filters: &'a [String],
+    /// Multiplies the tests' waits on the agent (`NODE_DIAG_TEST_TIME_SCALE`): more
+    /// than 1 under emulation.
+    pub time_scale: u32,
 }
 
 /// The guest script for `plan`.
@@ -71,13 +74,14 @@ cd {manifest}
             s,
             r#"echo "ND-VM-TEST-START {name}"
 start=$(date +%s)
-NODE_DIAG_BIN="$AGENT" CARGO_MANIFEST_DIR={manifest} NODE_DIAG_REQUIRE_TUNNELS=1 {binary} --test-threads=1 {filters}
+NODE_DIAG_BIN="$AGENT" CARGO_MANIFEST_DIR={manifest} NODE_DIAG_REQUIRE_TUNNELS=1 NODE_DIAG_TEST_TIME_SCALE={scale} {binary} --test-threads=1 {filters}
 rc=$?
 echo "{name} $rc $(( $(date +%s) - start ))" >> "$OUT/results"
 echo "ND-VM-TEST-END {name} exit=$rc""#,
             manifest = quote(plan.manifest_dir),
             binary = quote(binary),
             filters = filters.join(" "),
+            scale = plan.time_scale,
         );
     }
     s.push_str(
@@ -128,9 +132,10 @@ mod tests {
             manifest_dir: Path::new("/w/tests"),
             binaries: &binaries,
             filters: &filters,
+            time_scale: 4,
         });
         assert!(s.contains(
-            "'/w/target/debug/deps/scenarios-0a1b2c3d4e5f6789' --test-threads=1 'refused' 'it'\\''s'"
+            "NODE_DIAG_TEST_TIME_SCALE=4 '/w/target/debug/deps/scenarios-0a1b2c3d4e5f6789' --test-threads=1 'refused' 'it'\\''s'"
         ));
         assert!(s.contains(r#"echo "mtu $rc"#));
         // `done` is written after the last test only.

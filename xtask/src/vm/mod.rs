@@ -82,6 +82,9 @@ pub const ARM64_SUBSET: &[&str] = &[
     "filtered_frag_needed_is_a_pmtud_black_hole",
 ];
 
+/// How long a guest may run: the whole suite under TCG takes most of it.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(75 * 60);
+
 /// Options of `cargo xtask integration`.
 pub struct Options {
     /// `host`, a series name (`6.1`, `6.12`) or `all`; repeatable.
@@ -94,6 +97,9 @@ pub struct Options {
     pub keep: bool,
     /// Deadline per guest.
     pub timeout: Duration,
+    /// Record the outcome in the README's kernel support table (rows of kernels not run
+    /// stay as they were).
+    pub update_readme: bool,
 }
 
 /// One entry of the matrix.
@@ -245,6 +251,12 @@ pub fn run(options: &Options) -> Result<()> {
         serde_json::to_string_pretty(&outcomes)?,
     )?;
     println!("\n{table}");
+    if options.update_readme {
+        let readme = cmd::metadata()?.workspace_root.join("README.md");
+        let text = fs::read_to_string(&readme)?;
+        fs::write(&readme, merge_readme(&text, &outcomes)?)?;
+        say(format_args!("recorded in {readme}"));
+    }
     say(format_args!(
         "results: {} and results.json",
         root.join("results.md").display()
@@ -372,11 +384,21 @@ fn run_vm(
         Arch::X86_64 => (PathBuf::from("/"), None::<PathBuf>),
         Arch::Aarch64 => bail!("aarch64 guests are not wired up yet"),
     };
+    let probe = run_dir.join("probe.cpio");
+    initramfs::write_probe(&busybox, &qemu::probe_init(), &probe)?;
+    let accel = qemu::pick_accel(arch, &kernel.image, &probe, &run_dir.join("probe.log"))?;
+    say(format_args!("accelerator: {}", accel.name()));
+
     let script = guest::script(&guest::Plan {
         agent: &build.agent,
         manifest_dir: &build.manifest_dir,
         binaries: &build.binaries,
         filters: &filters,
+        // Emulated CPUs run several times slower than the host's.
+        time_scale: match accel {
+            qemu::Accel::Kvm => 1,
+            qemu::Accel::Tcg => TCG_TIME_SCALE,
+        },
     });
     let initrd = run_dir.join("initramfs.cpio");
     initramfs::write(
@@ -389,11 +411,6 @@ fn run_vm(
         &run_dir.join("scratch"),
         &initrd,
     )?;
-
-    let probe = run_dir.join("probe.cpio");
-    initramfs::write_probe(&busybox, &qemu::probe_init(), &probe)?;
-    let accel = qemu::pick_accel(arch, &kernel.image, &probe, &run_dir.join("probe.log"))?;
-    say(format_args!("accelerator: {}", accel.name()));
 
     let mut shares = vec![
         qemu::Share {
@@ -493,6 +510,9 @@ fn run_vm(
     })
 }
 
+/// How much longer the tests wait on the agent in a TCG guest.
+const TCG_TIME_SCALE: u32 = 4;
+
 /// Modules the initramfs loads to mount its root: virtio PCI, 9p over virtio, overlayfs
 /// (built-in ones are skipped; their dependencies come along).
 const ROOT_MODULES: &[&str] = &["virtio_pci", "9pnet_virtio", "9p", "overlay"];
@@ -548,10 +568,7 @@ fn minutes(seconds: u64) -> String {
 
 /// The markdown table of a matrix run.
 fn table(outcomes: &[Outcome]) -> String {
-    let mut t = String::from(
-        "| kernel | arch | release | accel | TC attach | doctor | suite | result | wall time |\n\
-         | --- | --- | --- | --- | --- | --- | --- | --- | ---: |\n",
-    );
+    let mut t = format!("{TABLE_HEAD}\n| --- | --- | --- | --- | --- | --- | --- | --- | ---: |\n");
     for o in outcomes {
         t.push_str(&format!(
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
@@ -567,6 +584,47 @@ fn table(outcomes: &[Outcome]) -> String {
         ));
     }
     t
+}
+
+/// Markers around the README's kernel support table.
+const README_BEGIN: &str = "<!-- kernel-support:begin -->";
+const README_END: &str = "<!-- kernel-support:end -->";
+const TABLE_HEAD: &str =
+    "| kernel | arch | release | accel | TC attach | doctor | suite | result | wall time |";
+
+/// The README with this run's rows in its kernel support table: a row per (kernel,
+/// arch), replaced when run again, others kept; host first, then by kernel and arch.
+fn merge_readme(readme: &str, outcomes: &[Outcome]) -> Result<String> {
+    let (Some(begin), Some(end)) = (readme.find(README_BEGIN), readme.find(README_END)) else {
+        bail!("README.md has no {README_BEGIN} … {README_END} block");
+    };
+    let block = &readme[begin + README_BEGIN.len()..end];
+    let mut rows: Vec<(String, String)> = block
+        .lines()
+        .filter(|l| l.starts_with("| ") && !l.starts_with(TABLE_HEAD) && !l.starts_with("| ---"))
+        .filter_map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            Some((format!("{} {}", cells.get(1)?, cells.get(2)?), l.to_owned()))
+        })
+        .collect();
+    let fresh = table(outcomes);
+    for line in fresh.lines().skip(2) {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        let key = format!("{} {}", cells[1], cells[2]);
+        rows.retain(|(k, _)| *k != key);
+        rows.push((key, line.to_owned()));
+    }
+    rows.sort_by_key(|(k, _)| (!k.starts_with("host"), k.ends_with("aarch64"), k.clone()));
+    let mut out = String::from(&readme[..begin + README_BEGIN.len()]);
+    out.push('\n');
+    out.push_str(&fresh.lines().take(2).collect::<Vec<_>>().join("\n"));
+    out.push('\n');
+    for (_, row) in rows {
+        out.push_str(&row);
+        out.push('\n');
+    }
+    out.push_str(&readme[end..]);
+    Ok(out)
 }
 
 fn say(what: impl fmt::Display) {
@@ -597,6 +655,45 @@ mod tests {
         assert_eq!(names(&[], None), ["host"]);
         assert!(entries(&["5.4".to_owned()], None).is_err());
         assert!(entries(&["host".to_owned()], Some(Arch::Aarch64)).is_err());
+    }
+
+    fn outcome(kernel: &str, arch: Arch, passed: bool) -> Outcome {
+        Outcome {
+            kernel: kernel.into(),
+            arch,
+            release: "r".into(),
+            accel: "tcg".into(),
+            suite: "whole suite".into(),
+            tests: Vec::new(),
+            doctor: "ready".into(),
+            tc_attach: "tcx".into(),
+            passed,
+            seconds: 61,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn readme_rows_are_replaced_per_kernel_and_kept_otherwise() {
+        let readme = format!("intro\n{README_BEGIN}\n{README_END}\nrest\n");
+        let once = merge_readme(
+            &readme,
+            &[
+                outcome("6.1", Arch::X86_64, false),
+                outcome("host", Arch::X86_64, true),
+            ],
+        )
+        .unwrap();
+        let twice = merge_readme(&once, &[outcome("6.1", Arch::X86_64, true)]).unwrap();
+        let rows: Vec<&str> = twice.lines().filter(|l| l.starts_with("| ")).collect();
+        assert_eq!(rows.len(), 4, "{twice}");
+        assert!(rows[2].starts_with("| host |"), "{twice}");
+        assert!(
+            rows[3].starts_with("| 6.1 | x86_64 |") && rows[3].contains("passed"),
+            "{twice}"
+        );
+        assert!(twice.starts_with("intro\n") && twice.ends_with(&format!("{README_END}\nrest\n")));
+        assert!(merge_readme("no block", &[]).is_err());
     }
 
     #[test]
