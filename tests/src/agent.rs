@@ -158,8 +158,9 @@ impl<'t> Agent<'t> {
     }
 
     /// Polls `series` until it is exposed and returns its value; panics after `timeout`
-    /// with the exposition.
+    /// (scaled) with the exposition.
     pub fn wait_metric(&self, series: &str, timeout: Duration) -> f64 {
+        let timeout = scaled(timeout);
         let deadline = Instant::now() + timeout;
         loop {
             let text = self.metrics_text();
