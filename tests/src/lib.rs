@@ -17,6 +17,8 @@
 //!   reads an HTTP endpoint there.
 //! - [`cmd`], [`process`]: commands and child processes that panic with what ran.
 //! - [`finding`]: reading and checking the agent's findings.
+//! - [`tunnel`]: creating tunnel devices the kernel may lack, skipping (or, where
+//!   `NODE_DIAG_REQUIRE_TUNNELS=1`, failing) when it does.
 //!
 //! # Rules every test follows
 //!
@@ -41,6 +43,7 @@
 pub mod agent;
 pub mod finding;
 pub mod tcp;
+pub mod tunnel;
 
 use std::fmt::Display;
 use std::net::{Ipv4Addr, SocketAddrV4};

@@ -162,7 +162,8 @@ pub enum UnderlaySource {
     RouteToRemote,
     /// The device holding the tunnel's local address.
     LocalAddress,
-    /// The device of the default route (no remote, no local: metadata mode, WireGuard).
+    /// The device of the default route (no remote, no local: metadata mode, WireGuard
+    /// without peer endpoints).
     DefaultRoute,
     /// The largest-MTU physical interface that is up, as a last resort.
     LargestPhysical,

@@ -11,7 +11,7 @@
 
 use std::{collections::HashMap, fs, path::Path};
 
-use tracing::warn;
+use tracing::{debug, warn};
 
 use super::{
     interfaces::{
@@ -22,6 +22,7 @@ use super::{
     namespaces::{self, NetnsFile, in_netns},
     rtnetlink::NetlinkError,
     underlay::{resolve_underlay, tunnel_family},
+    wireguard,
 };
 
 /// One namespace as read from inside it.
@@ -115,7 +116,12 @@ fn read_sysctl(name: &str) -> Option<u32> {
 
 /// Reads the calling thread's namespace.
 fn read_here() -> Result<Raw, NetlinkError> {
-    let links = links::links()?;
+    let mut links = links::links()?;
+    for link in &mut links {
+        if link.kind.as_deref() == Some("wireguard") {
+            add_wireguard_endpoint(link);
+        }
+    }
     let sysctls = Sysctls {
         ip_no_pmtu_disc: read_sysctl("ip_no_pmtu_disc"),
         tcp_mtu_probing: read_sysctl("tcp_mtu_probing"),
@@ -136,6 +142,20 @@ fn read_here() -> Result<Raw, NetlinkError> {
         sysctls,
         underlays,
     })
+}
+
+/// Gives a WireGuard link the peer endpoint its outer family and underlay follow (see
+/// [`wireguard::representative`]) as its remote. Without one (no peers with an endpoint,
+/// or the lookup failed) the link keeps no remote: the model falls back to the default
+/// route and assumes IPv4.
+fn add_wireguard_endpoint(link: &mut Link) {
+    match wireguard::peer_endpoints(link.index) {
+        Ok(endpoints) => {
+            let t = link.tunnel.get_or_insert_with(Default::default);
+            t.remote = wireguard::representative(&endpoints);
+        }
+        Err(e) => debug!(interface = %link.name, error = %e, "WireGuard peers unreadable"),
+    }
 }
 
 /// Joins the per-namespace reads: names the devices tunnels sit on and pairs veth ends.

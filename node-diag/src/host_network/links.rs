@@ -45,7 +45,8 @@ pub struct Tunnel {
     /// `IFLA_GRE_LINK`); `None` when unbound (0).
     pub bound_to: Option<u32>,
     /// Remote endpoint or multicast group; `None` when any (per-peer FDB entries or
-    /// metadata mode).
+    /// metadata mode). For WireGuard, a peer's endpoint, read over generic netlink by the
+    /// inventory.
     pub remote: Option<IpAddr>,
     pub local: Option<IpAddr>,
     /// Metadata mode (`external`/`collect_metadata`): endpoints come with each packet.
@@ -228,7 +229,8 @@ fn tunnel_from(data: InfoData) -> Option<Tunnel> {
                 }
             }
         }
-        // WireGuard keeps its peers in generic netlink: nothing here tells the family.
+        // WireGuard keeps its peers in generic netlink (see `wireguard`): nothing here
+        // tells the family.
         InfoData::Wireguard(_) => {}
         _ => return None,
     }

@@ -9,6 +9,8 @@
 //!   ([`local_scope`]: the agent's own and every pod namespace attached to it by a veth),
 //!   and running code inside one.
 //! - `monitor`: link notifications, turned into "re-snapshot" messages ([`watch`]).
+//! - `wireguard`: WireGuard peers' endpoints (generic netlink), which tell a WireGuard
+//!   device's outer family and underlay.
 //! - `tc`: `clsact` qdiscs and their filters (dump, delete), for the TC attachment on
 //!   kernels without TCX.
 //! - `interfaces`, `underlay`, `inventory`: the [`Snapshot`] of every interface of those
@@ -27,6 +29,7 @@ mod routes;
 mod rtnetlink;
 pub mod tc;
 mod underlay;
+mod wireguard;
 
 pub use interfaces::{Family, Interface, LinkKind, Snapshot, UnderlaySource};
 pub use inventory::{local_port_range, snapshot};

@@ -86,8 +86,8 @@ pub enum Encapsulation {
 
 impl Encapsulation {
     /// The encapsulation of a tunnel interface; `None` for other kinds. A tunnel whose
-    /// configuration does not tell the outer family (WireGuard, metadata-mode or
-    /// endpoint-less VXLAN/Geneve) is taken as IPv4, the kernel's own default for VXLAN,
+    /// configuration does not tell the outer family (WireGuard without peer endpoints,
+    /// metadata-mode or endpoint-less VXLAN/Geneve) is taken as IPv4, the kernel's own default for VXLAN,
     /// rather than risk false alarms on IPv4 nodes.
     pub fn for_interface(i: &Interface) -> Option<Self> {
         let t = i.tunnel.clone().unwrap_or_default();
