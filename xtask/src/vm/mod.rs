@@ -450,18 +450,32 @@ fn run_vm(
         series.name,
         if arch.is_host() { "" } else { " arm64" }
     );
-    let boot = machine.boot(
-        &prefix,
-        &run_dir.join("console.log"),
-        options.timeout,
-        false,
-        &[
-            "ND-VM-INIT-FAILED",
-            "Kernel panic",
-            "ND-VM-TEST-END",
-            POWER_OFF,
-        ],
-    )?;
+    let mut attempt = 1;
+    let boot = loop {
+        let boot = machine.boot(
+            &prefix,
+            &run_dir.join("console.log"),
+            options.timeout,
+            false,
+            &[
+                INIT_UP,
+                "ND-VM-INIT-FAILED",
+                "Kernel panic",
+                "ND-VM-TEST-END",
+                POWER_OFF,
+            ],
+        )?;
+        // A kernel that dies before reaching the init script ran nothing of ours: seen
+        // under TCG (an int3 oops in early boot), it says nothing about the agent.
+        let reached_init = boot.markers.iter().any(|l| l.contains(INIT_UP));
+        if reached_init || attempt == BOOT_ATTEMPTS {
+            break boot;
+        }
+        say(format_args!(
+            "the guest died before its init ran (attempt {attempt} of {BOOT_ATTEMPTS}): booting again"
+        ));
+        attempt += 1;
+    };
 
     let tests = read_results(&out.join("results"));
     let done = out.join("done").exists();
@@ -516,6 +530,11 @@ fn run_vm(
         error,
     })
 }
+
+/// What the init script prints once the kernel ran it.
+const INIT_UP: &str = "ND-VM-INIT: kernel";
+/// Boots tried when a guest dies before its init runs.
+const BOOT_ATTEMPTS: u32 = 3;
 
 /// What the guest's kernel prints when the guest script powers it off.
 const POWER_OFF: &str = "sysrq: Power Off";
