@@ -21,7 +21,6 @@
 //! table the README's kernel support section records.
 
 // Not wired into the matrix yet.
-#[allow(dead_code)]
 mod arm64;
 mod guest;
 mod initramfs;
@@ -78,10 +77,10 @@ impl fmt::Display for Arch {
 /// passes the arm64 verifier and its BTF offsets resolve: doctor (always run), refused,
 /// timeout, reset, the PMTUD black hole and a clean shutdown.
 pub const ARM64_SUBSET: &[&str] = &[
-    "scenarios::refused_connect_is_a_listener_problem",
-    "scenarios::forward_drop_timeout_is_a_firewall_problem",
-    "scenarios::reset_by_peer_is_reported_as_reset_not_refused",
-    "scenarios::sigterm_exits_cleanly_and_detaches",
+    "refused_connect_is_a_listener_problem",
+    "forward_drop_timeout_is_a_firewall_problem",
+    "reset_by_peer_is_reported_as_reset_not_refused",
+    "sigterm_exits_cleanly_and_detaches",
     "filtered_frag_needed_is_a_pmtud_black_hole",
 ];
 
@@ -307,7 +306,12 @@ impl Builds {
 }
 
 fn build_arm64() -> Result<Build> {
-    bail!("aarch64 guests are not wired up yet")
+    let build = arm64::cross_build(false)?;
+    Ok(Build {
+        agent: build.agent,
+        manifest_dir: build.test_manifest_dir,
+        binaries: build.test_binaries,
+    })
 }
 
 fn build_host() -> Result<Build> {
@@ -375,7 +379,7 @@ fn run_vm(
 
     let busybox = match arch {
         Arch::X86_64 => host_busybox()?,
-        Arch::Aarch64 => bail!("aarch64 guests are not wired up yet"),
+        Arch::Aarch64 => arm64::busybox(&arm64::userland(&cache)?),
     };
     let modules = kernel.modules_for(ROOT_MODULES)?;
     let filters: Vec<String> = if options.filters.is_empty() && arch == Arch::Aarch64 {
@@ -385,7 +389,10 @@ fn run_vm(
     };
     let (root_dir, workspace) = match arch {
         Arch::X86_64 => (PathBuf::from("/"), None::<PathBuf>),
-        Arch::Aarch64 => bail!("aarch64 guests are not wired up yet"),
+        Arch::Aarch64 => (
+            arm64::userland(&cache)?,
+            Some(cmd::metadata()?.workspace_root.into_std_path_buf()),
+        ),
     };
     let probe = run_dir.join("probe.cpio");
     initramfs::write_probe(&busybox, &qemu::probe_init(), &probe)?;
