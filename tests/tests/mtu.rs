@@ -321,16 +321,7 @@ fn filtered_frag_needed_is_a_pmtud_black_hole() {
 #[test]
 fn frag_needed_from_beyond_this_node_is_counted_as_received() {
     let topo = Topology::new();
-    cmd::run(&[
-        "ip",
-        "-n",
-        &topo.node_b,
-        "link",
-        "set",
-        POD_HOST_IF,
-        "mtu",
-        "1400",
-    ]);
+    node_diag_tests::narrow_node_b_pod_link(&topo, 1400);
     let agent = Agent::start_ready(&topo);
     let before = agent.counter(FRAG_RECEIVED);
     let _server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(9004), ServerMode::Echo);
