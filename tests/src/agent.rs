@@ -157,6 +157,26 @@ impl<'t> Agent<'t> {
         self.metric(series).unwrap_or(0.0)
     }
 
+    /// Polls `series` until it is exposed and returns its value; panics after `timeout`
+    /// (scaled) with the exposition.
+    pub fn wait_metric(&self, series: &str, timeout: Duration) -> f64 {
+        let timeout = scaled(timeout);
+        let deadline = Instant::now() + timeout;
+        loop {
+            let text = self.metrics_text();
+            if let Some(value) = crate::ok(metrics::find_value(&text, series)) {
+                return value;
+            }
+            if Instant::now() >= deadline {
+                panic!(
+                    "{series} not exposed within {timeout:?}\n/metrics:\n{text}\n{}",
+                    self.diagnostics()
+                );
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// Polls `series` until it reaches at least `min` and returns its value; panics
     /// after `timeout` with the last value and the exposition.
     pub fn wait_counter_at_least(&self, series: &str, min: f64, timeout: Duration) -> f64 {

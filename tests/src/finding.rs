@@ -79,6 +79,53 @@ fn shape_problems(f: &Value) -> Vec<String> {
     problems
 }
 
+/// Whether `finding` is an active `overlay_mtu_mismatch` about `interface` in namespace
+/// `netns` (by name).
+pub fn is_mismatch_on(finding: &Value, netns: &str, interface: &str) -> bool {
+    field(finding, "kind") == "overlay_mtu_mismatch"
+        && finding["interface"] == interface
+        && finding["evidence"]["netns_name"] == netns
+        && finding["status"] == "active"
+}
+
+/// A predicate for [`is_mismatch_on`], for `Agent::wait_finding` and friends.
+pub fn mismatch_on<'a>(netns: &'a str, interface: &'a str) -> impl Fn(&Value) -> bool + 'a {
+    move |f| is_mismatch_on(f, netns, interface)
+}
+
+/// Panics unless `finding` is an MTU-model finding with the contract's fields: interface
+/// findings carry no flow, the rest of the contract holds, and the evidence has the
+/// arithmetic's numbers.
+pub fn assert_shape_mtu(finding: &Value) {
+    let f = finding;
+    for key in [
+        "kind",
+        "layer",
+        "severity",
+        "summary",
+        "remediation",
+        "first_seen",
+        "last_seen",
+    ] {
+        assert!(f[key].is_string(), "`{key}` missing: {f:#}");
+    }
+    assert!(f["evidence"].is_object() && f["count"].is_u64(), "{f:#}");
+    assert_eq!(field(f, "layer"), "overlay_mtu");
+    assert_eq!(field(f, "severity"), "warning");
+    for key in [
+        "underlay_mtu",
+        "overhead",
+        "expected_mtu",
+        "actual_mtu",
+        "headroom",
+    ] {
+        assert!(
+            f["evidence"][key].is_i64() || f["evidence"][key].is_u64(),
+            "evidence `{key}` missing: {f:#}"
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,6 +17,8 @@
 //!   reads an HTTP endpoint there.
 //! - [`cmd`], [`process`]: commands and child processes that panic with what ran.
 //! - [`finding`]: reading and checking the agent's findings.
+//! - [`tunnel`]: creating tunnel devices the kernel may lack, skipping (or, where
+//!   `NODE_DIAG_REQUIRE_TUNNELS=1`, failing) when it does.
 //!
 //! # Rules every test follows
 //!
@@ -41,6 +43,7 @@
 pub mod agent;
 pub mod finding;
 pub mod tcp;
+pub mod tunnel;
 
 use std::fmt::Display;
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -65,6 +68,49 @@ pub fn kernel_version() -> (u32, u32) {
 /// get netlink filters under `clsact`.
 pub fn kernel_has_tcx() -> bool {
     kernel_version() >= (6, 6)
+}
+
+/// Lowers node B's veth to pod B to `mtu`, so that node B answers pod A's full-size
+/// segments with frag-needed (PMTUD from beyond node A). Pod B's default route gets the
+/// same MTU, with `advmss` left at its link's: pod B still advertises the full MSS (so
+/// pod A's segments hit the narrow link) but sends no frame that the narrow veth would
+/// drop without an ICMP (a veth drops oversize frames silently, unless they are GSO).
+pub fn narrow_node_b_pod_link(topo: &Topology, mtu: u32) {
+    cmd::run(&[
+        "ip",
+        "-n",
+        &topo.node_b,
+        "link",
+        "set",
+        topology::POD_HOST_IF,
+        "mtu",
+        &mtu.to_string(),
+    ]);
+    let default = cmd::run(&["ip", "-n", &topo.pod_b, "route", "show", "default"]);
+    let gateway = default
+        .split_whitespace()
+        .skip_while(|w| *w != "via")
+        .nth(1)
+        .unwrap_or_else(|| panic!("pod B has no default route via a gateway: {default}"))
+        .to_owned();
+    let advmss = (topology::POD_MTU - 40).to_string();
+    cmd::run(&[
+        "ip",
+        "-n",
+        &topo.pod_b,
+        "route",
+        "change",
+        "default",
+        "via",
+        &gateway,
+        "dev",
+        topology::POD_IF,
+        "onlink",
+        "mtu",
+        &mtu.to_string(),
+        "advmss",
+        &advmss,
+    ]);
 }
 
 /// Unwraps a testbed result, panicking with the error's message (which carries the

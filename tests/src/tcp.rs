@@ -59,7 +59,8 @@ pub fn tcp_connect(netns: &str, addr: SocketAddr, timeout: Duration) -> ConnectO
 /// From inside `netns`: connects to `addr`, sends `payload`, and reads until
 /// as many bytes came back (an echo) or the peer closed. Every step is bounded
 /// by `timeout`. Errors are returned as they come (`ConnectionReset` when the
-/// peer aborts).
+/// peer aborts). `timeout` is scaled like the waits on the agent
+/// ([`crate::agent::scaled`]): under emulation a transfer takes longer.
 pub fn tcp_request(
     netns: &str,
     addr: SocketAddr,
@@ -67,6 +68,7 @@ pub fn tcp_request(
     timeout: Duration,
 ) -> io::Result<Vec<u8>> {
     let len = payload.len();
+    let timeout = crate::agent::scaled(timeout);
     in_netns(netns, || {
         let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
         stream.set_read_timeout(Some(timeout))?;

@@ -11,7 +11,8 @@
 //!   IPIP: `tunl0` (the ipip module's fallback device: no remote, each packet sent to the
 //!   gateway of its route); this machine's kernel has no ipip, so here those tests skip
 //!   and the netlink fixtures of `node-diag/src/host_network/underlay.rs` cover it. The
-//!   VM runner's kernels have ipip (`NODE_DIAG_REQUIRE_TUNNELS=1` makes them mandatory).
+//!   VM runner's kernels have ipip (`NODE_DIAG_REQUIRE_TUNNELS=1` makes it mandatory, as
+//!   geneve and wireguard: see `node_diag_tests::tunnel`).
 //! - Cilium in tunnel mode: `cilium_vxlan` in metadata (`external`) mode, veths at 1500
 //!   on both ends and the pod's default route with `mtu 1450`. Cilium's eBPF datapath sets
 //!   each packet's tunnel endpoint; here a route's `encap ip dst` does the same in the
@@ -31,8 +32,9 @@ mod cni {
     use std::net::Ipv4Addr;
     use std::time::Duration;
 
-    use node_diag_tests::finding::field;
+    use node_diag_tests::finding::{field, mismatch_on};
     use node_diag_tests::topology::{POD_HOST_IF, POD_IF, UNDERLAY_IF, VXLAN_IF};
+    use node_diag_tests::tunnel::{add_tunnel_or_skip, is_missing_kind, tunnels_required};
     use node_diag_tests::{
         Agent, ServerMode, TcpServer, Topology, cmd, node_diag_bin, tcp_request,
     };
@@ -45,8 +47,6 @@ mod cni {
     const FINDING_WITHIN: Duration = Duration::from_secs(5);
     /// How long a clean shape is watched for a finding.
     const QUIET: Duration = Duration::from_secs(3);
-    /// Set to `1` where every tunnel kind must be available (the VM runner's kernels).
-    const REQUIRE_TUNNELS: &str = "NODE_DIAG_REQUIRE_TUNNELS";
     /// Node A's and node B's IPv6 underlay addresses (on `ul0`).
     const NODE_V6: [&str; 2] = ["fd00:77::1", "fd00:77::2"];
 
@@ -122,38 +122,27 @@ mod cni {
         }
     }
 
-    /// Whether `ip <argv...>`'s failure says the kernel lacks a device kind.
-    fn missing_kind(stderr: &str) -> bool {
-        let s = stderr.to_ascii_lowercase();
-        s.contains("unknown device type") || s.contains("not supported")
-    }
-
-    /// Runs `ip -n <netns> link add <args>`: `true` when the device exists afterwards.
-    /// When the kernel lacks the kind the test skips (`false`, with a `SKIPPED:` line on
-    /// stderr), unless [`REQUIRE_TUNNELS`] is `1`, which makes it a failure. With
-    /// `exists_ok`, "File exists" counts as created (the ipip module's `tunl0`).
-    fn add_or_skip(netns: &str, kind: &str, args: &[&str], exists_ok: bool) -> bool {
-        let mut argv = vec!["ip", "-n", netns, "link", "add"];
-        argv.extend_from_slice(args);
-        let out = cmd::try_run(&argv);
+    /// The ipip module's `tunl0` in `netns`: it exists in every namespace once the module
+    /// is loaded, and asking for one loads the module where the kernel can. `false` (the
+    /// test skips, with a `SKIPPED:` line) when the kernel has no ipip, unless tunnels are
+    /// required, which makes it a failure.
+    fn tunl0_or_skip(netns: &str) -> bool {
+        let out = cmd::try_run(&["ip", "-n", netns, "link", "add", "tunl0", "type", "ipip"]);
         let stderr = String::from_utf8_lossy(&out.stderr);
-        if out.status.success() || (exists_ok && stderr.contains("File exists")) {
+        if out.status.success() || stderr.contains("File exists") {
             return true;
         }
         assert!(
-            missing_kind(&stderr),
-            "`{}` failed: {}",
-            argv.join(" "),
-            stderr.trim_end()
+            is_missing_kind(&stderr),
+            "ip link add tunl0 type ipip: {stderr}"
         );
         assert!(
-            std::env::var(REQUIRE_TUNNELS).as_deref() != Ok("1"),
-            "{REQUIRE_TUNNELS}=1 but this kernel has no {kind}: {}",
-            stderr.trim_end()
+            !tunnels_required(),
+            "tunnels are required but this kernel has no ipip: {stderr}"
         );
         let _ = writeln!(
             std::io::stderr(),
-            "\nSKIPPED: this kernel has no {kind} support"
+            "\nSKIPPED: this kernel has no ipip support"
         );
         false
     }
@@ -307,9 +296,7 @@ mod cni {
     /// to the peer node's underlay address, which is where tunl0 sends each packet.
     /// `false` (the test skips) when the kernel has no ipip.
     fn calico_ipip(topo: &Topology, mtu: u32) -> bool {
-        // Loading the module gives every namespace its `tunl0`: adding one then says it
-        // exists.
-        if !add_or_skip(&topo.node_a, "ipip", &["tunl0", "type", "ipip"], true) {
+        if !tunl0_or_skip(&topo.node_a) {
             return false;
         }
         remove_testbed_overlay(topo);
@@ -376,13 +363,10 @@ mod cni {
         };
         let [a, b] = sides(topo);
         for s in [&a, &b] {
-            let own_mac = mac(s.index);
-            let args = [
-                dev, "address", &own_mac, "type", kind, "external", "dstport", port,
-            ];
-            if !add_or_skip(&s.node, kind, &args, false) {
+            if !add_tunnel_or_skip(&s.node, dev, kind, &["external", "dstport", port]) {
                 return false;
             }
+            ip(&s.node, &["link", "set", dev, "address", &mac(s.index)]);
         }
         remove_testbed_overlay(topo);
         topo.set_pod_mtu(1500);
@@ -540,16 +524,6 @@ mod cni {
     }
 
     // Checking ---------------------------------------------------------------------------
-
-    /// An active `overlay_mtu_mismatch` about `interface` in namespace `netns`.
-    fn mismatch_on<'a>(netns: &'a str, interface: &'a str) -> impl Fn(&Value) -> bool + 'a {
-        move |f| {
-            field(f, "kind") == "overlay_mtu_mismatch"
-                && f["interface"] == interface
-                && f["evidence"]["netns_name"] == netns
-                && f["status"] == "active"
-        }
-    }
 
     fn any_mismatch(f: &Value) -> bool {
         field(f, "kind") == "overlay_mtu_mismatch"
@@ -988,12 +962,7 @@ mod cni {
     /// on the 1500 one: its underlay is the route to the peer (at `mtu`).
     fn wireguard_to_the_cluster_network(topo: &Topology, mtu: u32) -> bool {
         jumbo_cluster_network(topo);
-        if !add_or_skip(
-            &topo.node_a,
-            "wireguard",
-            &["wgc", "type", "wireguard"],
-            false,
-        ) {
+        if !add_tunnel_or_skip(&topo.node_a, "wgc", "wireguard", &[]) {
             return false;
         }
         let key = cmd::run(&["wg", "genkey"]);

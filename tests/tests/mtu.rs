@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use node_diag_tests::finding::{assert_shape, field, flow_is};
+use node_diag_tests::finding::{assert_shape, assert_shape_mtu, field, flow_is, mismatch_on};
 use node_diag_tests::topology::{POD_HOST_IF, POD_IF};
 use node_diag_tests::{Agent, ServerMode, TcpServer, Topology, cmd, tcp_request};
 use serde_json::Value;
@@ -169,46 +169,6 @@ fn oversized_pod_mtu_with_icmp_allowed_is_an_oversize_drop_that_recovers() {
     );
 }
 
-/// An active `overlay_mtu_mismatch` finding about `interface` in namespace `netns`.
-fn mismatch_on<'a>(netns: &'a str, interface: &'a str) -> impl Fn(&Value) -> bool + 'a {
-    move |f| {
-        field(f, "kind") == "overlay_mtu_mismatch"
-            && f["interface"] == interface
-            && f["evidence"]["netns_name"] == netns
-            && f["status"] == "active"
-    }
-}
-
-/// Interface findings carry no flow; the rest of the contract holds.
-fn assert_shape_mtu(f: &Value) {
-    for key in [
-        "kind",
-        "layer",
-        "severity",
-        "summary",
-        "remediation",
-        "first_seen",
-        "last_seen",
-    ] {
-        assert!(f[key].is_string(), "`{key}` missing: {f:#}");
-    }
-    assert!(f["evidence"].is_object() && f["count"].is_u64(), "{f:#}");
-    assert_eq!(field(f, "layer"), "overlay_mtu");
-    assert_eq!(field(f, "severity"), "warning");
-    for key in [
-        "underlay_mtu",
-        "overhead",
-        "expected_mtu",
-        "actual_mtu",
-        "headroom",
-    ] {
-        assert!(
-            f["evidence"][key].is_i64() || f["evidence"][key].is_u64(),
-            "evidence `{key}` missing: {f:#}"
-        );
-    }
-}
-
 #[test]
 fn unbound_vxlan_above_its_underlay_is_an_overlay_mismatch() {
     let topo = Topology::new();
@@ -361,16 +321,7 @@ fn filtered_frag_needed_is_a_pmtud_black_hole() {
 #[test]
 fn frag_needed_from_beyond_this_node_is_counted_as_received() {
     let topo = Topology::new();
-    cmd::run(&[
-        "ip",
-        "-n",
-        &topo.node_b,
-        "link",
-        "set",
-        POD_HOST_IF,
-        "mtu",
-        "1400",
-    ]);
+    node_diag_tests::narrow_node_b_pod_link(&topo, 1400);
     let agent = Agent::start_ready(&topo);
     let before = agent.counter(FRAG_RECEIVED);
     let _server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(9004), ServerMode::Echo);

@@ -287,16 +287,7 @@ fn netlink_filter_sees_frag_needed_from_beyond_this_node() {
     const FRAG_RECEIVED: &str = r#"node_diag_icmp_frag_needed_total{direction="received"}"#;
     const BULK: usize = 200 * 1024;
     let topo = Topology::new();
-    cmd::run(&[
-        "ip",
-        "-n",
-        &topo.node_b,
-        "link",
-        "set",
-        POD_HOST_IF,
-        "mtu",
-        "1400",
-    ]);
+    node_diag_tests::narrow_node_b_pod_link(&topo, 1400);
     let agent = start_netlink(&topo);
     one_filter_each(&topo, &agent, "ready agent");
     let before = agent.counter(FRAG_RECEIVED);
@@ -307,7 +298,20 @@ fn netlink_filter_sees_frag_needed_from_beyond_this_node() {
         &vec![4; BULK],
         Duration::from_secs(10),
     )
-    .expect("PMTUD recovers: the transfer completes");
+    .unwrap_or_else(|e| {
+        let route = cmd::try_run_in(
+            &topo.pod_a,
+            &["ip", "route", "get", &topo.pod_b_ip.to_string()],
+        );
+        let snmp = cmd::try_run_in(&topo.node_b, &["cat", "/proc/net/snmp"]);
+        panic!(
+            "PMTUD recovers: the transfer completes: {e}\npod A: {}\nnode B snmp:\n{}\nvx0 filters:\n{}\n{}",
+            String::from_utf8_lossy(&route.stdout),
+            String::from_utf8_lossy(&snmp.stdout),
+            filters(&topo, "vx0", "ingress"),
+            agent.diagnostics()
+        )
+    });
     assert_eq!(reply.len(), BULK);
     agent.wait_counter_at_least(FRAG_RECEIVED, before + 1.0, Duration::from_secs(3));
     agent.expect_no_finding(

@@ -82,21 +82,14 @@ fn say(what: impl std::fmt::Display) {
 /// reason) a target whose Rust standard library cannot be installed.
 pub fn run() -> Result<()> {
     let host = host_triple()?;
-    let installed = cmd::output(cmd::command("rustup").args(["target", "list", "--installed"]))
-        .context("rustup is required for the cross builds")?;
     let mut built = 0;
     for target in TARGETS {
-        if !installed.lines().any(|l| l.trim() == target.triple) {
-            let mut add = cmd::command("rustup");
-            add.args(["target", "add", target.triple]);
-            say(format_args!("{}: {}", target.triple, cmd::display(&add)));
-            if let Err(err) = cmd::output(&mut add) {
-                say(format_args!(
-                    "{} ({}): SKIPPED: its Rust standard library cannot be installed here: {err:#}",
-                    target.triple, target.platform
-                ));
-                continue;
-            }
+        if let Err(err) = ensure_std(target, say) {
+            say(format_args!(
+                "{} ({}): SKIPPED: {err:#}",
+                target.triple, target.platform
+            ));
+            continue;
         }
         build(target, &host)?;
         built += 1;
@@ -107,7 +100,52 @@ pub fn run() -> Result<()> {
     Ok(())
 }
 
-fn host_triple() -> Result<String> {
+/// The image platform whose Rust target is `triple`.
+pub(crate) fn target(triple: &str) -> Option<&'static Target> {
+    TARGETS.iter().find(|t| t.triple == triple)
+}
+
+/// Installs `target`'s Rust standard library (`rustup target add`) unless it is there;
+/// `announce` gets the command line before it runs.
+pub(crate) fn ensure_std(target: &Target, announce: impl FnOnce(String)) -> Result<()> {
+    let installed = cmd::output(cmd::command("rustup").args(["target", "list", "--installed"]))
+        .context("rustup is required for the cross builds")?;
+    if installed.lines().any(|l| l.trim() == target.triple) {
+        return Ok(());
+    }
+    let mut add = cmd::command("rustup");
+    add.args(["target", "add", target.triple]);
+    announce(format!("{}: {}", target.triple, cmd::display(&add)));
+    cmd::output(&mut add).map(drop).with_context(|| {
+        format!(
+            "the Rust standard library for {} cannot be installed here",
+            target.triple
+        )
+    })
+}
+
+/// Points `cargo` at `target`'s cross linker when `target` is not `host`; returns the
+/// variable set, for messages. Fails when that linker is not installed.
+pub(crate) fn set_linker(
+    cargo: &mut Command,
+    target: &Target,
+    host: &str,
+) -> Result<Option<(&'static str, &'static str)>> {
+    let Some((var, linker)) = target.linker.filter(|_| target.triple != host) else {
+        return Ok(None);
+    };
+    if which::which(linker).is_err() {
+        bail!(
+            "{linker} not found for the {} build: apt-get install gcc-aarch64-linux-gnu libc6-dev-arm64-cross (`cargo xtask prereqs --test-tools` does)",
+            target.triple
+        );
+    }
+    cargo.env(var, linker);
+    Ok(Some((var, linker)))
+}
+
+/// The Rust target this machine builds for by default (`rustc -vV`).
+pub(crate) fn host_triple() -> Result<String> {
     let rustc = cmd::output(cmd::command("rustc").arg("-vV"))?;
     rustc
         .lines()
@@ -126,19 +164,9 @@ fn build(target: &Target, host: &str) -> Result<()> {
         "--target",
         target.triple,
     ]);
-    if target.triple != host
-        && let Some((var, linker)) = target.linker
-    {
-        if which::which(linker).is_err() {
-            bail!(
-                "{linker} not found for the {} build: apt-get install gcc-aarch64-linux-gnu libc6-dev-arm64-cross (`cargo xtask prereqs --test-tools` does)",
-                target.triple
-            );
-        }
-        cargo.env(var, linker);
-        say(format_args!("{var}={linker} {}", cmd::display(&cargo)));
-    } else {
-        say(cmd::display(&cargo));
+    match set_linker(&mut cargo, target, host)? {
+        Some((var, linker)) => say(format_args!("{var}={linker} {}", cmd::display(&cargo))),
+        None => say(cmd::display(&cargo)),
     }
     cmd::run(&mut cargo).with_context(|| format!("cross build for {} failed", target.triple))?;
     let binary = cmd::target_dir()?

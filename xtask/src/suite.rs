@@ -208,13 +208,24 @@ fn harness_args(filters: &[String]) -> Vec<&str> {
 /// Builds the integration tests without running them; returns the package directory
 /// (the tests' working directory under `cargo test`) and the test executables.
 pub(crate) fn build_test_binaries() -> Result<(PathBuf, Vec<PathBuf>)> {
-    let mut build = cargo(&[
+    build_test_binaries_with(test_build_command())
+}
+
+/// `cargo test -p node-diag-tests --no-run` with JSON messages, for callers to extend
+/// (`--target`, a linker) before [`build_test_binaries_with`] runs it.
+pub(crate) fn test_build_command() -> Command {
+    cargo(&[
         "test",
         "-p",
         TESTS_PACKAGE,
         "--no-run",
         "--message-format=json-render-diagnostics",
-    ]);
+    ])
+}
+
+/// Runs `build` (from [`test_build_command`]) and returns what it built, as
+/// [`build_test_binaries`] does.
+pub(crate) fn build_test_binaries_with(mut build: Command) -> Result<(PathBuf, Vec<PathBuf>)> {
     build.stdout(Stdio::piped());
     let line = cmd::display(&build);
     println!("[test] integration tests (build): {line}");

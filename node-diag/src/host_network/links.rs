@@ -44,8 +44,8 @@ pub struct Tunnel {
     /// The device the tunnel is bound to (`IFLA_VXLAN_LINK`, `IFLA_IPTUN_LINK`,
     /// `IFLA_GRE_LINK`); `None` when unbound (0).
     pub bound_to: Option<u32>,
-    /// Remote endpoint or multicast group; `None` when any (per-peer FDB entries or
-    /// metadata mode).
+    /// Remote endpoint or multicast group; `None` when any (per-peer FDB entries,
+    /// metadata mode, WireGuard: the inventory reads those endpoints separately).
     pub remote: Option<IpAddr>,
     pub local: Option<IpAddr>,
     /// Metadata mode (`external`/`collect_metadata`): endpoints come with each packet.
@@ -228,7 +228,8 @@ fn tunnel_from(data: InfoData) -> Option<Tunnel> {
                 }
             }
         }
-        // WireGuard keeps its peers in generic netlink: nothing here tells the family.
+        // WireGuard keeps its peers in generic netlink (see `wireguard`): nothing here
+        // tells the family.
         InfoData::Wireguard(_) => {}
         _ => return None,
     }

@@ -1147,6 +1147,8 @@ mod tests {
                 fixtures::geneve(vec![InfoGeneve::Remote(Ipv4Addr::new(10, 0, 0, 2))]),
                 1450,
             ),
+            // No peer endpoint in a link message: IPv4 assumed (the kernel's own 1420
+            // leaves room for an IPv6 peer).
             (fixtures::wireguard(), 1440),
             (
                 fixtures::ipip(fixtures::InfoKind::IpIp, vec![InfoIpTunnel::Link(2)]),

@@ -48,8 +48,9 @@ pub fn script(plan: &Plan<'_>) -> String {
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export HOME=/root LANG=C.UTF-8 RUST_BACKTRACE=1
 OUT={GUEST_OUT}
-mount -t tmpfs -o mode=1777 tmpfs /tmp
-mkdir -p /dev/pts /dev/shm /run/netns /run/lock /sys/fs/cgroup /sys/fs/bpf
+# /tmp stays the overlay's (writable, in memory): a fresh tmpfs there would hide a
+# checkout under the host's /tmp, and with it the binaries under test.
+mkdir -p /tmp /dev/pts /dev/shm /run/netns /run/lock /sys/fs/cgroup /sys/fs/bpf
 mount -t devpts devpts /dev/pts
 mount -t tmpfs tmpfs /dev/shm
 mount -t cgroup2 cgroup2 /sys/fs/cgroup
@@ -89,7 +90,9 @@ echo "ND-VM-TEST-END {name} exit=$rc""#,
 sync
 echo "ND-VM: powering off"
 echo o > /proc/sysrq-trigger
-sleep 30
+# Wait in the shell itself: the power-off unmounts the root, so no command can start,
+# and PID 1 must not exit (the kernel would panic).
+while :; do :; done
 "#,
     );
     s

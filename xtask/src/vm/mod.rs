@@ -20,6 +20,8 @@
 //! results) and the matrix's outcome in `target/vm/results.json` and `results.md`, the
 //! table the README's kernel support section records.
 
+// Not wired into the matrix yet.
+mod arm64;
 mod guest;
 mod initramfs;
 mod kernel;
@@ -75,10 +77,10 @@ impl fmt::Display for Arch {
 /// passes the arm64 verifier and its BTF offsets resolve: doctor (always run), refused,
 /// timeout, reset, the PMTUD black hole and a clean shutdown.
 pub const ARM64_SUBSET: &[&str] = &[
-    "scenarios::refused_connect_is_a_listener_problem",
-    "scenarios::forward_drop_timeout_is_a_firewall_problem",
-    "scenarios::reset_by_peer_is_reported_as_reset_not_refused",
-    "scenarios::sigterm_exits_cleanly_and_detaches",
+    "refused_connect_is_a_listener_problem",
+    "forward_drop_timeout_is_a_firewall_problem",
+    "reset_by_peer_is_reported_as_reset_not_refused",
+    "sigterm_exits_cleanly_and_detaches",
     "filtered_frag_needed_is_a_pmtud_black_hole",
 ];
 
@@ -304,7 +306,12 @@ impl Builds {
 }
 
 fn build_arm64() -> Result<Build> {
-    bail!("aarch64 guests are not wired up yet")
+    let build = arm64::cross_build(false)?;
+    Ok(Build {
+        agent: build.agent,
+        manifest_dir: build.test_manifest_dir,
+        binaries: build.test_binaries,
+    })
 }
 
 fn build_host() -> Result<Build> {
@@ -372,7 +379,7 @@ fn run_vm(
 
     let busybox = match arch {
         Arch::X86_64 => host_busybox()?,
-        Arch::Aarch64 => bail!("aarch64 guests are not wired up yet"),
+        Arch::Aarch64 => arm64::busybox(&arm64::userland(&cache)?),
     };
     let modules = kernel.modules_for(ROOT_MODULES)?;
     let filters: Vec<String> = if options.filters.is_empty() && arch == Arch::Aarch64 {
@@ -382,7 +389,10 @@ fn run_vm(
     };
     let (root_dir, workspace) = match arch {
         Arch::X86_64 => (PathBuf::from("/"), None::<PathBuf>),
-        Arch::Aarch64 => bail!("aarch64 guests are not wired up yet"),
+        Arch::Aarch64 => (
+            arm64::userland(&cache)?,
+            Some(cmd::metadata()?.workspace_root.into_std_path_buf()),
+        ),
     };
     let probe = run_dir.join("probe.cpio");
     initramfs::write_probe(&busybox, &qemu::probe_init(), &probe)?;
@@ -450,13 +460,32 @@ fn run_vm(
         series.name,
         if arch.is_host() { "" } else { " arm64" }
     );
-    let boot = machine.boot(
-        &prefix,
-        &run_dir.join("console.log"),
-        options.timeout,
-        false,
-        &["ND-VM-INIT-FAILED", "Kernel panic", "ND-VM-TEST-END"],
-    )?;
+    let mut attempt = 1;
+    let boot = loop {
+        let boot = machine.boot(
+            &prefix,
+            &run_dir.join("console.log"),
+            options.timeout,
+            false,
+            &[
+                INIT_UP,
+                "ND-VM-INIT-FAILED",
+                "Kernel panic",
+                "ND-VM-TEST-END",
+                POWER_OFF,
+            ],
+        )?;
+        // A kernel that dies before reaching the init script ran nothing of ours: seen
+        // under TCG (an int3 oops in early boot), it says nothing about the agent.
+        let reached_init = boot.markers.iter().any(|l| l.contains(INIT_UP));
+        if reached_init || attempt == BOOT_ATTEMPTS {
+            break boot;
+        }
+        say(format_args!(
+            "the guest died before its init ran (attempt {attempt} of {BOOT_ATTEMPTS}): booting again"
+        ));
+        attempt += 1;
+    };
 
     let tests = read_results(&out.join("results"));
     let done = out.join("done").exists();
@@ -471,6 +500,8 @@ fn run_vm(
     } else if let Some(line) = boot
         .markers
         .iter()
+        // What happens once the power-off began is not the tests' doing.
+        .take_while(|l| !l.contains(POWER_OFF))
         .find(|l| l.contains("ND-VM-INIT-FAILED") || l.contains("Kernel panic"))
     {
         Some(format!("the guest failed: {line}"))
@@ -509,6 +540,14 @@ fn run_vm(
         error,
     })
 }
+
+/// What the init script prints once the kernel ran it.
+const INIT_UP: &str = "ND-VM-INIT: kernel";
+/// Boots tried when a guest dies before its init runs.
+const BOOT_ATTEMPTS: u32 = 3;
+
+/// What the guest's kernel prints when the guest script powers it off.
+const POWER_OFF: &str = "sysrq: Power Off";
 
 /// How much longer the tests wait on the agent in a TCG guest.
 const TCG_TIME_SCALE: u32 = 4;
