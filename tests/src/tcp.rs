@@ -32,6 +32,18 @@ pub enum ConnectOutcome {
 }
 
 impl ConnectOutcome {
+    /// Whether the connect failed as an ICMP error fails it: with the errno, or with no
+    /// errno at all. The latter is std's "no error set after POLLHUP": seen on Debian's
+    /// 6.1 under emulation, poll reported the hang-up of a connect an ICMP error ended,
+    /// and SO_ERROR read 0. Either way the connect ended early, not at a deadline.
+    pub fn is_icmp_failure(&self) -> bool {
+        match self {
+            ConnectOutcome::Unreachable(_) => true,
+            ConnectOutcome::Other(e) => e.to_string().contains("no error set after POLLHUP"),
+            _ => false,
+        }
+    }
+
     /// Classifies the error a connect returned.
     pub fn from_error(err: io::Error) -> ConnectOutcome {
         match err.raw_os_error() {

@@ -203,6 +203,7 @@ impl<'t> Prometheus<'t> {
 
     /// Waits until alert `name` is firing and returns it.
     fn wait_firing(&self, name: &str, timeout: Duration) -> Value {
+        let timeout = node_diag_tests::agent::scaled(timeout);
         let deadline = Instant::now() + timeout;
         loop {
             let alerts = self.alerts();
