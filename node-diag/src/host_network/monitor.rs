@@ -2,7 +2,7 @@
 //! turns its notifications into "re-snapshot" messages for the agent, so an MTU change or
 //! a new pod is seen at once instead of at the next periodic pass.
 
-use std::{os::fd::AsRawFd as _, thread, time::Duration};
+use std::{thread, time::Duration};
 
 use netlink_packet_core::{NetlinkMessage, NetlinkPayload};
 use netlink_packet_route::RouteNetlinkMessage;
@@ -38,23 +38,7 @@ impl LinkMonitor {
         if let Err(e) = sock.set_listen_all_namespaces(true) {
             tracing::debug!(error = %e, "link notifications limited to the agent's namespace");
         }
-        let tv = libc::timeval {
-            tv_sec: poll.as_secs() as libc::time_t,
-            tv_usec: poll.subsec_micros() as libc::suseconds_t,
-        };
-        // SAFETY: setsockopt reads `size_of::<timeval>()` bytes from a live timeval.
-        let rc = unsafe {
-            libc::setsockopt(
-                sock.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
-                (&raw const tv).cast(),
-                size_of::<libc::timeval>() as libc::socklen_t,
-            )
-        };
-        if rc != 0 {
-            return Err(std::io::Error::last_os_error().into());
-        }
+        set_recv_timeout(&sock, poll)?;
         Ok(Self { sock })
     }
 
@@ -134,4 +118,29 @@ pub fn watch() -> Result<tokio::sync::mpsc::Receiver<()>, MonitorError> {
         })
         .map_err(MonitorError::Thread)?;
     Ok(rx)
+}
+
+/// Sets `SO_RCVTIMEO` on a netlink socket, so a blocking receive returns after `timeout`.
+pub(super) fn set_recv_timeout(
+    sock: &impl std::os::fd::AsRawFd,
+    timeout: std::time::Duration,
+) -> std::io::Result<()> {
+    let tv = libc::timeval {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_usec: timeout.subsec_micros() as libc::suseconds_t,
+    };
+    // SAFETY: setsockopt reads `size_of::<timeval>()` bytes from a live timeval.
+    let rc = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&raw const tv).cast(),
+            size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }

@@ -5,10 +5,7 @@
 //! The messages are small and fixed (uapi `linux/wireguard.h`, `linux/genetlink.h`), so
 //! they are built and parsed here by hand rather than through another crate.
 
-use std::{
-    net::{IpAddr, Ipv4Addr, Ipv6Addr},
-    os::fd::AsRawFd as _,
-};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_GENERIC};
 
@@ -182,23 +179,7 @@ fn genl_socket() -> Result<Socket, NetlinkError> {
     let mut sock = Socket::new(NETLINK_GENERIC)?;
     sock.bind_auto()?;
     sock.connect(&SocketAddr::new(0, 0))?;
-    let tv = libc::timeval {
-        tv_sec: 1,
-        tv_usec: 0,
-    };
-    // SAFETY: setsockopt reads `size_of::<timeval>()` bytes from a live timeval.
-    let rc = unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&raw const tv).cast(),
-            size_of::<libc::timeval>() as libc::socklen_t,
-        )
-    };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error().into());
-    }
+    super::monitor::set_recv_timeout(&sock, std::time::Duration::from_secs(1))?;
     Ok(sock)
 }
 
