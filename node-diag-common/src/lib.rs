@@ -110,7 +110,8 @@ pub mod event_kind {
     /// size is the problem (an oversize drop, or frag-needed generated, dropped or
     /// received for the flow): a PMTUD black hole.
     pub const PMTUD_STALL: u32 = 7;
-    /// The same retransmit pattern without any MTU evidence: the peer went silent.
+    /// One segment (of any size) retransmitted that many times without MTU evidence:
+    /// the peer went silent.
     pub const TCP_STALL: u32 = 8;
     /// The application closed a connecting socket before any answer (its own connect
     /// timeout), after a SYN retransmit or a SYN drop on this node.
@@ -218,16 +219,16 @@ pub struct IcmpInfo {
 }
 const _: () = assert!(core::mem::size_of::<IcmpInfo>() == 48);
 
-/// A socket retransmitting full-size segments.
+/// A socket retransmitting one data segment again and again.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RetransState {
     pub first_ns: u64,
     pub last_ns: u64,
     pub flow: FlowKey,
-    /// Consecutive full-size retransmits of the segment starting at `seq` (reset by a
-    /// smaller retransmit or one of another segment: progress, or congestion recovery).
-    pub full: u32,
+    /// Consecutive retransmits of the segment starting at `seq` (reset by a retransmit
+    /// of another segment: progress, or congestion recovery).
+    pub repeats: u32,
     /// What was reported for the current stall: 0 nothing,
     /// [`RETRANS_REPORTED_PMTUD`] a PMTUD black hole, [`RETRANS_REPORTED_STALL`] a stall
     /// without MTU evidence.

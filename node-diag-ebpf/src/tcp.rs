@@ -82,10 +82,15 @@ fn try_retransmit(ctx: &TracePointContext) -> Option<()> {
     Some(())
 }
 
-/// Tracks retransmits of full-size data segments. A PMTUD black hole makes the sender
-/// retransmit the same single full-size segment again and again on its backed-off RTO;
-/// loss recovery under congestion retransmits different segments, or bursts of them, and
-/// moves on. So only repeats of one segment count.
+/// Tracks repeated retransmits of one data segment. A sender whose segment gets no answer
+/// retransmits that one segment (the head of its retransmit queue) again and again on its
+/// backed-off RTO; loss recovery under congestion retransmits different segments, or
+/// bursts of them, and moves on. So only repeats of one segment count.
+///
+/// A stall is a PMTUD black hole only when the repeated segment is full-size and MTU
+/// evidence exists for the flow. Any other repeat is a plain stall: the head segment of a
+/// peer that went silent is often shorter than the MSS (the tail of a partial write),
+/// and a black hole passes short segments.
 fn data_retransmit(ctx: &TracePointContext, sk: u64) -> Option<()> {
     if config!(btf_ok) == 0 {
         return None;
@@ -94,34 +99,34 @@ fn data_retransmit(ctx: &TracePointContext, sk: u64) -> Option<()> {
     // The write-queue skb holds payload only, possibly several MSS when segmentation is
     // offloaded; at least one MSS is a full-size segment.
     let len = kread::<u32>(skb, config!(skb_len))?;
-    let mss = kread::<u32>(sk, config!(tcp_mss_cache))?;
     // A retransmit the local stack could not send (queue full, TSQ) is retried as is
     // and says nothing about the path.
     let err_off = config!(retrans_err);
     if err_off != u16::MAX && field::<i32>(ctx, err_off)? != 0 {
         return None;
     }
+    let mss = kread::<u32>(sk, config!(tcp_mss_cache))?;
     // After a timeout the sender is down to one segment per retransmit; several at once
     // (a GSO burst) is loss recovery with a window, not a stall.
-    if len >= 2 * mss {
+    if len == 0 || len >= 2 * mss {
         return None;
     }
+    let full_size = len >= mss;
     let seq = kread::<u32>(skb, config!(skb_cb))?;
     let now = now();
     let Some(state) = RETRANS.get_ptr_mut(&sk) else {
-        if len < mss {
-            return None;
-        }
         let netns = sock_netns(sk);
         if !in_scope(netns) {
             return None;
         }
-        inc(counter::FULLSIZE_RETRANSMITS);
+        if full_size {
+            inc(counter::FULLSIZE_RETRANSMITS);
+        }
         let entry = RetransState {
             first_ns: now,
             last_ns: now,
             flow: read_tuple(ctx, config!(retrans))?,
-            full: 1,
+            repeats: 1,
             reported: 0,
             netns,
             seq,
@@ -129,40 +134,53 @@ fn data_retransmit(ctx: &TracePointContext, sk: u64) -> Option<()> {
         return RETRANS.insert(&sk, &entry, 0).ok();
     };
     let threshold = config!(fullsize_retrans_threshold);
-    let (full, netns, flow, first_ns, reported) = unsafe {
-        if len < mss {
-            // A smaller segment is being retried: the path shrank the MSS, the stall is over.
-            (*state).full = 0;
-            (*state).reported = 0;
-            return Some(());
-        }
+    // SAFETY: the entry belongs to this socket, whose retransmits the kernel serialises
+    // under the socket lock; the values are copied out at once.
+    let (repeats, netns, flow, first_ns, reported) = unsafe {
         if (*state).seq == seq {
-            (*state).full += 1;
+            if !full_size && (*state).reported == RETRANS_REPORTED_PMTUD {
+                // The reported black hole's segment is now retried smaller: the path
+                // shrank the MSS, that stall is over.
+                (*state).repeats = 1;
+                (*state).reported = 0;
+                (*state).first_ns = now;
+            } else {
+                (*state).repeats += 1;
+            }
         } else {
             (*state).seq = seq;
-            (*state).full = 1;
+            (*state).repeats = 1;
             (*state).reported = 0;
             (*state).first_ns = now;
         }
         (*state).last_ns = now;
         (
-            (*state).full,
+            (*state).repeats,
             (*state).netns,
             (*state).flow,
             (*state).first_ns,
             (*state).reported,
         )
     };
-    inc(counter::FULLSIZE_RETRANSMITS);
-    if full < threshold || reported == RETRANS_REPORTED_PMTUD {
+    if full_size {
+        inc(counter::FULLSIZE_RETRANSMITS);
+    }
+    if repeats < threshold || reported == RETRANS_REPORTED_PMTUD {
         return Some(());
     }
     // A stall is a black hole only with evidence that size is the problem; a peer that
     // went silent (a dead node, a drop rule, an idle timeout) stalls the same way.
     let since = first_ns.saturating_sub(STALL_EVIDENCE_NS);
-    // SAFETY: the value is copied out at once.
-    let oversize = recent_drop(unsafe { OVERSIZE.get(&flow) }, since);
-    let pmtud = oversize.count > 0 || has_frag_needed(&flow, since);
+    let (pmtud, oversize) = if full_size {
+        // SAFETY: the value is copied out at once.
+        let oversize = recent_drop(unsafe { OVERSIZE.get(&flow) }, since);
+        (
+            oversize.count > 0 || has_frag_needed(&flow, since),
+            oversize,
+        )
+    } else {
+        (false, Default::default())
+    };
     let (kind, mark) = if pmtud {
         (event_kind::PMTUD_STALL, RETRANS_REPORTED_PMTUD)
     } else if reported == 0 {
@@ -171,6 +189,7 @@ fn data_retransmit(ctx: &TracePointContext, sk: u64) -> Option<()> {
         // Already reported as a plain stall, and still no MTU evidence.
         return Some(());
     };
+    // SAFETY: as above.
     unsafe { (*state).reported = mark };
     emit(
         ctx,
@@ -178,7 +197,7 @@ fn data_retransmit(ctx: &TracePointContext, sk: u64) -> Option<()> {
         0,
         &flow,
         netns,
-        full,
+        repeats,
         Extra {
             drop: oversize,
             mtu: mss,

@@ -359,6 +359,56 @@ fn dead_peer_bulk_transfer_is_a_stall_not_a_black_hole() {
     assert_eq!(agent.counter(BLACKHOLES), 0.0, "{}", agent.metrics_text());
 }
 
+/// A request smaller than the MSS sent to a peer that went silent: the sender retransmits
+/// that short segment on its backed-off RTO. That is a stall too (the head of a bulk
+/// transfer's queue is often such a segment, the tail of a partial write), and with a
+/// segment below the MSS size cannot be the problem.
+#[test]
+fn dead_peer_short_request_is_a_stall() {
+    let topo = Topology::new();
+    let agent = Agent::start_ready(&topo);
+    let port = 9117;
+    let sink = SinkServer::start(&topo.pod_b, topo.pod_b_addr(port));
+    let addr = topo.pod_b_addr(port);
+    let mut stream = in_netns(&topo.pod_a, || TcpStream::connect_timeout(&addr, STEP))
+        .unwrap_or_else(|e| panic!("connect to {addr}: {e}"));
+    let SocketAddr::V4(local) = ok(stream.local_addr()) else {
+        panic!("not IPv4")
+    };
+    ok(stream.write_all(b"hello before the cut\n"));
+    let flowing = Instant::now();
+    while sink.received() == 0 {
+        assert!(flowing.elapsed() < STEP, "the first request never arrived");
+        thread::sleep(Duration::from_millis(20));
+    }
+
+    let server = SocketAddrV4::new(topo.pod_b_ip, port);
+    topo.drop_forwarded_flow(&topo.node_b, local, server);
+    let request = vec![b'r'; 200];
+    ok(stream.write_all(&request));
+
+    let flow = pods_flow(&topo, port);
+    let stall = agent.wait_finding(
+        |f| kind_on_flow("tcp_stall", flow)(f) && f["sport"].as_u64() == Some(local.port().into()),
+        node_diag_tests::agent::scaled(Duration::from_secs(15)),
+    );
+    assert_shape(&stall);
+    assert_eq!(field(&stall, "severity"), "warning", "{stall:#}");
+    let evidence = &stall["evidence"];
+    assert_eq!(evidence["segment_len"].as_u64(), Some(200), "{stall:#}");
+    assert!(
+        evidence["retransmits"].as_u64() >= Some(3),
+        "the stall needs repeated retransmits: {stall:#}"
+    );
+    assert!(
+        field(&stall, "summary").contains("shorter than the MSS"),
+        "{stall:#}"
+    );
+    agent.expect_no_finding(is_mtu_kind, Duration::from_secs(1));
+    assert_eq!(agent.counter(BLACKHOLES), 0.0, "{}", agent.metrics_text());
+    drop(stream);
+}
+
 /// `reject with tcp reset` on this node: the client sees a refused connect exactly as
 /// from a closed port, but the RST is this node's netfilter answering for the pod.
 #[test]

@@ -269,8 +269,17 @@ fn tcp_stall(ev: &Event, ctx: &Context<'_>) -> Finding {
     evidence.insert("mss".into(), json!(ev.mtu));
     evidence.insert("oversize_drops".into(), json!(0));
     frag_evidence(ev, &mut evidence);
+    let why = if ev.len < ev.mtu {
+        format!(
+            "The stalled segment ({} bytes) is shorter than the MSS ({}), so size is not the problem",
+            ev.len, ev.mtu
+        )
+    } else {
+        "With no oversize drop and no ICMP frag-needed for this flow, size is not the problem"
+            .to_owned()
+    };
     let summary = format!(
-        "Connection {src}:{} -> {dst}:{} stalled: the same segment was retransmitted {} times and nothing came back. With no oversize drop and no ICMP frag-needed for this flow, size is not the problem: the peer went silent (node or pod gone, a firewall or NetworkPolicy applied mid-connection, an idle timeout on a middlebox).",
+        "Connection {src}:{} -> {dst}:{} stalled: the same segment was retransmitted {} times and nothing came back. {why}: the peer went silent (node or pod gone, a firewall or NetworkPolicy applied mid-connection, an idle timeout on a middlebox).",
         flow.sport, flow.dport, ev.retrans
     );
     let remediation = format!(
@@ -856,6 +865,22 @@ mod tests {
         assert_eq!(f.evidence["frag_needed_dropped"], 0);
         assert!(
             f.summary.contains("size is not the problem"),
+            "{}",
+            f.summary
+        );
+    }
+
+    #[test]
+    fn stall_of_a_short_segment_says_size_is_not_the_problem() {
+        let mut ev = event(event_kind::TCP_STALL, 0);
+        ev.retrans = 3;
+        (ev.len, ev.mtu) = (200, 1398);
+        let f = run(&ev).unwrap();
+        assert_eq!((f.kind, f.layer), (Kind::TcpStall, Layer::Unknown));
+        assert_eq!(f.evidence["segment_len"], 200);
+        assert!(
+            f.summary
+                .contains("(200 bytes) is shorter than the MSS (1398)"),
             "{}",
             f.summary
         );
