@@ -41,6 +41,9 @@ const TEST_TOOLS: &[(&str, &str)] = &[
     ("qemu-aarch64", "qemu-user"),
     // WireGuard peers in the tunnel MTU tests.
     ("wg", "wireguard-tools"),
+    // kube-proxy's iptables-mode rules in the Service tests (nft-backed and legacy).
+    ("iptables", "iptables"),
+    ("iptables-legacy", "iptables"),
 ];
 /// Debian packages the tests need that install no binary of their own.
 const TEST_PACKAGES: &[&str] = &["libc6-dev-arm64-cross"];
