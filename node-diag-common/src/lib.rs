@@ -49,6 +49,10 @@ pub const MAP_FRAG_DROPPED: &str = "FRAG_DROPPED";
 /// LRU map socket address (`u64`) -> [`RetransState`]: sockets retransmitting full-size
 /// segments.
 pub const MAP_RETRANS: &str = "RETRANS";
+/// LRU map [`FlowKey`] (as the connecting socket sees it: the conntrack entry's original
+/// direction) -> [`NatInfo`]: where this node's NAT sent a flow whose packets the drop and
+/// ICMP hooks saw translated (kube-proxy's DNAT of a Service address to a backend).
+pub const MAP_NAT: &str = "NAT";
 /// Hash map ifindex -> offset of the network header in frames seen by TC on that device
 /// (absent: 14, Ethernet).
 pub const MAP_L3_OFFSET: &str = "L3_OFFSET";
@@ -218,6 +222,22 @@ pub struct IcmpInfo {
     pub from: [u8; 16],
 }
 const _: () = assert!(core::mem::size_of::<IcmpInfo>() == 48);
+
+/// Where NAT on this node sent a flow: the conntrack entry's reply source, when it is
+/// not the original destination (a DNAT: a Service address translated to a backend).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NatInfo {
+    pub last_ns: u64,
+    /// The translated destination; IPv4 in the first 4 bytes.
+    pub backend: [u8; 16],
+    /// Host byte order.
+    pub backend_port: u16,
+    pub family: u16,
+    /// Namespace of the conntrack table that translated it.
+    pub netns: u32,
+}
+const _: () = assert!(core::mem::size_of::<NatInfo>() == 32);
 
 /// A socket retransmitting one data segment again and again.
 #[repr(C)]
@@ -395,8 +415,24 @@ pub struct Config {
     /// Non-zero: sockets and packets whose netns is known and not in [`MAP_SCOPE`] are
     /// ignored (tracepoints fire for every namespace on the kernel).
     pub scope_enabled: u32,
+
+    /// `struct sk_buff` -> `_nfct` (the conntrack entry, low 3 bits its ctinfo); 0 when
+    /// this kernel has no conntrack, which turns the NAT join off.
+    pub skb_nfct: u32,
+    /// `struct nf_conn` -> `tuplehash[0].tuple` (original direction) and
+    /// `tuplehash[1].tuple` (reply).
+    pub ct_orig: u32,
+    pub ct_reply: u32,
+    /// Offsets inside `struct nf_conntrack_tuple`: `src.u3`, `src.u` (the port),
+    /// `src.l3num`, `dst.u3`, `dst.u`, `dst.protonum`.
+    pub ct_src_u3: u16,
+    pub ct_src_port: u16,
+    pub ct_l3num: u16,
+    pub ct_dst_u3: u16,
+    pub ct_dst_port: u16,
+    pub ct_protonum: u16,
 }
-const _: () = assert!(core::mem::size_of::<Config>() == 32 + 32 + 48 + 120);
+const _: () = assert!(core::mem::size_of::<Config>() == 32 + 32 + 48 + 120 + 24);
 
 impl FlowKey {
     pub const fn is_v4(&self) -> bool {
@@ -415,6 +451,7 @@ mod user {
     unsafe impl aya::Pod for DropKey {}
     unsafe impl aya::Pod for Event {}
     unsafe impl aya::Pod for RetransState {}
+    unsafe impl aya::Pod for NatInfo {}
     unsafe impl aya::Pod for TupleOffsets {}
     unsafe impl aya::Pod for Config {}
 }

@@ -11,7 +11,8 @@ use crate::{
     emit::{bump_lru, inc},
     kernel::{field, kread, skb_dev},
     maps::ICMP_SENT,
-    packet::{ETH_P_IP, Packet, skb_flow},
+    nat::nat_join,
+    packet::{ETH_P_IP, IPPROTO_TCP, Packet, TCP_FLAG_ACK, skb_flow},
 };
 
 const ICMP_DEST_UNREACH: i32 = 3;
@@ -45,6 +46,11 @@ fn try_icmp_send(ctx: &TracePointContext) -> Option<()> {
     }
     let mut packet = Packet::default();
     skb_flow(skb, ETH_P_IP, &mut packet)?;
+    if packet.l4proto == IPPROTO_TCP && packet.flags & TCP_FLAG_ACK == 0 {
+        // A SYN rejected after this node's NAT: filed under the flow the socket connected
+        // to, as the error itself reaches the socket translated back.
+        let _ = nat_join(skb, &mut packet.flow, netns, false);
+    }
     // Not scoped: the entry is evidence about a flow, consulted only for this node's own
     // sockets.
     let mut info = IcmpInfo {

@@ -14,6 +14,10 @@
 //! device, and frag-needed dropped by netfilter; `tcp` counts full-size retransmits per
 //! socket. Together they make the PMTUD black-hole verdict.
 //!
+//! `nat` files the evidence `skb` and `icmp` see on a packet this node translated (a
+//! Service address DNATed to a backend) under the flow its conntrack entry started as,
+//! the one the socket knows, and records the translation in [`maps::NAT`].
+//!
 //! What the hooks share: `maps` (every map), `config` (the read-only global `CONFIG`,
 //! the clock, the namespace scope check), `kernel` (tracepoint fields and kernel struct
 //! reads), `packet` (IP/TCP/ICMP parsing of an skb) and `emit` (verdict events, counters,
@@ -30,6 +34,7 @@ mod emit;
 mod icmp;
 mod kernel;
 mod maps;
+mod nat;
 mod packet;
 mod skb;
 mod sock;

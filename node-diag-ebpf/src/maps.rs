@@ -9,7 +9,7 @@ use aya_ebpf::{
 };
 use node_diag_common::{
     DROP_MAP_ENTRIES, DropInfo, DropKey, EVENTS_BYTES, FLOW_MAP_ENTRIES, FlowKey, FlowState,
-    IcmpInfo, RetransState, SCOPE_MAP_ENTRIES, counter,
+    IcmpInfo, NatInfo, RetransState, SCOPE_MAP_ENTRIES, counter,
 };
 
 #[map]
@@ -43,6 +43,8 @@ pub static FRAG_DROPPED: LruHashMap<FlowKey, DropInfo> =
 #[map]
 pub static RETRANS: LruHashMap<u64, RetransState> =
     LruHashMap::with_max_entries(FLOW_MAP_ENTRIES, 0);
+#[map]
+pub static NAT: LruHashMap<FlowKey, NatInfo> = LruHashMap::with_max_entries(FLOW_MAP_ENTRIES, 0);
 #[map]
 pub static L3_OFFSET: HashMap<u32, u32> = HashMap::with_max_entries(SCOPE_MAP_ENTRIES, 0);
 #[map]

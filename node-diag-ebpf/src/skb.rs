@@ -9,6 +9,7 @@ use crate::{
     emit::{Extra, bump, bump_lru, emit, inc},
     kernel::{field, kread, skb_dev},
     maps::{DROPS, FRAG_DROPPED, OVERSIZE, OVERSIZE_BY_DEV, SYN_DROPS},
+    nat::nat_join,
     packet::{
         IPPROTO_TCP, Packet, TCP_FLAG_ACK, TCP_FLAG_SYN, ip_flow, is_frag_needed, reverse, skb_flow,
     },
@@ -63,12 +64,15 @@ fn syn_dropped(skb: u64, protocol: u16, reason: u32, netns: u32, ifindex: u32) -
     // A SYN-ACK dropped here (the return path: rp_filter, a policy on the way back,
     // conntrack INVALID) leaves the connect timing out exactly like a dropped SYN; it is
     // kept under the connecting side's flow, marked.
-    let drop_flags = if p.flags & TCP_FLAG_ACK != 0 {
+    let syn_ack = p.flags & TCP_FLAG_ACK != 0;
+    let drop_flags = if syn_ack {
         reverse(&mut p.flow);
         drop_flag::SYN_ACK
     } else {
         0
     };
+    // Dropped after this node's NAT: filed under the flow the socket connected to.
+    let _ = nat_join(skb, &mut p.flow, netns, syn_ack);
     let mut info = DropInfo {
         last_ns: now(),
         reason,

@@ -306,6 +306,25 @@ impl Topology {
         )
     }
 
+    /// DNATs TCP to `from` arriving in node namespace `node` to `to`, as kube-proxy does
+    /// for a Service's address (any DNAT: no Service name in the rule). Table `ip ndnat`
+    /// goes with the namespace.
+    pub fn dnat(&self, node: &str, from: SocketAddrV4, to: SocketAddrV4) -> Result<()> {
+        for rule in [
+            "add table ip ndnat".to_owned(),
+            "add chain ip ndnat pre { type nat hook prerouting priority dstnat; policy accept; }"
+                .to_owned(),
+            format!(
+                "add rule ip ndnat pre ip daddr {} tcp dport {} dnat to {to}",
+                from.ip(),
+                from.port()
+            ),
+        ] {
+            cmd::run_in(node, &["nft", &rule])?;
+        }
+        Ok(())
+    }
+
     /// Deletes the forward rules the injectors above (and [`Topology::drop_forwarded_tcp`])
     /// added in node namespace `node`: table `inet ndtest` goes, traffic flows again.
     pub fn remove_forward_rules(&self, node: &str) -> Result<()> {

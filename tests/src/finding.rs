@@ -65,6 +65,22 @@ fn shape_problems(f: &Value) -> Vec<String> {
     if listener && (f.get("src").is_some() || f.get("dport").is_some()) {
         problems.push("a listener finding also names a flow".to_owned());
     }
+    // Service/NAT fields: optional, typed, and the backend's address and port together.
+    if f.get("service")
+        .is_some_and(|s| !s.as_str().is_some_and(|s| s.contains('/')))
+    {
+        problems.push("`service` is not a \"<namespace>/<name>:<port>\" string".to_owned());
+    }
+    if f.get("backend").is_some() != f.get("backend_port").is_some() {
+        problems.push("`backend` and `backend_port` come together".to_owned());
+    }
+    if f.get("backend").is_some_and(|b| {
+        b.as_str()
+            .and_then(|b| b.parse::<std::net::IpAddr>().ok())
+            .is_none()
+    }) {
+        problems.push("`backend` is not an IP address".to_owned());
+    }
     if f["count"].as_u64() == Some(0) {
         problems.push("`count` is 0".to_owned());
     }

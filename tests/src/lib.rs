@@ -165,6 +165,11 @@ impl Topology {
         ok(self.0.reject_forwarded_tcp(node, dport, reject));
     }
 
+    /// See [`node_diag_testbed::Topology::dnat`].
+    pub fn dnat(&self, node: &str, from: SocketAddrV4, to: SocketAddrV4) {
+        ok(self.0.dnat(node, from, to));
+    }
+
     /// See [`node_diag_testbed::Topology::remove_forward_rules`].
     pub fn remove_forward_rules(&self, node: &str) {
         ok(self.0.remove_forward_rules(node));

@@ -26,12 +26,12 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-use node_diag_common::FlowKey;
+use node_diag_common::{Event, FlowKey};
 use tokio::{
     signal::unix::{SignalKind, signal},
     sync::mpsc,
 };
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use self::{
     metrics::{KernelTotals, Metrics},
@@ -42,7 +42,7 @@ use crate::{
     OutputFormat,
     findings::{
         Finding, Kind, Store,
-        correlate::{Context, correlate, withdrawn},
+        correlate::{Context, Translation, correlate, withdrawn},
         names::Names,
     },
     kernel::{
@@ -207,7 +207,12 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
                     warn!("event stream ended");
                     break;
                 };
-                let ctx = Context { names: &names, now: SystemTime::now(), ephemeral_ports: ephemeral_ports.clone() };
+                let ctx = Context {
+                    names: &names,
+                    now: SystemTime::now(),
+                    ephemeral_ports: ephemeral_ports.clone(),
+                    translation: translate(&ev, &maps),
+                };
                 if let Some(finding) = correlate(&ev, &ctx) {
                     shared.metrics().finding(&finding);
                     let printed = shared.store().record(finding, Instant::now());
@@ -300,6 +305,44 @@ fn sync_tc(tc: &mut TcIngress, ebpf: &mut aya::Ebpf, maps: &mut KernelMaps) {
     match crate::host_network::links() {
         Ok(links) => tc.sync(ebpf, &links, &mut maps.l3_offset),
         Err(e) => warn!(error = %e, "cannot list interfaces; TC attachments unchanged"),
+    }
+}
+
+/// Where this node's NAT sent the event's connection: conntrack's current entry, else
+/// the translation the kernel hooks saw on its dropped or rejected packets (whose entry
+/// was never confirmed, so conntrack has none).
+fn translate(ev: &Event, maps: &KernelMaps) -> Translation {
+    let flow = &ev.flow;
+    let addr = |b: &[u8; 16]| crate::findings::correlate::addr(flow, b);
+    if flow.sport == 0 || flow.dport == 0 {
+        return Translation::default();
+    }
+    let (src, dst) = (
+        SocketAddr::new(addr(&flow.saddr), flow.sport),
+        SocketAddr::new(addr(&flow.daddr), flow.dport),
+    );
+    let tracked = match crate::host_network::conntrack::translated_destination(
+        libc::IPPROTO_TCP as u8,
+        src,
+        dst,
+    ) {
+        Ok(found) => found,
+        Err(e) => {
+            debug!(error = %e, %src, %dst, "conntrack lookup failed");
+            None
+        }
+    };
+    let backend = tracked.or_else(|| {
+        maps.nat(flow).map(|n| {
+            SocketAddr::new(
+                crate::findings::correlate::addr(flow, &n.backend),
+                n.backend_port,
+            )
+        })
+    });
+    Translation {
+        backend,
+        ..Translation::default()
     }
 }
 

@@ -86,6 +86,47 @@ pub struct Context<'a> {
     /// The node's ephemeral port range: a connection whose local port is outside it and
     /// whose peer port is inside it was accepted by a listener.
     pub ephemeral_ports: RangeInclusive<u16>,
+    /// The Service and NAT behind the event's destination, as the agent found them.
+    pub translation: Translation,
+}
+
+/// What the agent knows of the Service and NAT behind a flow's destination: the
+/// kernel's NAT map or conntrack for the backend, kube-proxy's rules for the name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Translation {
+    /// Where this node's NAT sent the flow, when it changed the destination.
+    pub backend: Option<SocketAddr>,
+    /// kube-proxy's name for the Service: `<namespace>/<name>:<port>`.
+    pub service: Option<String>,
+    /// kube-proxy's rules reject this Service's connects: it has no endpoints.
+    pub no_endpoints: bool,
+}
+
+impl Translation {
+    /// A sentence for a summary: where the connection went.
+    fn describe(&self) -> Option<String> {
+        match (&self.service, self.backend) {
+            (Some(s), Some(b)) => Some(format!(
+                " It is Service {s}, NATed on this node to backend {b}."
+            )),
+            (Some(s), None) => Some(format!(" It is Service {s}.")),
+            (None, Some(b)) => Some(format!(" This node's NAT sent it to {b}.")),
+            (None, None) => None,
+        }
+    }
+
+    /// Sets the finding's Service fields and says where the connection went.
+    fn apply(&self, f: &mut Finding) {
+        if f.dst.is_none() || f.listener.is_some() {
+            return;
+        }
+        f.service.clone_from(&self.service);
+        f.backend = self.backend.map(|b| b.ip());
+        f.backend_port = self.backend.map(|b| b.port());
+        if let Some(more) = self.describe() {
+            f.summary.push_str(&more);
+        }
+    }
 }
 
 enum Evidence {
@@ -95,12 +136,14 @@ enum Evidence {
 }
 
 pub fn correlate(ev: &Event, ctx: &Context<'_>) -> Option<Finding> {
-    match ev.kind {
+    let mut f = match ev.kind {
         event_kind::DF_OVERSIZE => Some(df_oversize(ev, ctx)),
         event_kind::PMTUD_STALL => Some(pmtud_stall(ev, ctx)),
         event_kind::TCP_STALL => Some(tcp_stall(ev, ctx)),
         _ => connect_verdict(ev, ctx),
-    }
+    }?;
+    ctx.translation.apply(&mut f);
+    Some(f)
 }
 
 /// The finding's flow fields from the event.
@@ -411,7 +454,21 @@ fn connect_verdict(ev: &Event, ctx: &Context<'_>) -> Option<Finding> {
     }
     let (kind, layer, severity, summary, remediation) = match ev.kind {
         event_kind::CONNECT_REFUSED => {
-            if let Some(i) = icmp.filter(|i| {
+            let service = ctx.translation.service.as_deref().filter(|_| ctx.translation.no_endpoints);
+            if let (Some(svc), Some(i)) = (service, icmp.filter(|i| i.icmp_code == ICMP_PORT_UNREACH)) {
+                // kube-proxy's own REJECT for a Service without endpoints: the Service,
+                // not a firewall, and not the application.
+                (
+                    Kind::TcpRefused,
+                    Layer::Service,
+                    Severity::Warning,
+                    format!(
+                        "Connection to {dst}:{dport} was rejected by kube-proxy on this node (ICMP unreachable code {}): Service {svc} has no ready endpoints.",
+                        i.icmp_code
+                    ),
+                    service_remediation(svc),
+                )
+            } else if let Some(i) = icmp.filter(|i| {
                 i.icmp_code == ICMP_PORT_UNREACH || ICMP_ADMIN_CODES.contains(&i.icmp_code)
             }) {
                 (
@@ -573,6 +630,17 @@ fn connect_verdict(ev: &Event, ctx: &Context<'_>) -> Option<Finding> {
     Some(finding)
 }
 
+/// What to check for a Service without endpoints.
+fn service_remediation(svc: &str) -> String {
+    let (ns, name) = svc
+        .split_once('/')
+        .map(|(ns, rest)| (ns, rest.split(':').next().unwrap_or(rest)))
+        .unwrap_or(("default", svc));
+    format!(
+        "Check the Service's selector and its pods' readiness: `kubectl -n {ns} get endpointslices -l kubernetes.io/service-name={name}`, `kubectl -n {ns} describe service {name}`, and whether the selected pods are Ready (failing readiness probes take them out)."
+    )
+}
+
 /// Whether the local end of `flow` is a listener's: its port is not ephemeral and the
 /// peer's is.
 fn server_side(flow: &FlowKey, ephemeral: &RangeInclusive<u16>) -> bool {
@@ -633,8 +701,103 @@ mod tests {
                 names: &names,
                 now: SystemTime::UNIX_EPOCH,
                 ephemeral_ports: 32768..=60999,
+                translation: Translation::default(),
             },
         )
+    }
+
+    fn run_translated(ev: &Event, translation: Translation) -> Option<Finding> {
+        let names = Names::new(reasons(), |_, _| None);
+        correlate(
+            ev,
+            &Context {
+                names: &names,
+                now: SystemTime::UNIX_EPOCH,
+                ephemeral_ports: 32768..=60999,
+                translation,
+            },
+        )
+    }
+
+    fn rejected_here() -> Event {
+        let mut ev = event(event_kind::CONNECT_REFUSED, 111);
+        ev.icmp = IcmpInfo {
+            last_ns: 5,
+            icmp_type: 3,
+            icmp_code: 3,
+            netns: 1,
+            ..Default::default()
+        };
+        ev
+    }
+
+    #[test]
+    fn kube_proxys_no_endpoints_reject_is_the_service() {
+        let f = run_translated(
+            &rejected_here(),
+            Translation {
+                service: Some("shop/cart:http".into()),
+                no_endpoints: true,
+                backend: None,
+            },
+        )
+        .unwrap();
+        assert_eq!((f.kind, f.layer), (Kind::TcpRefused, Layer::Service));
+        assert_eq!(f.service.as_deref(), Some("shop/cart:http"));
+        assert!(
+            f.summary
+                .contains("Service shop/cart:http has no ready endpoints"),
+            "{}",
+            f.summary
+        );
+        assert!(f.remediation.contains("selector"), "{}", f.remediation);
+        assert!(
+            f.remediation.contains("-n shop") && f.remediation.contains("service-name=cart"),
+            "{}",
+            f.remediation
+        );
+    }
+
+    #[test]
+    fn a_reject_for_a_service_with_endpoints_stays_the_firewall() {
+        // A NetworkPolicy or host firewall rejecting a Service that has endpoints.
+        let f = run_translated(
+            &rejected_here(),
+            Translation {
+                service: Some("shop/cart:http".into()),
+                no_endpoints: false,
+                backend: None,
+            },
+        )
+        .unwrap();
+        assert_eq!(f.layer, Layer::Firewall);
+        assert_eq!(f.service.as_deref(), Some("shop/cart:http"));
+    }
+
+    #[test]
+    fn a_backend_refusing_is_its_listener_with_service_and_backend() {
+        let backend: SocketAddr = "10.244.2.9:8080".parse().unwrap();
+        let f = run_translated(
+            &refused_with_rst(),
+            Translation {
+                service: Some("shop/cart:http".into()),
+                no_endpoints: false,
+                backend: Some(backend),
+            },
+        )
+        .unwrap();
+        assert_eq!(f.layer, Layer::Listener);
+        assert_eq!(
+            (f.backend, f.backend_port),
+            (Some(backend.ip()), Some(8080))
+        );
+        assert!(
+            f.summary.contains("backend 10.244.2.9:8080"),
+            "{}",
+            f.summary
+        );
+        let plain = run(&refused_with_rst()).unwrap();
+        assert_eq!((plain.service, plain.backend), (None, None));
     }
 
     fn refused_with_rst() -> Event {

@@ -40,6 +40,7 @@ pub enum Kind {
 #[serde(rename_all = "snake_case")]
 pub enum Layer {
     Listener,
+    Service,
     Firewall,
     CniRouting,
     Peer,
@@ -108,6 +109,7 @@ names!(Kind {
 });
 names!(Layer {
     Listener => "listener",
+    Service => "service",
     Firewall => "firewall",
     CniRouting => "cni_routing",
     Peer => "peer",
@@ -150,6 +152,16 @@ pub struct Finding {
     /// finding aggregates per listener; `src`/`dst` are not set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub listener: Option<SocketAddr>,
+    /// The Kubernetes Service `dst:dport` belongs to, as kube-proxy's rules name it:
+    /// `<namespace>/<name>:<port>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<String>,
+    /// Where this node's NAT sent the connection, when it changed `dst`/`dport` (a
+    /// Service's backend pod).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<IpAddr>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend_port: Option<u16>,
     /// The interface an interface-level finding (MTU, oversize drops) is about.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub interface: Option<String>,
@@ -191,6 +203,9 @@ impl Finding {
             sport: None,
             netns: None,
             listener: None,
+            service: None,
+            backend: None,
+            backend_port: None,
             interface: None,
             count: 1,
             first_seen: now.clone(),

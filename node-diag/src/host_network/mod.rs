@@ -8,6 +8,8 @@
 //!   route) and address lookups.
 //! - `fdb`: VXLAN FDB entries, the peers of a VXLAN without a remote.
 //! - `wireguard`: a WireGuard device's peers' endpoints, over generic netlink.
+//! - `conntrack`: where this node's NAT sent a connection, over ctnetlink.
+//! - `nlmsg`: the raw netlink messages of those two families.
 //! - `namespaces`: network namespaces, their ids, which ones make up this node
 //!   ([`local_scope`]: the agent's own and every pod namespace attached to it by a veth),
 //!   and running code inside one.
@@ -22,12 +24,14 @@
 //! the namespace it was opened in, so a thread that entered another namespace looks
 //! inside it with the same functions.
 
+pub mod conntrack;
 mod fdb;
 mod interfaces;
 mod inventory;
 mod links;
 mod monitor;
 mod namespaces;
+mod nlmsg;
 mod routes;
 mod rtnetlink;
 pub mod tc;

@@ -3,13 +3,16 @@
 //! attributes, and each peer's endpoint is where its encapsulated packets go.
 //!
 //! The messages are small and fixed (uapi `linux/wireguard.h`, `linux/genetlink.h`), so
-//! they are built and parsed here by hand rather than through another crate.
+//! they are built and parsed by hand ([`super::nlmsg`]) rather than through another crate.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_GENERIC};
 
-use super::rtnetlink::NetlinkError;
+use super::{
+    nlmsg::{NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, attrs, exchange, message, put_attr},
+    rtnetlink::NetlinkError,
+};
 
 /// What the MTU model needs of a WireGuard device.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -21,13 +24,6 @@ pub struct WgDevice {
     pub endpoints: Vec<IpAddr>,
 }
 
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
-const NLM_F_REQUEST: u16 = 0x1;
-const NLM_F_ACK: u16 = 0x4;
-const NLM_F_DUMP: u16 = 0x300;
-const NLA_F_NESTED: u16 = 0x8000;
-const NLA_TYPE_MASK: u16 = !(NLA_F_NESTED | 0x4000);
 const GENL_ID_CTRL: u16 = 0x10;
 const CTRL_CMD_GETFAMILY: u8 = 3;
 const CTRL_ATTR_FAMILY_ID: u16 = 1;
@@ -41,50 +37,11 @@ const WGDEVICE_A_PEERS: u16 = 8;
 const WGPEER_A_ENDPOINT: u16 = 4;
 const AF_INET: u16 = libc::AF_INET as u16;
 const AF_INET6: u16 = libc::AF_INET6 as u16;
-const NLMSG_HDRLEN: usize = 16;
 const GENL_HDRLEN: usize = 4;
-
-fn align4(n: usize) -> usize {
-    (n + 3) & !3
-}
-
-fn put_attr(buf: &mut Vec<u8>, kind: u16, value: &[u8]) {
-    let len = 4 + value.len();
-    buf.extend_from_slice(&(len as u16).to_ne_bytes());
-    buf.extend_from_slice(&kind.to_ne_bytes());
-    buf.extend_from_slice(value);
-    buf.resize(align4(buf.len()), 0);
-}
 
 /// A generic netlink request: header, `cmd`/`version`, attributes.
 fn genl_message(family: u16, flags: u16, cmd: u8, version: u8, attrs: &[u8]) -> Vec<u8> {
-    let len = NLMSG_HDRLEN + GENL_HDRLEN + attrs.len();
-    let mut m = Vec::with_capacity(len);
-    m.extend_from_slice(&(len as u32).to_ne_bytes());
-    m.extend_from_slice(&family.to_ne_bytes());
-    m.extend_from_slice(&flags.to_ne_bytes());
-    m.extend_from_slice(&1u32.to_ne_bytes()); // sequence
-    m.extend_from_slice(&0u32.to_ne_bytes()); // port id: the kernel's
-    m.extend_from_slice(&[cmd, version, 0, 0]);
-    m.extend_from_slice(attrs);
-    m
-}
-
-/// The attributes in `buf`, as (type without flags, value).
-fn attrs(mut buf: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
-    std::iter::from_fn(move || {
-        if buf.len() < 4 {
-            return None;
-        }
-        let len = usize::from(u16::from_ne_bytes([buf[0], buf[1]]));
-        let kind = u16::from_ne_bytes([buf[2], buf[3]]) & NLA_TYPE_MASK;
-        if len < 4 || len > buf.len() {
-            return None;
-        }
-        let value = &buf[4..len];
-        buf = &buf[align4(len).min(buf.len())..];
-        Some((kind, value))
-    })
+    message(family, flags, [cmd, version, 0, 0], attrs)
 }
 
 fn u32_of(v: &[u8]) -> Option<u32> {
@@ -99,23 +56,6 @@ fn sockaddr_ip(v: &[u8]) -> Option<IpAddr> {
         AF_INET6 => Some(Ipv6Addr::from(<[u8; 16]>::try_from(v.get(8..24)?).ok()?).into()),
         _ => None,
     }
-}
-
-/// One reply datagram's messages: (type, payload after the netlink header).
-fn messages(mut data: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
-    std::iter::from_fn(move || {
-        if data.len() < NLMSG_HDRLEN {
-            return None;
-        }
-        let len = u32::from_ne_bytes(data[..4].try_into().ok()?) as usize;
-        let kind = u16::from_ne_bytes([data[4], data[5]]);
-        if len < NLMSG_HDRLEN || len > data.len() {
-            return None;
-        }
-        let payload = &data[NLMSG_HDRLEN..len];
-        data = &data[align4(len).min(data.len())..];
-        Some((kind, payload))
-    })
 }
 
 /// Folds one `WG_CMD_GET_DEVICE` reply's generic payload (after its genl header) into
@@ -134,41 +74,6 @@ pub(crate) fn parse_device(payload: &[u8], dev: &mut WgDevice) {
                 }
             }
             _ => {}
-        }
-    }
-}
-
-/// Sends `msg` and hands each reply payload to `each` until the answer is complete: for
-/// a dump, its `NLMSG_DONE`; otherwise the first datagram, which holds the one answer.
-fn exchange(
-    sock: &Socket,
-    msg: &[u8],
-    dump: bool,
-    mut each: impl FnMut(u16, &[u8]),
-) -> Result<(), NetlinkError> {
-    sock.send(msg, 0)?;
-    loop {
-        let (data, _) = sock.recv_from_full()?;
-        let mut done = !dump;
-        for (kind, payload) in messages(&data) {
-            match kind {
-                NLMSG_DONE => done = true,
-                NLMSG_ERROR => {
-                    let code = payload
-                        .get(..4)
-                        .and_then(|b| b.try_into().ok())
-                        .map_or(0, i32::from_ne_bytes);
-                    if code != 0 {
-                        return Err(NetlinkError::Kernel(code));
-                    }
-                    // The acknowledgement ends the exchange.
-                    done = true;
-                }
-                _ => each(kind, payload),
-            }
-        }
-        if done || data.is_empty() {
-            return Ok(());
         }
     }
 }
@@ -234,6 +139,7 @@ pub fn device(ifindex: u32) -> Result<Option<WgDevice>, NetlinkError> {
 #[cfg(test)]
 pub(crate) mod fixtures {
     use super::*;
+    use crate::host_network::nlmsg::NLA_F_NESTED;
 
     fn sockaddr(a: IpAddr, port: u16) -> Vec<u8> {
         let mut s = Vec::new();
@@ -288,6 +194,7 @@ pub(crate) mod fixtures {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::host_network::nlmsg::messages;
 
     #[test]
     fn peers_endpoints_of_both_families_and_the_fwmark() {

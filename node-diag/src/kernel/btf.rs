@@ -163,6 +163,16 @@ impl Btf {
         Ok(bits / 8)
     }
 
+    /// Size in bytes of `struct name`.
+    pub fn struct_size(&self, name: &str) -> Result<u32, BtfError> {
+        let id = *self
+            .structs_by_name
+            .get(name)
+            .ok_or_else(|| BtfError::NoStruct(name.to_string()))?;
+        // A struct's size/type word is its size.
+        Ok(self.types[id as usize].referenced)
+    }
+
     fn resolve(&self, mut id: u32) -> u32 {
         // typedef(8), volatile(9), const(10), restrict(11), type_tag(18)
         while let Some(t) = self.types.get(id as usize) {
@@ -265,6 +275,7 @@ mod tests {
         let btf = Btf::parse(&blob()).unwrap();
         assert_eq!(btf.member_offset("outer", "x").unwrap(), 0);
         assert_eq!(btf.member_offset("outer", "y").unwrap(), 8);
+        assert_eq!(btf.struct_size("outer").unwrap(), 16);
         assert_eq!(btf.path_offset("outer", "in.b").unwrap(), 12);
         assert!(matches!(
             btf.member_offset("outer", "zz"),

@@ -345,7 +345,51 @@ fn fill_btf(c: &mut Config, btf: &Btf) -> Result<(), super::btf::BtfError> {
     c.tcp_mss_cache = btf.member_offset("tcp_sock", "mss_cache")?;
     c.skb_cb = btf.member_offset("sk_buff", "cb")? + btf.member_offset("tcp_skb_cb", "seq")?;
     c.btf_ok = 1;
+    fill_conntrack(c, btf);
     Ok(())
+}
+
+/// Conntrack offsets for the NAT join; a kernel without conntrack (or with an unexpected
+/// layout) keeps `skb_nfct` at 0, and only the join is off.
+fn fill_conntrack(c: &mut Config, btf: &Btf) {
+    let offsets = || -> Result<_, super::btf::BtfError> {
+        let tuple = btf.member_offset("nf_conntrack_tuple_hash", "tuple")?;
+        let hash = btf.struct_size("nf_conntrack_tuple_hash")?;
+        let tuplehash = btf.member_offset("nf_conn", "tuplehash")?;
+        let small = |path: &str| -> Result<u16, super::btf::BtfError> {
+            let off = btf.path_offset("nf_conntrack_tuple", path)?;
+            u16::try_from(off).map_err(|_| super::btf::BtfError::Malformed("tuple offset"))
+        };
+        Ok((
+            btf.member_offset("sk_buff", "_nfct")?,
+            tuplehash + tuple,
+            tuplehash + hash + tuple,
+            [
+                small("src.u3")?,
+                small("src.u")?,
+                small("src.l3num")?,
+                small("dst.u3")?,
+                small("dst.u")?,
+                small("dst.protonum")?,
+            ],
+        ))
+    };
+    match offsets() {
+        Ok((nfct, orig, reply, t)) => {
+            c.skb_nfct = nfct;
+            c.ct_orig = orig;
+            c.ct_reply = reply;
+            [
+                c.ct_src_u3,
+                c.ct_src_port,
+                c.ct_l3num,
+                c.ct_dst_u3,
+                c.ct_dst_port,
+                c.ct_protonum,
+            ] = t;
+        }
+        Err(e) => tracing::info!(error = %e, "no conntrack in this kernel's BTF: NAT join off"),
+    }
 }
 
 /// Whether `fmt` has every field the hook's program reads (for `doctor`).

@@ -10,8 +10,9 @@ use aya::{
     maps::{HashMap as BpfHashMap, Map, MapData, MapError, PerCpuArray, PerCpuHashMap, RingBuf},
 };
 use node_diag_common::{
-    DropKey, FlowKey, MAP_COUNTERS, MAP_DROPS, MAP_EVENTS, MAP_L3_OFFSET, MAP_OVERSIZE_BY_DEV,
-    MAP_RETRANS, MAP_SCOPE, RETRANS_REPORTED_PMTUD, RetransState, counter,
+    DropKey, FlowKey, MAP_COUNTERS, MAP_DROPS, MAP_EVENTS, MAP_L3_OFFSET, MAP_NAT,
+    MAP_OVERSIZE_BY_DEV, MAP_RETRANS, MAP_SCOPE, NatInfo, RETRANS_REPORTED_PMTUD, RetransState,
+    counter,
 };
 use tracing::warn;
 
@@ -48,6 +49,7 @@ pub struct KernelMaps {
     drops: PerCpuHashMap<MapData, DropKey, u64>,
     oversize_by_dev: PerCpuHashMap<MapData, DropKey, u64>,
     retrans: BpfHashMap<MapData, u64, RetransState>,
+    nat: BpfHashMap<MapData, FlowKey, NatInfo>,
     pub scope: BpfHashMap<MapData, u32, u32>,
     pub l3_offset: BpfHashMap<MapData, u32, u32>,
 }
@@ -77,6 +79,7 @@ impl KernelMaps {
                 drops: take(ebpf, MAP_DROPS, PerCpuHashMap::try_from)?,
                 oversize_by_dev: take(ebpf, MAP_OVERSIZE_BY_DEV, PerCpuHashMap::try_from)?,
                 retrans: take(ebpf, MAP_RETRANS, BpfHashMap::try_from)?,
+                nat: take(ebpf, MAP_NAT, BpfHashMap::try_from)?,
                 scope: take(ebpf, MAP_SCOPE, BpfHashMap::try_from)?,
                 l3_offset: take(ebpf, MAP_L3_OFFSET, BpfHashMap::try_from)?,
             },
@@ -117,6 +120,12 @@ impl KernelMaps {
             })
             .map(|(_, s)| s.flow)
             .collect()
+    }
+
+    /// Where this node's NAT sent `flow` (as its socket knows it), when a hook saw the
+    /// flow's packets translated.
+    pub fn nat(&self, flow: &FlowKey) -> Option<NatInfo> {
+        self.nat.get(flow, 0).ok()
     }
 
     /// Makes the kernel's scope map equal to `scope`, this node's current set of
