@@ -18,10 +18,12 @@
 //!
 //! kube-proxy's own sources, kubernetes/kubernetes (no code taken, only the shapes):
 //!
-//! - `pkg/proxy/iptables/proxier.go` and the expected `iptables-restore` input in
-//!   `pkg/proxy/iptables/proxier_test.go` (`TestOverallIPTablesRulesWithMultipleServices`,
-//!   the 1.28-era layout with `KUBE-EXT-*`, `KUBE-PROXY-FIREWALL` and the "has no
-//!   endpoints" REJECTs in the filter table). The chain hashes (`KUBE-SVC-` +
+//! - `pkg/proxy/iptables/proxier.go` (the stored copy readable here was an old one,
+//!   commit 092dddd12ca4cc5e66597de66a81fc77fdd3f29b: chain names and their hash) and,
+//!   for today's rules, the `iptables-restore` input its `proxier_test.go` expects
+//!   (`TestOverallIPTablesRulesWithMultipleServices`, a version with `KUBE-EXT-*`,
+//!   `KUBE-PROXY-FIREWALL` and the "has no endpoints" REJECTs in the filter table; its
+//!   commit was not shown). The chain hashes (`KUBE-SVC-` +
 //!   base32(sha256(name + protocol))[..16]) matter to nothing here.
 //! - `pkg/proxy/nftables/proxier.go` at commit b0f823e6ccd8a10b3893fc75011b9981af39285c
 //!   (and the earlier 01d7de5464ba38091b53e0a4d5077ddde9553c08): table `kube-proxy` in
