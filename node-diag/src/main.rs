@@ -6,6 +6,8 @@
 //!   verdict events from the ring buffer and reads the aggregate maps.
 //! - `host_network`: the node's interfaces, routes and pod namespaces over rtnetlink.
 //! - `mtu`: the MTU model of the node and its pods, from a `host_network` snapshot.
+//! - `services`: the Kubernetes Services of the node, from kube-proxy's rules
+//!   (`node-diag services`).
 //! - `findings`: turns a kernel event into a finding naming the failing layer
 //!   (`correlate`), names kernel numbers, and aggregates repeats (`store`).
 //! - `agent`: `node-diag run`, the loop that ties them together, the metrics and HTTP.
@@ -21,6 +23,7 @@ mod kernel;
 mod mtu;
 mod output;
 mod probe;
+mod services;
 
 use std::{net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
 
@@ -74,6 +77,22 @@ enum Command {
         after_help = "Examples:\n  node-diag mtu\n  node-diag mtu -o json | jq '.findings'"
     )]
     Mtu(MtuArgs),
+    /// List the Kubernetes Services kube-proxy programmed in this network namespace,
+    /// read from its iptables or nftables rules (no API access needed).
+    #[command(
+        long_about = "List the Kubernetes Services kube-proxy programmed in this network \
+            namespace, read from its rules alone: no API credentials, nothing changed.\n\n\
+            Reads every ruleset present: the nft-backed iptables (iptables-nft-save, \
+            ip6tables-nft-save, or iptables-save where those do not exist), the legacy \
+            iptables when legacy tables are in use, and nftables (nft -j list table \
+            ip/ip6 kube-proxy). Each Service port is named as kube-proxy names it \
+            (namespace/name:port-name, or namespace/name for an unnamed port), with its \
+            ClusterIP, external and load-balancer IPs, its endpoints, or \"no endpoints\" \
+            when kube-proxy rejects it for lack of any. Then what came of each ruleset.\n\n\
+            Exits non-zero only when no ruleset could be read at all.",
+        after_help = "Examples:\n  node-diag services\n  node-diag services --lookup 10.96.0.10:53 --proto udp\n  ip netns exec NODE node-diag services -o json | jq '.services[].name'"
+    )]
+    Services(ServicesArgs),
 }
 
 #[derive(clap::Args)]
@@ -158,6 +177,36 @@ struct MtuArgs {
     format: OutputFormat,
 }
 
+#[derive(clap::Args)]
+struct ServicesArgs {
+    /// Show only the Service answering on ADDR (IP:PORT), or whose endpoint it is.
+    #[arg(long, value_name = "ADDR")]
+    lookup: Option<SocketAddr>,
+    /// Protocol of --lookup.
+    #[arg(long, value_enum, default_value = "tcp", requires = "lookup")]
+    proto: ServiceProto,
+    /// Output format: a table, or one JSON object with `services` and `sources`.
+    #[arg(short = 'o', long = "format", value_enum, default_value = "text")]
+    format: OutputFormat,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum ServiceProto {
+    Tcp,
+    Udp,
+    Sctp,
+}
+
+impl ServiceProto {
+    fn number(self) -> u8 {
+        match self {
+            ServiceProto::Tcp => services::IPPROTO_TCP,
+            ServiceProto::Udp => services::IPPROTO_UDP,
+            ServiceProto::Sctp => services::IPPROTO_SCTP,
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let mut filter = tracing_subscriber::EnvFilter::try_new(&cli.log_level)
@@ -240,6 +289,20 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             let snapshot = host_network::snapshot()
                 .map_err(|e| anyhow::anyhow!("cannot read this node's interfaces: {e}"))?;
             let report = mtu::report(&snapshot, std::time::SystemTime::now());
+            match args.format {
+                OutputFormat::Text => print!("{}", report.text()),
+                OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Services(args) => {
+            let (catalog, sources) = services::read()?;
+            let report = match args.lookup {
+                Some(addr) => {
+                    services::Report::lookup(&catalog, sources, addr, args.proto.number())
+                }
+                None => services::Report::new(&catalog, sources),
+            };
             match args.format {
                 OutputFormat::Text => print!("{}", report.text()),
                 OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),

@@ -15,6 +15,8 @@
 //! - [`Agent`]: `node-diag run` as a process inside node A, with its ready file, its
 //!   stdout findings and stderr captured, and its HTTP endpoints read from node A.
 //! - [`http`]: `GET` from inside a namespace (ureq on a thread in that namespace).
+//! - [`kube_proxy`]: a Service's rules as kube-proxy writes them (iptables through
+//!   either backend, or nftables), so the agent can be tested against them.
 //! - [`cmd`], [`process`]: commands, in a namespace or not, and child processes with
 //!   deadlines.
 //! - [`metrics`]: finding one series in an OpenMetrics exposition.
@@ -27,6 +29,7 @@ pub mod agent;
 pub mod cmd;
 mod error;
 pub mod http;
+pub mod kube_proxy;
 pub mod metrics;
 pub mod netns;
 pub mod process;

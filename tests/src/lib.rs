@@ -17,6 +17,8 @@
 //!   reads an HTTP endpoint there.
 //! - [`cmd`], [`process`]: commands and child processes that panic with what ran.
 //! - [`finding`]: reading and checking the agent's findings.
+//! - [`kube_proxy`]: a Service's rules as kube-proxy writes them (iptables through
+//!   either backend, or nftables), installed into a namespace.
 //! - [`tunnel`]: creating tunnel devices the kernel may lack, skipping (or, where
 //!   `NODE_DIAG_REQUIRE_TUNNELS=1`, failing) when it does.
 //!
@@ -254,6 +256,31 @@ pub mod cmd {
     /// Runs `argv` inside network namespace `netns`; see [`run`].
     pub fn run_in(netns: &str, argv: &[&str]) -> String {
         ok(cmd::run_in(netns, argv))
+    }
+}
+
+/// kube-proxy's rules for a Service, installed into a namespace; see
+/// [`node_diag_testbed::kube_proxy`]. Each panics (with the command's output) on failure.
+pub mod kube_proxy {
+    pub use node_diag_testbed::kube_proxy::{IptablesBackend, Protocol, ServiceSpec};
+
+    use node_diag_testbed::kube_proxy;
+
+    use crate::ok;
+
+    /// See [`kube_proxy::install_iptables_service`].
+    pub fn install_iptables_service(netns: &str, backend: IptablesBackend, svc: &ServiceSpec) {
+        ok(kube_proxy::install_iptables_service(netns, backend, svc));
+    }
+
+    /// See [`kube_proxy::install_nftables_service`].
+    pub fn install_nftables_service(netns: &str, svc: &ServiceSpec) {
+        ok(kube_proxy::install_nftables_service(netns, svc));
+    }
+
+    /// See [`kube_proxy::remove_kube_proxy_rules`].
+    pub fn remove_kube_proxy_rules(netns: &str) {
+        ok(kube_proxy::remove_kube_proxy_rules(netns));
     }
 }
 

@@ -1,0 +1,236 @@
+//! The catalog itself: Services keyed by kube-proxy's name and protocol, and the two
+//! indexes findings look them up by (frontend address, backend address).
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    net::{IpAddr, SocketAddr},
+};
+
+use serde::Serialize;
+
+use super::proto_name;
+
+/// One Service port as kube-proxy programmed it on this node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Service {
+    /// kube-proxy's own name for the Service port, exactly as its rule comments write
+    /// it: `<namespace>/<name>:<port name>`, or `<namespace>/<name>` for an unnamed port
+    /// (a Service with a single port may leave it unnamed; kube-proxy then writes no
+    /// colon). The port *number* is not part of it: it is in [`Service::frontends`].
+    pub name: String,
+    /// IP protocol number: 6 (TCP), 17 (UDP) or 132 (SCTP).
+    #[serde(serialize_with = "serialize_proto")]
+    pub proto: u8,
+    /// Addresses the Service answers on: its ClusterIP(s), external IPs and
+    /// load-balancer IPs, with the Service port. NodePorts are not listed: they answer
+    /// on every node address, which the rules do not name.
+    pub frontends: Vec<SocketAddr>,
+    /// Where kube-proxy sends connections: each endpoint's DNAT destination.
+    pub backends: Vec<SocketAddr>,
+    /// kube-proxy rejects connections to this Service because it has no endpoints
+    /// (iptables: a "has no endpoints" REJECT rule; nftables: an element of the
+    /// `no-endpoint-services` or `no-endpoint-nodeports` map). In a dual-stack cluster
+    /// this is set when either family rejects.
+    pub no_endpoints: bool,
+}
+
+fn serialize_proto<S: serde::Serializer>(proto: &u8, s: S) -> Result<S::Ok, S::Error> {
+    match proto_name(*proto) {
+        Some(name) => s.serialize_str(name),
+        None => s.serialize_u8(*proto),
+    }
+}
+
+/// Key of a Service port: kube-proxy's name and the protocol. kube-proxy's name alone
+/// is unique per Service port, but the protocol keeps two parsers that disagree (or a
+/// hand-written rule) from merging a TCP and a UDP port.
+type Key = (String, u8);
+
+/// An L4 address: IP, protocol number, port.
+type L4 = (IpAddr, u8, u16);
+
+/// Every Service kube-proxy programmed on this node, read from its rules.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServiceCatalog {
+    services: BTreeMap<Key, Service>,
+    frontends: HashMap<L4, Key>,
+    backends: HashMap<L4, Key>,
+}
+
+impl ServiceCatalog {
+    /// An empty catalog.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The Service answering on `ip:port` over `proto` (a ClusterIP, external IP or
+    /// load-balancer IP), e.g. the destination of a failed connect.
+    pub fn by_frontend(&self, ip: IpAddr, proto: u8, port: u16) -> Option<&Service> {
+        self.frontends
+            .get(&(ip, proto, port))
+            .and_then(|k| self.services.get(k))
+    }
+
+    /// The Service whose endpoint is `ip:port` over `proto` (a DNAT destination of
+    /// kube-proxy), e.g. the destination of a connect seen after DNAT. When one endpoint
+    /// backs several Services, the first one read is returned.
+    pub fn by_backend(&self, ip: IpAddr, proto: u8, port: u16) -> Option<&Service> {
+        self.backends
+            .get(&(ip, proto, port))
+            .and_then(|k| self.services.get(k))
+    }
+
+    /// Number of Service ports.
+    pub fn len(&self) -> usize {
+        self.services.len()
+    }
+
+    /// Whether no Service was found.
+    #[cfg_attr(
+        not(test),
+        expect(dead_code, reason = "for the agent's finding correlation")
+    )]
+    pub fn is_empty(&self) -> bool {
+        self.services.is_empty()
+    }
+
+    /// Every Service port, ordered by name then protocol.
+    pub fn services(&self) -> impl Iterator<Item = &Service> {
+        self.services.values()
+    }
+
+    /// Number of Service ports kube-proxy rejects for lack of endpoints.
+    pub fn no_endpoints_count(&self) -> usize {
+        self.services.values().filter(|s| s.no_endpoints).count()
+    }
+
+    /// Adds everything `other` holds: Services, their frontends and backends, and
+    /// their no-endpoints marks (the IPv4 and IPv6 rules of one Service merge into one).
+    pub fn merge(&mut self, other: ServiceCatalog) {
+        for svc in other.services.into_values() {
+            let entry = self.service(&svc.name, svc.proto);
+            entry.no_endpoints |= svc.no_endpoints;
+            for f in svc.frontends {
+                self.add_frontend(&svc.name, svc.proto, f);
+            }
+            for b in svc.backends {
+                self.add_backend(&svc.name, svc.proto, b);
+            }
+        }
+    }
+
+    fn service(&mut self, name: &str, proto: u8) -> &mut Service {
+        self.services
+            .entry((name.to_owned(), proto))
+            .or_insert_with(|| Service {
+                name: name.to_owned(),
+                proto,
+                frontends: Vec::new(),
+                backends: Vec::new(),
+                no_endpoints: false,
+            })
+    }
+
+    /// Records that Service port `name` answers on `addr`.
+    pub(super) fn add_frontend(&mut self, name: &str, proto: u8, addr: SocketAddr) {
+        insert_sorted(&mut self.service(name, proto).frontends, addr);
+        self.frontends
+            .entry((addr.ip(), proto, addr.port()))
+            .or_insert_with(|| (name.to_owned(), proto));
+    }
+
+    /// Records that Service port `name` sends connections to `addr`.
+    pub(super) fn add_backend(&mut self, name: &str, proto: u8, addr: SocketAddr) {
+        insert_sorted(&mut self.service(name, proto).backends, addr);
+        self.backends
+            .entry((addr.ip(), proto, addr.port()))
+            .or_insert_with(|| (name.to_owned(), proto));
+    }
+
+    /// Records that kube-proxy rejects Service port `name` for lack of endpoints, and
+    /// the address it rejects on when the rule names one (not for a NodePort).
+    pub(super) fn mark_no_endpoints(&mut self, name: &str, proto: u8, addr: Option<SocketAddr>) {
+        self.service(name, proto).no_endpoints = true;
+        if let Some(addr) = addr {
+            self.add_frontend(name, proto, addr);
+        }
+    }
+}
+
+fn insert_sorted(v: &mut Vec<SocketAddr>, addr: SocketAddr) {
+    if let Err(at) = v.binary_search(&addr) {
+        v.insert(at, addr);
+    }
+}
+
+/// Whether `name` looks like kube-proxy's name of a Service port (`ns/name[:port]`):
+/// a guard against taking some other comment (or a truncated chain name) for one.
+pub(super) fn is_service_port_name(name: &str) -> bool {
+    let Some((ns, rest)) = name.split_once('/') else {
+        return false;
+    };
+    let (svc, port) = rest
+        .split_once(':')
+        .map_or((rest, None), |(s, p)| (s, Some(p)));
+    // Namespaces and Service names are DNS labels; port names IANA service names.
+    let ok = |s: &str, dot: bool| {
+        !s.is_empty()
+            && s.chars().all(|c| {
+                c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || (dot && c == '.')
+            })
+    };
+    ok(ns, true) && ok(svc, true) && port.is_none_or(|p| ok(p, false))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sa(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn merge_joins_families_and_keeps_marks() {
+        let mut v4 = ServiceCatalog::new();
+        v4.add_frontend("default/web:http", 6, sa("10.96.0.20:80"));
+        v4.add_backend("default/web:http", 6, sa("10.244.1.5:8080"));
+        let mut v6 = ServiceCatalog::new();
+        v6.add_frontend("default/web:http", 6, sa("[fd00:96::20]:80"));
+        v6.mark_no_endpoints("default/empty", 6, None);
+        v4.merge(v6);
+        assert_eq!(v4.len(), 2);
+        assert_eq!(v4.no_endpoints_count(), 1);
+        let web = v4
+            .by_frontend("fd00:96::20".parse().unwrap(), 6, 80)
+            .unwrap();
+        assert_eq!(web.frontends.len(), 2);
+        assert_eq!(web.backends, vec![sa("10.244.1.5:8080")]);
+        assert!(
+            v4.by_frontend("10.96.0.20".parse().unwrap(), 17, 80)
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn service_port_names() {
+        for ok in [
+            "default/web:http",
+            "default/unnamed",
+            "kube-system/kube-dns:dns-tcp",
+        ] {
+            assert!(is_service_port_name(ok), "{ok}");
+        }
+        for bad in [
+            "kubernetes service portals",
+            "default/web:http cluster IP",
+            "default/web/tcp/http",
+            "noslash",
+            "/x",
+            "ns/truncated:p...",
+            "ns/svc:",
+        ] {
+            assert!(!is_service_port_name(bad), "{bad}");
+        }
+    }
+}

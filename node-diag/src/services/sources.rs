@@ -1,0 +1,310 @@
+//! Reading the rules: which dump tools exist on this node, running each with a deadline,
+//! and a record of what could and could not be read.
+
+use std::{
+    io::Read as _,
+    path::{Path, PathBuf},
+    process::{Command, ExitStatus, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use serde::Serialize;
+use tracing::debug;
+
+use super::{ServiceCatalog, ServicesError};
+
+/// How long one dump may take. `iptables-save` of a large cluster (tens of thousands of
+/// rules) takes about a second; past this something is stuck (the xtables lock, a hung
+/// nft), and the agent must not wait on it.
+const DEADLINE: Duration = Duration::from_secs(5);
+
+/// Where the tools live besides `$PATH`: a DaemonSet's image or a login shell may leave
+/// the sbin directories out of it.
+const SBIN_DIRS: [&str; 3] = ["/usr/sbin", "/sbin", "/usr/local/sbin"];
+
+/// One place the catalog is read from, and what came of it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Source {
+    /// The command, as run: `iptables-nft-save`, `nft -j list table ip kube-proxy`...
+    pub name: String,
+    #[serde(flatten)]
+    pub status: SourceStatus,
+}
+
+/// What came of reading one source.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum SourceStatus {
+    /// Read; `services` Service ports found in it (0 when kube-proxy does not use it).
+    Read { services: usize },
+    /// The tool ran, and there is nothing of kube-proxy's to read: no `kube-proxy` table
+    /// in that family, or no legacy iptables tables at all.
+    Absent,
+    /// Not read: the tool is not installed, failed (first line of its stderr), timed
+    /// out, or printed what could not be parsed.
+    Unavailable { reason: String },
+}
+
+impl Source {
+    fn new(name: impl Into<String>, status: SourceStatus) -> Self {
+        Self {
+            name: name.into(),
+            status,
+        }
+    }
+
+    /// Whether the source was read (including a kube-proxy table that is not there).
+    pub fn is_read(&self) -> bool {
+        !matches!(self.status, SourceStatus::Unavailable { .. })
+    }
+}
+
+enum Parser {
+    Iptables,
+    Nft,
+}
+
+/// Reads every kube-proxy ruleset in the calling thread's network namespace: the
+/// nft-backed iptables (`iptables-nft-save`, `ip6tables-nft-save`, or plain
+/// `iptables-save` where the `-nft` ones do not exist), the legacy iptables when legacy
+/// tables are in use, and `nft -j list table {ip,ip6} kube-proxy`; merged into one
+/// catalog, with what became of each source.
+///
+/// Missing tools and tables are not errors. To read another namespace, call it from a
+/// thread that entered it: the tools run as children of the calling thread, in its
+/// namespace.
+///
+/// # Errors
+///
+/// [`ServicesError::NothingReadable`] when no source at all could be read: then the
+/// node's Services are unknown, which is not the same as "none".
+pub fn read() -> Result<(ServiceCatalog, Vec<Source>), ServicesError> {
+    let mut catalog = ServiceCatalog::new();
+    let mut sources = Vec::new();
+
+    for (nft_tool, plain_tool) in [
+        ("iptables-nft-save", "iptables-save"),
+        ("ip6tables-nft-save", "ip6tables-save"),
+    ] {
+        let (name, path) = match find_tool(nft_tool) {
+            Some(path) => (nft_tool, Some(path)),
+            None => (plain_tool, find_tool(plain_tool)),
+        };
+        sources.push(dump(name, path, &[], Parser::Iptables, &mut catalog));
+    }
+
+    for (tool, names_file) in [
+        ("iptables-legacy-save", "ip_tables_names"),
+        ("ip6tables-legacy-save", "ip6_tables_names"),
+    ] {
+        let Some(path) = find_tool(tool) else {
+            sources.push(unavailable(tool, "not installed"));
+            continue;
+        };
+        // Legacy tables are in use only when the kernel lists some for this namespace.
+        // Not running the tool otherwise also keeps it from loading ip_tables modules.
+        let names = Path::new("/proc/thread-self/net").join(names_file);
+        match std::fs::read_to_string(&names) {
+            Ok(s) if !s.trim().is_empty() => {
+                sources.push(dump(tool, Some(path), &[], Parser::Iptables, &mut catalog));
+            }
+            _ => sources.push(Source::new(tool, SourceStatus::Absent)),
+        }
+    }
+
+    let nft = find_tool("nft");
+    for family in ["ip", "ip6"] {
+        let args = ["-j", "list", "table", family, "kube-proxy"];
+        let name = format!("nft {}", args.join(" "));
+        sources.push(dump(&name, nft.clone(), &args, Parser::Nft, &mut catalog));
+    }
+
+    if sources.iter().any(Source::is_read) {
+        Ok((catalog, sources))
+    } else {
+        Err(ServicesError::NothingReadable(sources))
+    }
+}
+
+fn unavailable(name: &str, reason: impl Into<String>) -> Source {
+    Source::new(
+        name,
+        SourceStatus::Unavailable {
+            reason: reason.into(),
+        },
+    )
+}
+
+/// Runs one dump tool and merges what it printed into `catalog`.
+fn dump(
+    name: &str,
+    path: Option<PathBuf>,
+    args: &[&str],
+    parser: Parser,
+    catalog: &mut ServiceCatalog,
+) -> Source {
+    let Some(path) = path else {
+        return unavailable(name, "not installed");
+    };
+    let out = match run(&path, args, DEADLINE) {
+        Ok(out) => out,
+        Err(reason) => return unavailable(name, reason),
+    };
+    if !out.status.success() {
+        let first = out.stderr.lines().next().unwrap_or("").trim();
+        // nft's answer for a table that does not exist, in every version seen:
+        // "Error: No such file or directory; did you mean table ...".
+        if matches!(parser, Parser::Nft) && first.contains("No such file or directory") {
+            return Source::new(name, SourceStatus::Absent);
+        }
+        let reason = if first.is_empty() {
+            format!("exited with {}", out.status)
+        } else {
+            first.to_owned()
+        };
+        return unavailable(name, reason);
+    }
+    let parsed = match parser {
+        Parser::Iptables => Ok(ServiceCatalog::parse_iptables_save(&out.stdout)),
+        Parser::Nft => ServiceCatalog::parse_nft_json(&out.stdout),
+    };
+    match parsed {
+        Ok(found) => {
+            let services = found.len();
+            debug!(source = name, services, "read kube-proxy rules");
+            catalog.merge(found);
+            Source::new(name, SourceStatus::Read { services })
+        }
+        Err(e) => unavailable(name, e.to_string()),
+    }
+}
+
+/// `tool` in `$PATH` or one of [`SBIN_DIRS`].
+fn find_tool(tool: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(SBIN_DIRS.iter().map(PathBuf::from))
+        .map(|dir| dir.join(tool))
+        .find(|p| is_executable(p))
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+#[derive(Debug)]
+struct Output {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs `path args` and collects its output, killing it at `deadline`. The error is a
+/// sentence for [`SourceStatus::Unavailable`].
+fn run(path: &Path, args: &[&str], deadline: Duration) -> Result<Output, String> {
+    let mut child = Command::new(path)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // C messages: the "No such file or directory" test above reads them.
+        .env("LC_ALL", "C")
+        .spawn()
+        .map_err(|e| format!("cannot start: {e}"))?;
+    // Drained on threads: a dump larger than the pipe buffer would otherwise block the
+    // child while we wait for it to exit.
+    let drain = |pipe: Option<Box<dyn std::io::Read + Send>>| {
+        thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut buf);
+            }
+            String::from_utf8_lossy(&buf).into_owned()
+        })
+    };
+    let stdout = drain(child.stdout.take().map(|p| Box::new(p) as _));
+    let stderr = drain(child.stderr.take().map(|p| Box::new(p) as _));
+    let start = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if start.elapsed() >= deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("timed out after {deadline:?}"));
+            }
+            Ok(None) => thread::sleep(Duration::from_millis(10)),
+            Err(e) => return Err(format!("cannot wait for it: {e}")),
+        }
+    };
+    let join = |h: thread::JoinHandle<String>| h.join().unwrap_or_default();
+    Ok(Output {
+        status,
+        stdout: join(stdout),
+        stderr: join(stderr),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_collects_output_and_status() {
+        let out = run(
+            Path::new("/bin/sh"),
+            &["-c", "echo out; echo err >&2; exit 3"],
+            DEADLINE,
+        )
+        .unwrap();
+        assert_eq!(out.stdout, "out\n");
+        assert_eq!(out.stderr, "err\n");
+        assert_eq!(out.status.code(), Some(3));
+    }
+
+    #[test]
+    fn run_kills_at_the_deadline() {
+        let start = Instant::now();
+        let err = run(Path::new("/bin/sleep"), &["10"], Duration::from_millis(200)).unwrap_err();
+        assert!(err.contains("timed out"), "{err}");
+        assert!(start.elapsed() < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn missing_tool_is_unavailable_not_an_error() {
+        let mut catalog = ServiceCatalog::new();
+        let s = dump(
+            "no-such-tool",
+            find_tool("no-such-tool-nd"),
+            &[],
+            Parser::Iptables,
+            &mut catalog,
+        );
+        assert_eq!(
+            s.status,
+            SourceStatus::Unavailable {
+                reason: "not installed".into()
+            }
+        );
+    }
+
+    #[test]
+    fn failing_tool_keeps_its_first_stderr_line() {
+        let mut catalog = ServiceCatalog::new();
+        let s = dump(
+            "sh",
+            Some(PathBuf::from("/bin/sh")),
+            &["-c", "echo 'first line' >&2; echo second >&2; exit 1"],
+            Parser::Iptables,
+            &mut catalog,
+        );
+        assert_eq!(
+            s.status,
+            SourceStatus::Unavailable {
+                reason: "first line".into()
+            }
+        );
+    }
+}
