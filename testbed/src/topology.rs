@@ -306,6 +306,24 @@ impl Topology {
         )
     }
 
+    /// Routes the Service range 10.96.0.0/12 from node namespace `node` towards node B's
+    /// underlay: a real node has a default route, and without one a connect to a Service
+    /// without endpoints never reaches the FORWARD hook where kube-proxy rejects it.
+    pub fn route_service_range(&self, node: &str) -> Result<()> {
+        let via = self.node_b_underlay.to_string();
+        cmd::run(&[
+            "ip",
+            "-n",
+            node,
+            "route",
+            "add",
+            "10.96.0.0/12",
+            "via",
+            &via,
+        ])
+        .map(drop)
+    }
+
     /// DNATs TCP to `from` arriving in node namespace `node` to `to`, as kube-proxy does
     /// for a Service's address (any DNAT: no Service name in the rule). Table `ip ndnat`
     /// goes with the namespace.

@@ -167,6 +167,11 @@ impl Topology {
         ok(self.0.reject_forwarded_tcp(node, dport, reject));
     }
 
+    /// See [`node_diag_testbed::Topology::route_service_range`].
+    pub fn route_service_range(&self, node: &str) {
+        ok(self.0.route_service_range(node));
+    }
+
     /// See [`node_diag_testbed::Topology::dnat`].
     pub fn dnat(&self, node: &str, from: SocketAddrV4, to: SocketAddrV4) {
         ok(self.0.dnat(node, from, to));

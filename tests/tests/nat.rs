@@ -1,7 +1,9 @@
 //! Connections through this node's NAT (kube-proxy's DNAT of a Service address to a
 //! backend pod): the verdict keeps the address the application connected to, names the
-//! backend NAT chose, and finds the evidence the kernel saw on the translated packets.
-//! The real agent in node A, a real DNAT rule in node A's netfilter.
+//! backend NAT chose and the Service kube-proxy's rules name, and finds the evidence the
+//! kernel saw on the translated packets. The real agent in node A, with a plain DNAT rule
+//! or kube-proxy's rules (iptables through iptables-nft and -legacy, and nftables mode,
+//! as `testbed::kube_proxy` writes them) in node A's netfilter.
 //!
 //! Root, `NODE_DIAG_BIN` set (or `cargo xtask test`), one test at a time:
 //! `cargo test -p node-diag-tests --test nat -- --test-threads=1`.
@@ -11,6 +13,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use node_diag_tests::finding::{assert_shape, field, flow_is};
+use node_diag_tests::kube_proxy::{
+    IptablesBackend, Protocol, ServiceSpec, install_iptables_service, install_nftables_service,
+};
 use node_diag_tests::{Agent, ConnectOutcome, ServerMode, TcpServer, Topology, tcp_connect};
 use serde_json::Value;
 
@@ -105,4 +110,168 @@ fn dnat_then_drop_beyond_this_node_is_unknown_naming_vip_and_backend() {
     assert_backend(&f, backend);
     let outcome = client.join().expect("client thread");
     assert!(matches!(outcome, ConnectOutcome::TimedOut), "{outcome:?}");
+}
+
+/// kube-proxy's rules on node A, in each of its modes, for the agent to read at start.
+#[derive(Clone, Copy, Debug)]
+enum Mode {
+    Iptables(IptablesBackend),
+    Nftables,
+}
+
+fn install(topo: &Topology, mode: Mode, svc: &ServiceSpec) {
+    match mode {
+        Mode::Iptables(backend) => install_iptables_service(&topo.node_a, backend, svc),
+        Mode::Nftables => install_nftables_service(&topo.node_a, svc),
+    }
+}
+
+fn service(name: &str, ip: Ipv4Addr, backends: &[SocketAddrV4]) -> ServiceSpec {
+    ServiceSpec {
+        namespace: "shop".into(),
+        name: name.into(),
+        port_name: "http".into(),
+        cluster_ip: ip,
+        port: 80,
+        proto: Protocol::Tcp,
+        backends: backends.to_vec(),
+    }
+}
+
+/// A Service without endpoints: kube-proxy's own REJECT answers, so the layer is the
+/// Service (not a firewall, not the application), named as kube-proxy names it.
+fn no_endpoints_is_the_service(mode: Mode) {
+    let topo = Topology::new();
+    topo.route_service_range(&topo.node_a);
+    let gone = Ipv4Addr::new(10, 96, 0, 30);
+    install(&topo, mode, &service("cart", gone, &[]));
+    let agent = Agent::start_ready(&topo);
+
+    let outcome = tcp_connect(&topo.pod_a, SocketAddrV4::new(gone, 80).into(), STEP);
+    assert!(
+        matches!(outcome, ConnectOutcome::Refused),
+        "{mode:?}: {outcome:?}"
+    );
+    let f = agent.wait_finding(
+        on_flow("tcp_refused", "service", (topo.pod_a_ip, gone, 80)),
+        STEP,
+    );
+    assert_shape(&f);
+    assert_eq!(field(&f, "service"), "shop/cart:http", "{f:#}");
+    assert!(f.get("backend").is_none(), "no endpoint, no backend: {f:#}");
+    assert!(field(&f, "summary").contains("no ready endpoints"), "{f:#}");
+    assert!(field(&f, "remediation").contains("selector"), "{f:#}");
+    assert_eq!(
+        f["evidence"]["icmp_sent_code"], 3,
+        "kube-proxy's port-unreachable: {f:#}"
+    );
+    agent.wait_counter_at_least(
+        r#"node_diag_findings_total{kind="tcp_refused",layer="service",severity="warning"}"#,
+        1.0,
+        STEP,
+    );
+}
+
+#[test]
+fn no_endpoints_is_the_service_with_iptables_nft() {
+    no_endpoints_is_the_service(Mode::Iptables(IptablesBackend::Nft));
+}
+
+#[test]
+fn no_endpoints_is_the_service_with_iptables_legacy() {
+    no_endpoints_is_the_service(Mode::Iptables(IptablesBackend::Legacy));
+}
+
+#[test]
+fn no_endpoints_is_the_service_with_nftables() {
+    no_endpoints_is_the_service(Mode::Nftables);
+}
+
+/// A Service whose one endpoint refuses: its listener, with the Service and the backend
+/// named (conntrack forgets a connection refused at once; the one endpoint is certain).
+/// With two endpoints that both refuse, the finding lists both as candidates.
+fn backend_refusing_is_its_listener(mode: Mode) {
+    let topo = Topology::new();
+    let one = SocketAddrV4::new(topo.pod_b_ip, 9311);
+    let vip_one = Ipv4Addr::new(10, 96, 0, 11);
+    install(&topo, mode, &service("cart", vip_one, &[one]));
+    let two = [
+        SocketAddrV4::new(topo.pod_b_ip, 9312),
+        SocketAddrV4::new(topo.pod_b_ip, 9313),
+    ];
+    let vip_two = Ipv4Addr::new(10, 96, 0, 12);
+    install(&topo, mode, &service("checkout", vip_two, &two));
+    let agent = Agent::start_ready(&topo);
+
+    let outcome = tcp_connect(&topo.pod_a, SocketAddrV4::new(vip_one, 80).into(), STEP);
+    assert!(
+        matches!(outcome, ConnectOutcome::Refused),
+        "{mode:?}: {outcome:?}"
+    );
+    let f = agent.wait_finding(
+        on_flow("tcp_refused", "listener", (topo.pod_a_ip, vip_one, 80)),
+        STEP,
+    );
+    assert_shape(&f);
+    assert_eq!(field(&f, "service"), "shop/cart:http", "{f:#}");
+    assert_backend(&f, one);
+
+    let outcome = tcp_connect(&topo.pod_a, SocketAddrV4::new(vip_two, 80).into(), STEP);
+    assert!(
+        matches!(outcome, ConnectOutcome::Refused),
+        "{mode:?}: {outcome:?}"
+    );
+    let f = agent.wait_finding(
+        on_flow("tcp_refused", "listener", (topo.pod_a_ip, vip_two, 80)),
+        STEP,
+    );
+    assert_shape(&f);
+    assert_eq!(field(&f, "service"), "shop/checkout:http", "{f:#}");
+    assert!(f.get("backend").is_none(), "NAT's choice is unknown: {f:#}");
+    let candidates = &f["evidence"]["candidate_backends"];
+    for b in two {
+        assert!(
+            candidates
+                .as_array()
+                .is_some_and(|c| c.iter().any(|c| c == &b.to_string())),
+            "{b} among the candidates: {f:#}"
+        );
+    }
+}
+
+#[test]
+fn backend_refusing_is_its_listener_with_nftables() {
+    backend_refusing_is_its_listener(Mode::Nftables);
+}
+
+#[test]
+fn backend_refusing_is_its_listener_with_iptables_nft() {
+    backend_refusing_is_its_listener(Mode::Iptables(IptablesBackend::Nft));
+}
+
+/// kube-proxy DNATs to the backend, then this node's firewall drops the translated SYN:
+/// the firewall, with the Service and the backend named.
+#[test]
+fn service_dropped_on_this_node_is_the_firewall_naming_service_and_backend() {
+    let topo = Topology::new();
+    let _server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(9314), ServerMode::Echo);
+    let backend = SocketAddrV4::new(topo.pod_b_ip, 9314);
+    let ip = Ipv4Addr::new(10, 96, 0, 14);
+    install(&topo, Mode::Nftables, &service("orders", ip, &[backend]));
+    topo.drop_forwarded_tcp(&topo.node_a, 9314);
+    let agent = Agent::start_ready(&topo);
+
+    let start = Instant::now();
+    let client = connect_in_background(&topo, SocketAddrV4::new(ip, 80));
+    let f = agent.wait_finding(
+        on_flow("tcp_timeout", "firewall", (topo.pod_a_ip, ip, 80)),
+        Duration::from_secs(5).saturating_sub(start.elapsed()),
+    );
+    assert_shape(&f);
+    assert_eq!(field(&f, "service"), "shop/orders:http", "{f:#}");
+    assert_backend(&f, backend);
+    assert!(matches!(
+        client.join().expect("client"),
+        ConnectOutcome::TimedOut
+    ));
 }

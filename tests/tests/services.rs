@@ -158,19 +158,7 @@ fn catalog_from_nftables() {
 /// refused by node A for the second (ICMP port unreachable, as kube-proxy's REJECT).
 fn cluster_ip_forwards_in(mode: Mode) {
     let topo = Topology::new();
-    // Node A must route the Service range somewhere for its FORWARD hook (where the
-    // REJECT is) to see packets to a Service without endpoints; a real node has a
-    // default route.
-    cmd::run(&[
-        "ip",
-        "-n",
-        &topo.node_a,
-        "route",
-        "add",
-        "10.96.0.0/12",
-        "via",
-        &topo.node_b_underlay.to_string(),
-    ]);
+    topo.route_service_range(&topo.node_a);
     let backend = SocketAddrV4::new(topo.pod_b_ip, 8080);
     let server = TcpServer::start(&topo.pod_b, SocketAddr::V4(backend), ServerMode::Echo);
     let mut svc = spec("api", "http", Ipv4Addr::new(10, 96, 0, 10), 80, &[]);

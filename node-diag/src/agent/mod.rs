@@ -23,6 +23,7 @@ use std::{
         Arc,
         atomic::{AtomicU64, Ordering},
     },
+    sync::{PoisonError, RwLock},
     time::{Duration, Instant, SystemTime},
 };
 
@@ -52,6 +53,7 @@ use crate::{
         tc::{self, TcIngress},
     },
     output::print_finding,
+    services::{CatalogWatcher, ServiceCatalog, SourceStatus},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -183,6 +185,7 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
             source,
         });
     }
+    let services = watch_services();
     shared.set_ready(true);
     info!(listen = %local, "ready");
 
@@ -211,7 +214,7 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
                     names: &names,
                     now: SystemTime::now(),
                     ephemeral_ports: ephemeral_ports.clone(),
-                    translation: translate(&ev, &maps),
+                    translation: translate(&ev, &maps, &services.read().unwrap_or_else(PoisonError::into_inner)),
                 };
                 if let Some(finding) = correlate(&ev, &ctx) {
                     shared.metrics().finding(&finding);
@@ -308,10 +311,52 @@ fn sync_tc(tc: &mut TcIngress, ebpf: &mut aya::Ebpf, maps: &mut KernelMaps) {
     }
 }
 
+/// How often kube-proxy's rules are re-read for Service names. kube-proxy itself
+/// resyncs on change and at least every 30 s to an hour; a Service created since the
+/// last read is named from the next one.
+const SERVICES_REFRESH: Duration = Duration::from_secs(10);
+
+/// The Service catalog from kube-proxy's rules in the agent's namespace: read once now
+/// (so findings from the start can name Services), then every [`SERVICES_REFRESH`] on a
+/// thread of its own, since reading runs `iptables-save`/`nft` and may take a moment.
+fn watch_services() -> Arc<RwLock<ServiceCatalog>> {
+    let mut watcher = CatalogWatcher::new();
+    match watcher.refresh() {
+        Ok(_) => {
+            let read: Vec<String> = watcher
+                .sources()
+                .iter()
+                .filter(|s| matches!(s.status, SourceStatus::Read { .. }))
+                .map(|s| s.name.clone())
+                .collect();
+            info!(services = watcher.catalog().len(), from = ?read, "Service names from kube-proxy's rules");
+        }
+        Err(e) => warn!(error = %e, "no Service names: kube-proxy's rules cannot be read"),
+    }
+    let catalog = Arc::new(RwLock::new(watcher.catalog().clone()));
+    let shared = Arc::clone(&catalog);
+    let spawned = std::thread::Builder::new()
+        .name("services".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(SERVICES_REFRESH);
+                // Errors are logged by the watcher when what can be read changes.
+                if watcher.refresh().is_ok() {
+                    *shared.write().unwrap_or_else(PoisonError::into_inner) =
+                        watcher.catalog().clone();
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        warn!(error = %e, "cannot start the Service catalog refresh: names stay as read at start");
+    }
+    catalog
+}
+
 /// Where this node's NAT sent the event's connection: conntrack's current entry, else
 /// the translation the kernel hooks saw on its dropped or rejected packets (whose entry
-/// was never confirmed, so conntrack has none).
-fn translate(ev: &Event, maps: &KernelMaps) -> Translation {
+/// was never confirmed, so conntrack has none); and the Service kube-proxy's rules name.
+fn translate(ev: &Event, maps: &KernelMaps, services: &ServiceCatalog) -> Translation {
     let flow = &ev.flow;
     let addr = |b: &[u8; 16]| crate::findings::correlate::addr(flow, b);
     if flow.sport == 0 || flow.dport == 0 {
@@ -340,9 +385,28 @@ fn translate(ev: &Event, maps: &KernelMaps) -> Translation {
             )
         })
     });
+    let tcp = crate::services::IPPROTO_TCP;
+    let service = services
+        .by_frontend(dst.ip(), tcp, dst.port())
+        .or_else(|| backend.and_then(|b| services.by_backend(b.ip(), tcp, b.port())));
+    let Some(service) = service else {
+        return Translation {
+            backend,
+            ..Translation::default()
+        };
+    };
+    // Conntrack forgets an entry whose only answer was a RST: with one endpoint the
+    // backend is still certain, with several only the candidates are.
+    let (backend, candidates) = match (backend, service.backends.as_slice()) {
+        (Some(b), _) => (Some(b), Vec::new()),
+        (None, [only]) => (Some(*only), Vec::new()),
+        (None, several) => (None, several.to_vec()),
+    };
     Translation {
         backend,
-        ..Translation::default()
+        candidates,
+        service: Some(service.name.clone()),
+        no_endpoints: service.no_endpoints,
     }
 }
 

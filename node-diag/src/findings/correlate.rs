@@ -100,6 +100,8 @@ pub struct Translation {
     pub service: Option<String>,
     /// kube-proxy's rules reject this Service's connects: it has no endpoints.
     pub no_endpoints: bool,
+    /// The Service's endpoints, when NAT's choice among them is not known.
+    pub candidates: Vec<SocketAddr>,
 }
 
 impl Translation {
@@ -125,6 +127,15 @@ impl Translation {
         f.backend_port = self.backend.map(|b| b.port());
         if let Some(more) = self.describe() {
             f.summary.push_str(&more);
+        }
+        if self.backend.is_none() && !self.candidates.is_empty() {
+            let candidates: Vec<String> = self.candidates.iter().map(ToString::to_string).collect();
+            f.evidence
+                .insert("candidate_backends".into(), json!(candidates));
+            f.summary.push_str(&format!(
+                " Its backend is one of {} (conntrack keeps no record of a connection refused at once).",
+                candidates.join(", ")
+            ));
         }
     }
 }
@@ -738,7 +749,7 @@ mod tests {
             Translation {
                 service: Some("shop/cart:http".into()),
                 no_endpoints: true,
-                backend: None,
+                ..Translation::default()
             },
         )
         .unwrap();
@@ -766,7 +777,7 @@ mod tests {
             Translation {
                 service: Some("shop/cart:http".into()),
                 no_endpoints: false,
-                backend: None,
+                ..Translation::default()
             },
         )
         .unwrap();
@@ -783,6 +794,7 @@ mod tests {
                 service: Some("shop/cart:http".into()),
                 no_endpoints: false,
                 backend: Some(backend),
+                ..Translation::default()
             },
         )
         .unwrap();

@@ -56,10 +56,6 @@ mod watch;
 pub use catalog::{Service, ServiceCatalog};
 pub use report::Report;
 pub use sources::{Source, SourceStatus, read};
-#[expect(
-    unused_imports,
-    reason = "the agent loop and finding correlation use it next"
-)]
 pub use watch::CatalogWatcher;
 
 /// Why the Service catalog could not be read.

@@ -1,12 +1,5 @@
 //! Keeping a catalog current: re-read on demand (the agent calls it on its interface
 //! snapshot tick), and say so in the log only when something changed.
-#![cfg_attr(
-    not(test),
-    expect(
-        dead_code,
-        reason = "the agent loop and finding correlation use it next"
-    )
-)]
 
 use tracing::{info, warn};
 
