@@ -23,6 +23,24 @@ const MODULES: &[&str] = &[
     "sch_ingress",
     "cls_bpf",
     "cls_u32",
+    // kube-proxy's rules in the Service tests: iptables through nf_tables (its matches
+    // and targets through nft_compat) and legacy iptables, and conntrack queries.
+    "nft_compat",
+    "nft_nat",
+    "nft_reject_ipv4",
+    "nf_conntrack_netlink",
+    "ip_tables",
+    "iptable_filter",
+    "iptable_nat",
+    "xt_comment",
+    "xt_conntrack",
+    "xt_statistic",
+    "xt_mark",
+    "xt_nat",
+    "xt_MASQUERADE",
+    "xt_tcpudp",
+    "xt_addrtype",
+    "ipt_REJECT",
 ];
 
 /// What the guest runs.
