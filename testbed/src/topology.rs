@@ -306,6 +306,29 @@ impl Topology {
         )
     }
 
+    /// Masquerades what node namespace `node` forwards out of `oif` (as a CNI does for pod
+    /// traffic leaving the cluster network). Table `ip ndmasq` goes with the namespace.
+    pub fn masquerade(&self, node: &str, oif: &str) -> Result<()> {
+        for rule in [
+            "add table ip ndmasq".to_owned(),
+            "add chain ip ndmasq post { type nat hook postrouting priority srcnat; policy accept; }"
+                .to_owned(),
+            format!("add rule ip ndmasq post oifname \"{oif}\" masquerade"),
+        ] {
+            cmd::run_in(node, &["nft", &rule])?;
+        }
+        Ok(())
+    }
+
+    /// Drops the ICMP frag-needed node namespace `node` forwards (a FORWARD-chain rule
+    /// that filters ICMP), in table `inet ndtest`.
+    pub fn drop_forwarded_frag_needed(&self, node: &str) -> Result<()> {
+        self.add_forward_rule(
+            node,
+            "icmp type destination-unreachable icmp code frag-needed drop",
+        )
+    }
+
     /// Routes the Service range 10.96.0.0/12 from node namespace `node` towards node B's
     /// underlay: a real node has a default route, and without one a connect to a Service
     /// without endpoints never reaches the FORWARD hook where kube-proxy rejects it.

@@ -167,6 +167,16 @@ impl Topology {
         ok(self.0.reject_forwarded_tcp(node, dport, reject));
     }
 
+    /// See [`node_diag_testbed::Topology::masquerade`].
+    pub fn masquerade(&self, node: &str, oif: &str) {
+        ok(self.0.masquerade(node, oif));
+    }
+
+    /// See [`node_diag_testbed::Topology::drop_forwarded_frag_needed`].
+    pub fn drop_forwarded_frag_needed(&self, node: &str) {
+        ok(self.0.drop_forwarded_frag_needed(node));
+    }
+
     /// See [`node_diag_testbed::Topology::route_service_range`].
     pub fn route_service_range(&self, node: &str) {
         ok(self.0.route_service_range(node));

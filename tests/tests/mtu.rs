@@ -9,7 +9,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use node_diag_tests::finding::{assert_shape, assert_shape_mtu, field, flow_is, mismatch_on};
-use node_diag_tests::topology::{POD_HOST_IF, POD_IF};
+use node_diag_tests::topology::{POD_HOST_IF, POD_IF, VXLAN_IF};
 use node_diag_tests::{Agent, ServerMode, TcpServer, Topology, cmd, tcp_request};
 use serde_json::Value;
 
@@ -339,4 +339,69 @@ fn frag_needed_from_beyond_this_node_is_counted_as_received() {
         |f| field(f, "kind") == "df_oversize_drop",
         Duration::from_secs(1),
     );
+}
+
+/// Pod A's traffic masqueraded by node A (out of the overlay, as a CNI masquerades traffic
+/// leaving the cluster network), a smaller hop beyond: node B's frag-needed comes back
+/// addressed to node A, whose conntrack translates it to pod A's flow. Delivered, PMTUD
+/// recovers the transfer; filtered by node A's FORWARD chain after that translation, it
+/// is pod A's black hole, with the drop as its evidence.
+fn masqueraded_flow_with_frag_needed(filtered: bool) {
+    let topo = Topology::new();
+    node_diag_tests::narrow_node_b_pod_link(&topo, 1400);
+    topo.masquerade(&topo.node_a, VXLAN_IF);
+    // Node B answers node A's overlay address, which the masquerade puts on the packets.
+    let overlay = format!("{}/32", topo.node_a_overlay);
+    cmd::run(&["ip", "-n", &topo.node_b, "route", "add", &overlay, "dev", VXLAN_IF]);
+    if filtered {
+        topo.drop_forwarded_frag_needed(&topo.node_a);
+    }
+    let agent = Agent::start_ready(&topo);
+    let received = agent.counter(FRAG_RECEIVED);
+    let port = 9006;
+    let _server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(port), ServerMode::Echo);
+
+    if !filtered {
+        let reply = tcp_request(
+            &topo.pod_a,
+            topo.pod_b_addr(port),
+            &vec![6; BULK],
+            Duration::from_secs(10),
+        )
+        .expect("PMTUD recovers through the masquerade");
+        assert_eq!(reply.len(), BULK);
+        agent.wait_counter_at_least(FRAG_RECEIVED, received + 1.0, Duration::from_secs(3));
+        agent.expect_no_finding(is_mtu_kind, Duration::from_secs(1));
+        assert_eq!(agent.counter(BLACKHOLES), 0.0);
+        return;
+    }
+    let client = bulk_in_background(&topo, port, Duration::from_secs(8));
+    let f = agent.wait_finding(
+        kind_on_flow("pmtud_blackhole", &topo, port),
+        node_diag_tests::agent::scaled(Duration::from_secs(6)),
+    );
+    assert_shape(&f);
+    assert_eq!(field(&f, "layer"), "icmp_filtered", "{f:#}");
+    assert_eq!(f["evidence"]["netfilter_hook"], "forward", "{f:#}");
+    assert!(
+        f["evidence"]["frag_needed_dropped"].as_u64().unwrap() >= 1,
+        "the drop, seen after node A translated the error to pod A's flow: {f:#}"
+    );
+    agent.wait_counter_at_least(BLACKHOLES, 1.0, Duration::from_secs(2));
+    agent.wait_counter_at_least(FRAG_RECEIVED, received + 1.0, Duration::from_secs(2));
+    let outcome = client.join().expect("client thread");
+    assert!(
+        outcome.as_ref().map_or(true, |r| r.len() < BULK),
+        "transfer completed: {outcome:?}"
+    );
+}
+
+#[test]
+fn masqueraded_flow_recovers_with_frag_needed() {
+    masqueraded_flow_with_frag_needed(false);
+}
+
+#[test]
+fn masqueraded_flow_with_frag_needed_filtered_is_a_black_hole() {
+    masqueraded_flow_with_frag_needed(true);
 }
