@@ -11,6 +11,7 @@
 //! - `namespaces`: network namespaces, their ids, which ones make up this node
 //!   ([`local_scope`]: the agent's own and every pod namespace attached to it by a veth),
 //!   and running code inside one.
+//! - `conntrack`: a namespace's conntrack table size, limit and statistics.
 //! - `monitor`: link notifications, turned into "re-snapshot" messages ([`watch`]).
 //! - `tc`: `clsact` qdiscs and their filters (dump, delete), for the TC attachment on
 //!   kernels without TCX.
@@ -22,6 +23,7 @@
 //! the namespace it was opened in, so a thread that entered another namespace looks
 //! inside it with the same functions.
 
+pub mod conntrack;
 mod fdb;
 mod interfaces;
 mod inventory;
