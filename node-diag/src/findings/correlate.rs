@@ -688,7 +688,7 @@ fn conntrack_text(
                 w.drops()
             ),
             format!(
-                "Raise the limit on the node: `sysctl -w net.netfilter.nf_conntrack_max=<higher>` (it holds every namespace) and the hash table with it (`/sys/module/nf_conntrack/parameters/hashsize`, `net.netfilter.nf_conntrack_buckets`, about max/4). Find what fills the table: `conntrack -C`, `conntrack -S` (drop, early_drop), `conntrack -L | awk '{{print $5}}' | sort | uniq -c | sort -rn | head` for the top sources; shorten the timeouts of what lingers (`net.netfilter.nf_conntrack_tcp_timeout_time_wait`, `nf_conntrack_udp_timeout`, `nf_conntrack_tcp_timeout_established`). Connections to {target} work again once entries free up."
+                "Raise the limit on the node: `sysctl -w net.netfilter.nf_conntrack_max=<higher>` (it holds every namespace) and the hash table with it (`net.netfilter.nf_conntrack_buckets`, writable in the initial namespace; recent kernels make it as large as the limit) so lookups stay short. Find what fills the table: `conntrack -C` (per namespace: `ip netns exec` or `nsenter -n`), `conntrack -S` (drop, early_drop), the top sources with `conntrack -L | awk '{{for (i = 1; i <= NF; i++) if ($i ~ /^src=/) {{ print $i; next }}}}' | sort | uniq -c | sort -rn | head`; shorten the timeouts of what lingers (`net.netfilter.nf_conntrack_tcp_timeout_time_wait`, `nf_conntrack_udp_timeout`, `nf_conntrack_tcp_timeout_established`). Connections to {target} work again once entries free up."
             ),
         ),
         ConntrackCause::Invalid => (
