@@ -112,6 +112,7 @@ pub struct Metrics {
     blackholes: Gauge,
     interface_mtu: Family<InterfaceMtuLabels, Gauge>,
     headroom: Family<InterfaceNetnsLabels, Gauge>,
+    conntrack_drops: Family<ReasonLabel, Counter>,
     last: KernelTotals,
 }
 
@@ -178,6 +179,12 @@ impl Metrics {
             "Expected MTU (underlay minus encapsulation) minus the effective MTU (the interface's, capped by its routes' mtu); negative when misconfigured",
             headroom.clone(),
         );
+        let conntrack_drops = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "node_diag_conntrack_drops",
+            "SYNs and SYN-ACKs of failed connects dropped on this node because of conntrack: its table full (table_full), or found INVALID and dropped by a rule (invalid)",
+            conntrack_drops.clone(),
+        );
         registry.register(
             "node_diag_build",
             "node-diag build information",
@@ -197,6 +204,11 @@ impl Metrics {
                 direction: direction.into(),
             });
         }
+        for reason in ["table_full", "invalid"] {
+            let _ = conntrack_drops.get_or_create(&ReasonLabel {
+                reason: reason.into(),
+            });
+        }
         for direction in ["sent", "received", "dropped"] {
             let _ = frag_needed.get_or_create(&DirectionLabel {
                 direction: direction.into(),
@@ -214,6 +226,7 @@ impl Metrics {
             blackholes,
             interface_mtu,
             headroom,
+            conntrack_drops,
             last: KernelTotals::default(),
         }
     }
@@ -226,6 +239,16 @@ impl Metrics {
                 severity: f.severity.as_str().into(),
             })
             .inc();
+    }
+
+    /// Counts `packets` drops of a connect's flow attributed to conntrack, by cause
+    /// (`table_full`, `invalid`).
+    pub fn conntrack_drops(&self, cause: &str, packets: u32) {
+        self.conntrack_drops
+            .get_or_create(&ReasonLabel {
+                reason: cause.into(),
+            })
+            .inc_by(u64::from(packets));
     }
 
     /// Advances every counter by what the kernel counted since the last call.

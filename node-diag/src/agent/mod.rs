@@ -6,17 +6,21 @@
 //!
 //! - [`state`]: what the loop shares with the HTTP handlers ([`http`]).
 //! - [`metrics`]: the Prometheus registry, fed kernel totals and findings.
+//! - [`conntrack_watch`]: each namespace's conntrack counters, the evidence of
+//!   conntrack verdicts.
 //! - [`mtu_refresh`]: the MTU model's conditions and gauges, rebuilt on link changes.
 //!
 //! One kernel event travels: ring buffer (`kernel::ring`) → this loop → `correlate` →
 //! metrics + findings store (served on `/findings`) → printed once on stdout.
 
+mod conntrack_watch;
 mod http;
 pub mod metrics;
 mod mtu_refresh;
 mod state;
 
 use std::{
+    collections::BTreeSet,
     net::SocketAddr,
     path::PathBuf,
     sync::{
@@ -35,6 +39,7 @@ use tokio::{
 use tracing::{debug, info, warn};
 
 use self::{
+    conntrack_watch::ConntrackWatch,
     metrics::{KernelTotals, Metrics},
     mtu_refresh::refresh_mtu,
     state::Shared,
@@ -42,7 +47,7 @@ use self::{
 use crate::{
     OutputFormat,
     findings::{
-        Finding, Kind, Store,
+        Finding, Kind, Layer, Store,
         correlate::{Context, Translation, correlate, withdrawn},
         names::Names,
     },
@@ -122,9 +127,8 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
     );
 
     let (ring, mut maps) = KernelMaps::take(&mut loaded.ebpf)?;
-    if !opts.all_netns {
-        refresh_scope(&mut maps);
-    }
+    let mut conntrack = ConntrackWatch::default();
+    refresh_namespaces(&mut maps, &mut conntrack, opts.all_netns);
     // Bound before TC is attached: a second agent in this namespace (the listen address
     // taken) fails here, before it could mistake the first one's filters for leftovers.
     let listener = tokio::net::TcpListener::bind(opts.listen)
@@ -215,9 +219,15 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
                     now: SystemTime::now(),
                     ephemeral_ports: ephemeral_ports.clone(),
                     translation: translate(&ev, &maps, &services.read().unwrap_or_else(PoisonError::into_inner)),
+                    conntrack: conntrack.window(&ev, &names),
                 };
                 if let Some(finding) = correlate(&ev, &ctx) {
                     shared.metrics().finding(&finding);
+                    if finding.layer == Layer::Conntrack
+                        && let Some(cause) = finding.evidence.get("conntrack_cause").and_then(|c| c.as_str())
+                    {
+                        shared.metrics().conntrack_drops(cause, ev.drop.count);
+                    }
                     let printed = shared.store().record(finding, Instant::now());
                     if let Some(f) = printed {
                         print_finding(&f, opts.format);
@@ -262,9 +272,7 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
                 }
             }
             _ = refresh_tick.tick() => {
-                if !opts.all_netns {
-                    refresh_scope(&mut maps);
-                }
+                refresh_namespaces(&mut maps, &mut conntrack, opts.all_netns);
                 if let Some(tc) = tc.as_mut() {
                     sync_tc(tc, &mut loaded.ebpf, &mut maps);
                 }
@@ -416,13 +424,27 @@ fn flow_matches(f: &Finding, key: &FlowKey) -> bool {
     f.src == Some(addr(&key.saddr)) && f.dst == Some(addr(&key.daddr)) && f.dport == Some(key.dport)
 }
 
-/// Makes the kernel's scope map this node's current set of network namespaces; on a
-/// netlink failure the previous scope stays.
-fn refresh_scope(maps: &mut KernelMaps) {
+/// Refreshes the scope (unless every namespace is watched) and reads the conntrack
+/// counters of the namespaces in it; without a scope, the counters wait.
+fn refresh_namespaces(maps: &mut KernelMaps, conntrack: &mut ConntrackWatch, all_netns: bool) {
+    if all_netns {
+        conntrack.refresh(None);
+    } else if let Some(scope) = refresh_scope(maps) {
+        conntrack.refresh(Some(&scope));
+    }
+}
+
+/// Makes the kernel's scope map this node's current set of network namespaces, and
+/// returns it; on a netlink failure the previous scope stays (`None`).
+fn refresh_scope(maps: &mut KernelMaps) -> Option<BTreeSet<u32>> {
     match crate::host_network::local_scope() {
-        Ok(scope) => maps.set_scope(&scope),
+        Ok(scope) => {
+            maps.set_scope(&scope);
+            Some(scope)
+        }
         Err(e) => {
             warn!(error = %e, "cannot list this node's network namespaces; keeping the previous scope");
+            None
         }
     }
 }

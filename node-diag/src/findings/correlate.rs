@@ -8,10 +8,10 @@ use std::{
     time::SystemTime,
 };
 
-use node_diag_common::{AF_INET, Event, FlowKey, drop_flag, event_flag, event_kind};
+use node_diag_common::{AF_INET, DropInfo, Event, FlowKey, drop_flag, event_flag, event_kind};
 use serde_json::{Map, Value, json};
 
-use super::{Finding, Kind, Layer, Severity, names::Names};
+use super::{Finding, Kind, Layer, Severity, conntrack::Window, names::Names};
 
 /// Drop reasons that mean a firewall rule on this node discarded the packet.
 const FIREWALL_REASONS: &[&str] = &[
@@ -88,6 +88,10 @@ pub struct Context<'a> {
     pub ephemeral_ports: RangeInclusive<u16>,
     /// The Service and NAT behind the event's destination, as the agent found them.
     pub translation: Translation,
+    /// The conntrack counters of the namespace where the event's flow packet was
+    /// dropped, around that drop (see [`super::conntrack`]); `None` when the drop was
+    /// not a `NETFILTER_DROP` or the namespace has no readings.
+    pub conntrack: Option<Window>,
 }
 
 /// What the agent knows of the Service and NAT behind a flow's destination: the
@@ -143,7 +147,63 @@ impl Translation {
 enum Evidence {
     Firewall(String),
     Routing(String),
+    Conntrack(ConntrackCause, Window),
     None,
+}
+
+/// Why conntrack, not a rule, is behind a flow's `NETFILTER_DROP`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConntrackCause {
+    /// The namespace's table was full: conntrack could make no entry and dropped the
+    /// packet itself.
+    TableFull,
+    /// Conntrack found the packet INVALID and a `ct state invalid` rule dropped it.
+    Invalid,
+}
+
+impl ConntrackCause {
+    /// The `reason` label of `node_diag_conntrack_drops_total` and the evidence's
+    /// `conntrack_cause`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::TableFull => "table_full",
+            Self::Invalid => "invalid",
+        }
+    }
+}
+
+/// Whether conntrack explains a flow's drop, on the evidence for this drop only (the
+/// rules and their reasons are in [`super::conntrack`]): a `NETFILTER_DROP` in the
+/// namespace of `window`, and there, for a full table, conntrack's own drops rising
+/// while the table was at its limit; for INVALID, a dropped SYN-ACK (the packet
+/// conntrack calls INVALID when it never saw the SYN) with at least as many INVALID
+/// packets counted as the flow had drops. Anything else stays the rule's.
+pub fn conntrack_cause(drop: &DropInfo, reason: &str, window: &Window) -> Option<ConntrackCause> {
+    if reason != "NETFILTER_DROP" || drop.count == 0 || drop.netns != window.netns {
+        return None;
+    }
+    if window.full && window.drops() > 0 {
+        return Some(ConntrackCause::TableFull);
+    }
+    let return_path = drop.flags & drop_flag::SYN_ACK != 0;
+    if return_path && window.drops() == 0 && window.invalid() >= u64::from(drop.count) {
+        return Some(ConntrackCause::Invalid);
+    }
+    None
+}
+
+/// The conntrack counters behind a verdict as evidence: the table's size and limit now,
+/// and how much each statistic rose around the drop.
+fn conntrack_evidence(w: &Window, evidence: &mut Map<String, Value>) {
+    evidence.insert("conntrack_count".into(), json!(w.now.count));
+    evidence.insert("conntrack_max".into(), json!(w.now.max));
+    evidence.insert("conntrack_stat_drop".into(), json!(w.drops()));
+    evidence.insert("conntrack_stat_early_drop".into(), json!(w.early_drops()));
+    evidence.insert(
+        "conntrack_stat_insert_failed".into(),
+        json!(w.insert_failed()),
+    );
+    evidence.insert("conntrack_stat_invalid".into(), json!(w.invalid()));
 }
 
 pub fn correlate(ev: &Event, ctx: &Context<'_>) -> Option<Finding> {
@@ -423,36 +483,55 @@ fn connect_verdict(ev: &Event, ctx: &Context<'_>) -> Option<Finding> {
         evidence.insert("icmp_received_from".into(), json!(sender));
     }
     let from = sender.map(|a| format!(" ({a})")).unwrap_or_default();
-    let classified = match (&drop_reason, icmp, received) {
-        (Some(r), _, _) if FIREWALL_REASONS.contains(&r.as_str()) => Evidence::Firewall(format!(
-            "a netfilter/eBPF filter on this node dropped {dropped} ({r})"
-        )),
-        (_, Some(i), _) if ICMP_ADMIN_CODES.contains(&i.icmp_code) => Evidence::Firewall(format!(
-            "this node answered it with ICMP administratively prohibited (code {})",
-            i.icmp_code
-        )),
-        (Some(r), _, _) if ROUTING_REASONS.contains(&r.as_str()) => {
-            Evidence::Routing(format!("the kernel dropped {dropped} with {r}"))
+    // The namespace's conntrack counters around a netfilter drop of the flow: evidence
+    // either way (a table with room is why a rule is blamed).
+    let conntrack = drop_reason.as_ref().and_then(|r| {
+        let w = ctx
+            .conntrack
+            .filter(|w| r == "NETFILTER_DROP" && w.netns == ev.drop.netns)?;
+        conntrack_evidence(&w, &mut evidence);
+        Some((conntrack_cause(&ev.drop, r, &w)?, w))
+    });
+    // A refusal is an answer, which conntrack never gives: only drops can be its.
+    let classified = if let Some((cause, w)) =
+        conntrack.filter(|_| ev.kind != event_kind::CONNECT_REFUSED)
+    {
+        evidence.insert("conntrack_cause".into(), json!(cause.as_str()));
+        Evidence::Conntrack(cause, w)
+    } else {
+        match (&drop_reason, icmp, received) {
+            (Some(r), _, _) if FIREWALL_REASONS.contains(&r.as_str()) => Evidence::Firewall(
+                format!("a netfilter/eBPF filter on this node dropped {dropped} ({r})"),
+            ),
+            (_, Some(i), _) if ICMP_ADMIN_CODES.contains(&i.icmp_code) => {
+                Evidence::Firewall(format!(
+                    "this node answered it with ICMP administratively prohibited (code {})",
+                    i.icmp_code
+                ))
+            }
+            (Some(r), _, _) if ROUTING_REASONS.contains(&r.as_str()) => {
+                Evidence::Routing(format!("the kernel dropped {dropped} with {r}"))
+            }
+            (_, Some(i), _) => Evidence::Routing(format!(
+                "this node answered it with ICMP destination unreachable code {}",
+                i.icmp_code
+            )),
+            (_, _, Some(r)) if admin_prohibited(v6, r.icmp_code) => Evidence::Firewall(format!(
+                "a filter on the path{from} answered it with ICMP{} administratively prohibited (code {})",
+                if v6 { "v6" } else { "" },
+                r.icmp_code
+            )),
+            (_, _, Some(r)) if port_unreachable(v6, r.icmp_code) => Evidence::Firewall(format!(
+                "an ICMP{} port-unreachable{from} answered it: a REJECT rule on the path",
+                if v6 { "v6" } else { "" }
+            )),
+            (_, _, Some(r)) => Evidence::Routing(format!(
+                "a router on the path{from} answered it with ICMP{} destination unreachable code {}",
+                if v6 { "v6" } else { "" },
+                r.icmp_code
+            )),
+            _ => Evidence::None,
         }
-        (_, Some(i), _) => Evidence::Routing(format!(
-            "this node answered it with ICMP destination unreachable code {}",
-            i.icmp_code
-        )),
-        (_, _, Some(r)) if admin_prohibited(v6, r.icmp_code) => Evidence::Firewall(format!(
-            "a filter on the path{from} answered it with ICMP{} administratively prohibited (code {})",
-            if v6 { "v6" } else { "" },
-            r.icmp_code
-        )),
-        (_, _, Some(r)) if port_unreachable(v6, r.icmp_code) => Evidence::Firewall(format!(
-            "an ICMP{} port-unreachable{from} answered it: a REJECT rule on the path",
-            if v6 { "v6" } else { "" }
-        )),
-        (_, _, Some(r)) => Evidence::Routing(format!(
-            "a router on the path{from} answered it with ICMP{} destination unreachable code {}",
-            if v6 { "v6" } else { "" },
-            r.icmp_code
-        )),
-        _ => Evidence::None,
     };
 
     let rst_received = ev.flags & event_flag::RST_RECEIVED != 0;
@@ -532,6 +611,15 @@ fn connect_verdict(ev: &Event, ctx: &Context<'_>) -> Option<Finding> {
         }
         event_kind::CONNECT_TIMEOUT | event_kind::CONNECT_ABANDONED => {
             let (layer, summary, remediation) = match classified {
+                Evidence::Conntrack(cause, w) => {
+                    let (summary, remediation) =
+                        conntrack_text(cause, &w, ev, dropped, &format!("{dst}:{dport}"));
+                    (
+                        Layer::Conntrack,
+                        format!("Connection to {dst}:{dport} is timing out: {summary}"),
+                        remediation,
+                    )
+                }
                 Evidence::Firewall(why) => (
                     Layer::Firewall,
                     format!("Connection to {dst}:{dport} is timing out: {why}."),
@@ -585,6 +673,17 @@ fn connect_verdict(ev: &Event, ctx: &Context<'_>) -> Option<Finding> {
                 other => other,
             };
             match classified {
+                Evidence::Conntrack(cause, w) => {
+                    let (summary, remediation) =
+                        conntrack_text(cause, &w, ev, dropped, &format!("{dst}:{dport}"));
+                    (
+                        Kind::TcpUnreachable,
+                        Layer::Conntrack,
+                        Severity::Critical,
+                        format!("Connection to {dst}:{dport} failed with {errno}: {summary}"),
+                        remediation,
+                    )
+                }
                 Evidence::Firewall(why) => (
                     Kind::TcpUnreachable,
                     Layer::Firewall,
@@ -652,6 +751,36 @@ fn service_remediation(svc: &str) -> String {
     )
 }
 
+/// The summary's explanation and the remediation of a conntrack verdict.
+fn conntrack_text(
+    cause: ConntrackCause,
+    w: &Window,
+    ev: &Event,
+    dropped: &str,
+    target: &str,
+) -> (String, String) {
+    let (count, max, netns) = (w.now.count, w.now.max, w.netns);
+    match cause {
+        ConntrackCause::TableFull => (
+            format!(
+                "the conntrack table of netns {netns} on this node is full ({count} entries of nf_conntrack_max {max}), so conntrack could not track {dropped} and dropped it (NETFILTER_DROP, `nf_conntrack: table full, dropping packet`; {} packets dropped by conntrack there around this attempt). No firewall rule dropped it.",
+                w.drops()
+            ),
+            format!(
+                "Raise the limit on the node: `sysctl -w net.netfilter.nf_conntrack_max=<higher>` (it holds every namespace) and the hash table with it (`net.netfilter.nf_conntrack_buckets`, writable in the initial namespace; recent kernels make it as large as the limit) so lookups stay short. Find what fills the table: `conntrack -C` (per namespace: `ip netns exec` or `nsenter -n`), `conntrack -S` (drop, early_drop), the top sources with `conntrack -L | awk '{{for (i = 1; i <= NF; i++) if ($i ~ /^src=/) {{ print $i; next }}}}' | sort | uniq -c | sort -rn | head`; shorten the timeouts of what lingers (`net.netfilter.nf_conntrack_tcp_timeout_time_wait`, `nf_conntrack_udp_timeout`, `nf_conntrack_tcp_timeout_established`). Connections to {target} work again once entries free up."
+            ),
+        ),
+        ConntrackCause::Invalid => (
+            format!(
+                "conntrack on this node (netns {netns}) found {dropped} INVALID, no connection it tracks matches it, and a `ct state invalid drop` rule (kube-proxy's `KUBE-FORWARD --ctstate INVALID -j DROP`) dropped it ({} INVALID packets counted there around this attempt, {} drops of this flow).",
+                w.invalid(),
+                ev.drop.count
+            ),
+            "A SYN-ACK is INVALID when conntrack on this node never saw its SYN: the connection's two directions take different paths (asymmetric routing, ECMP, a SYN that left through another node), or a NOTRACK rule exempted the SYN. Route both directions through the same node, remove the NOTRACK for this traffic, or check `conntrack -S` (invalid) while reproducing; `net.netfilter.nf_conntrack_tcp_be_liberal=1` only helps out-of-window packets.".to_string(),
+        ),
+    }
+}
+
 /// Whether the local end of `flow` is a listener's: its port is not ephemeral and the
 /// peer's is.
 fn server_side(flow: &FlowKey, ephemeral: &RangeInclusive<u16>) -> bool {
@@ -691,6 +820,7 @@ fn with_sorted_keys(m: Map<String, Value>) -> Map<String, Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::host_network::conntrack_stats::ConntrackStats;
     use crate::{
         findings::fixtures::event,
         kernel::tracefs::{DropReasons, Format},
@@ -705,6 +835,10 @@ mod tests {
     }
 
     fn run(ev: &Event) -> Option<Finding> {
+        run_with(ev, None)
+    }
+
+    fn run_with(ev: &Event, conntrack: Option<Window>) -> Option<Finding> {
         let names = Names::new(reasons(), |_, i| (i == 3).then(|| "vpod0".to_string()));
         correlate(
             ev,
@@ -713,6 +847,7 @@ mod tests {
                 now: SystemTime::UNIX_EPOCH,
                 ephemeral_ports: 32768..=60999,
                 translation: Translation::default(),
+                conntrack,
             },
         )
     }
@@ -726,6 +861,7 @@ mod tests {
                 now: SystemTime::UNIX_EPOCH,
                 ephemeral_ports: 32768..=60999,
                 translation,
+                conntrack: None,
             },
         )
     }
@@ -737,6 +873,22 @@ mod tests {
             icmp_type: 3,
             icmp_code: 3,
             netns: 1,
+            ..Default::default()
+        };
+        ev
+    }
+
+    /// A timeout whose SYNs (or SYN-ACKs) got `NETFILTER_DROP` in netns 77.
+    fn netfilter_timeout(drops: u32, flags: u32) -> Event {
+        let mut ev = event(event_kind::CONNECT_TIMEOUT, 0);
+        ev.retrans = 2;
+        ev.drop = DropInfo {
+            last_ns: 9,
+            reason: 12,
+            count: drops,
+            netns: 77,
+            ifindex: 3,
+            flags,
             ..Default::default()
         };
         ev
@@ -810,6 +962,28 @@ mod tests {
         );
         let plain = run(&refused_with_rst()).unwrap();
         assert_eq!((plain.service, plain.backend), (None, None));
+    }
+
+    /// Netns 77's conntrack counters: `count`/`max` now, `drop` and `invalid` risen by
+    /// the given amounts.
+    fn window(count: u64, max: u64, drop: u64, invalid: u64) -> Window {
+        let before = ConntrackStats {
+            count,
+            max,
+            drop: 40,
+            invalid: 7,
+            ..Default::default()
+        };
+        Window {
+            netns: 77,
+            before,
+            now: ConntrackStats {
+                drop: 40 + drop,
+                invalid: 7 + invalid,
+                ..before
+            },
+            full: count >= max,
+        }
     }
 
     fn refused_with_rst() -> Event {
@@ -1218,5 +1392,92 @@ mod tests {
             "{}",
             f.summary
         );
+    }
+
+    #[test]
+    fn netfilter_drop_in_a_full_table_is_conntrack() {
+        let ev = netfilter_timeout(3, 0);
+        let f = run_with(&ev, Some(window(1000, 1000, 3, 0))).unwrap();
+        assert_eq!((f.kind, f.layer), (Kind::TcpTimeout, Layer::Conntrack));
+        assert_eq!(f.severity, Severity::Critical);
+        assert_eq!(f.evidence["conntrack_cause"], "table_full");
+        assert_eq!(f.evidence["conntrack_count"], 1000);
+        assert_eq!(f.evidence["conntrack_max"], 1000);
+        assert_eq!(f.evidence["conntrack_stat_drop"], 3);
+        assert_eq!(f.evidence["drop_reason"], "NETFILTER_DROP");
+        assert!(f.summary.contains("conntrack table"), "{}", f.summary);
+        assert!(f.summary.contains("is full"), "{}", f.summary);
+        assert!(
+            f.remediation.contains("nf_conntrack_max"),
+            "{}",
+            f.remediation
+        );
+        assert!(f.remediation.contains("conntrack -C"), "{}", f.remediation);
+        // The application giving up first changes nothing.
+        let mut ev = ev;
+        ev.kind = event_kind::CONNECT_ABANDONED;
+        let f = run_with(&ev, Some(window(1000, 1000, 1, 0))).unwrap();
+        assert_eq!((f.kind, f.layer), (Kind::TcpTimeout, Layer::Conntrack));
+    }
+
+    #[test]
+    fn a_rule_drop_while_the_table_has_room_stays_the_firewall() {
+        let ev = netfilter_timeout(3, 0);
+        // Room in the table, even with conntrack drops (another cause) counted.
+        let f = run_with(&ev, Some(window(10, 1000, 5, 0))).unwrap();
+        assert_eq!(f.layer, Layer::Firewall);
+        assert!(f.evidence.get("conntrack_cause").is_none());
+        assert_eq!(
+            f.evidence["conntrack_count"], 10,
+            "the room is evidence too"
+        );
+        assert_eq!(f.evidence["conntrack_max"], 1000);
+        // A full table whose conntrack dropped nothing: the rule did.
+        let f = run_with(&ev, Some(window(1000, 1000, 0, 0))).unwrap();
+        assert_eq!(f.layer, Layer::Firewall);
+        // Counters of another namespace are no evidence about this drop.
+        let mut w = window(1000, 1000, 3, 0);
+        w.netns = 78;
+        let f = run_with(&ev, Some(w)).unwrap();
+        assert_eq!(f.layer, Layer::Firewall);
+        assert!(f.evidence.get("conntrack_count").is_none());
+        // Nor about a drop for another reason.
+        let mut ev = ev;
+        ev.drop.reason = 58;
+        let f = run_with(&ev, Some(window(1000, 1000, 3, 0))).unwrap();
+        assert_eq!(f.layer, Layer::CniRouting);
+    }
+
+    #[test]
+    fn invalid_needs_a_dropped_syn_ack_and_invalid_packets_counted() {
+        let ev = netfilter_timeout(2, drop_flag::SYN_ACK);
+        let f = run_with(&ev, Some(window(10, 1000, 0, 2))).unwrap();
+        assert_eq!((f.kind, f.layer), (Kind::TcpTimeout, Layer::Conntrack));
+        assert_eq!(f.evidence["conntrack_cause"], "invalid");
+        assert_eq!(f.evidence["conntrack_stat_invalid"], 2);
+        assert_eq!(f.evidence["return_path"], true);
+        assert!(f.summary.contains("INVALID"), "{}", f.summary);
+        // Fewer INVALID packets than drops of this flow: some drops were a rule's.
+        let f = run_with(&ev, Some(window(10, 1000, 0, 1))).unwrap();
+        assert_eq!(f.layer, Layer::Firewall);
+        // A SYN that opens a connection is never INVALID: those were other flows'.
+        let ev = netfilter_timeout(2, 0);
+        let f = run_with(&ev, Some(window(10, 1000, 0, 50))).unwrap();
+        assert_eq!(f.layer, Layer::Firewall);
+        assert_eq!(f.evidence["conntrack_stat_invalid"], 50);
+    }
+
+    #[test]
+    fn a_refusal_is_never_conntrack() {
+        let mut ev = refused_with_rst();
+        ev.drop = DropInfo {
+            last_ns: 1,
+            reason: 12,
+            count: 1,
+            netns: 77,
+            ..Default::default()
+        };
+        let f = run_with(&ev, Some(window(1000, 1000, 1, 0))).unwrap();
+        assert_eq!((f.kind, f.layer), (Kind::TcpRefused, Layer::Firewall));
     }
 }

@@ -1,6 +1,8 @@
 //! Findings: the agent's output contract. A finding names what failed, the layer it failed
 //! in, the kernel evidence and the fix.
 //!
+//! - [`conntrack`] keeps each namespace's conntrack counters, the evidence that tells a
+//!   full table's (or an INVALID packet's) `NETFILTER_DROP` from a rule's.
 //! - [`correlate`] turns one kernel verdict event into a [`Finding`] (pure).
 //! - [`names`] names what the kernel reports by number: drop reasons and interfaces.
 //! - [`store`] aggregates repeats (same kind, layer, flow minus the ephemeral source port,
@@ -9,6 +11,7 @@
 //! Addresses stay typed ([`IpAddr`]) here; they become text only when printed or
 //! serialised (`crate::output`, serde).
 
+pub mod conntrack;
 pub mod correlate;
 #[cfg(test)]
 pub mod fixtures;
@@ -47,6 +50,7 @@ pub enum Layer {
     OverlayMtu,
     IcmpFiltered,
     HostSysctl,
+    Conntrack,
     Unknown,
 }
 
@@ -116,6 +120,7 @@ names!(Layer {
     OverlayMtu => "overlay_mtu",
     IcmpFiltered => "icmp_filtered",
     HostSysctl => "host_sysctl",
+    Conntrack => "conntrack",
     Unknown => "unknown",
 });
 names!(Status {
@@ -254,6 +259,7 @@ mod tests {
             Layer::Firewall,
             Layer::CniRouting,
             Layer::Peer,
+            Layer::Conntrack,
             Layer::Unknown,
         ] {
             assert_eq!(serde_json::to_value(layer).unwrap(), layer.as_str());

@@ -13,6 +13,7 @@
 //! - `namespaces`: network namespaces, their ids, which ones make up this node
 //!   ([`local_scope`]: the agent's own and every pod namespace attached to it by a veth),
 //!   and running code inside one.
+//! - `conntrack_stats`: a namespace's conntrack table size, limit and statistics.
 //! - `monitor`: link notifications, turned into "re-snapshot" messages ([`watch`]).
 //! - `tc`: `clsact` qdiscs and their filters (dump, delete), for the TC attachment on
 //!   kernels without TCX.
@@ -25,6 +26,7 @@
 //! inside it with the same functions.
 
 pub mod conntrack;
+pub mod conntrack_stats;
 mod fdb;
 mod interfaces;
 mod inventory;

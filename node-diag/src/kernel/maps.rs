@@ -149,7 +149,7 @@ impl KernelMaps {
 }
 
 /// CLOCK_MONOTONIC in nanoseconds, the clock of `bpf_ktime_get_ns`.
-fn monotonic_ns() -> u64 {
+pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
