@@ -190,6 +190,7 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
         });
     }
     let services = watch_services();
+    let mut untranslated = Untranslated::default();
     shared.set_ready(true);
     info!(listen = %local, "ready");
 
@@ -218,7 +219,12 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
                     names: &names,
                     now: SystemTime::now(),
                     ephemeral_ports: ephemeral_ports.clone(),
-                    translation: translate(&ev, &maps, &services.read().unwrap_or_else(PoisonError::into_inner)),
+                    translation: translate(
+                        &ev,
+                        &maps,
+                        &services.read().unwrap_or_else(PoisonError::into_inner),
+                        &mut untranslated,
+                    ),
                     conntrack: conntrack.window(&ev, &names),
                 };
                 if let Some(finding) = correlate(&ev, &ctx) {
@@ -319,6 +325,31 @@ fn sync_tc(tc: &mut TcIngress, ebpf: &mut aya::Ebpf, maps: &mut KernelMaps) {
     }
 }
 
+/// Destinations conntrack recently had no translation for: a storm of failures to one
+/// destination asks conntrack once per [`Untranslated::TTL`], not once per connect.
+#[derive(Default)]
+struct Untranslated(std::collections::HashMap<SocketAddr, std::time::Instant>);
+
+impl Untranslated {
+    const TTL: Duration = Duration::from_secs(2);
+    /// Bounds the memory a scan of many destinations can take.
+    const MAX: usize = 4096;
+
+    fn recently(&self, dst: SocketAddr) -> bool {
+        self.0.get(&dst).is_some_and(|t| t.elapsed() < Self::TTL)
+    }
+
+    fn saw(&mut self, dst: SocketAddr) {
+        if self.0.len() >= Self::MAX {
+            self.0.retain(|_, t| t.elapsed() < Self::TTL);
+            if self.0.len() >= Self::MAX {
+                self.0.clear();
+            }
+        }
+        self.0.insert(dst, std::time::Instant::now());
+    }
+}
+
 /// How often kube-proxy's rules are re-read for Service names. kube-proxy itself
 /// resyncs on change and at least every 30 s to an hour; a Service created since the
 /// last read is named from the next one.
@@ -364,7 +395,12 @@ fn watch_services() -> Arc<RwLock<ServiceCatalog>> {
 /// Where this node's NAT sent the event's connection: conntrack's current entry, else
 /// the translation the kernel hooks saw on its dropped or rejected packets (whose entry
 /// was never confirmed, so conntrack has none); and the Service kube-proxy's rules name.
-fn translate(ev: &Event, maps: &KernelMaps, services: &ServiceCatalog) -> Translation {
+fn translate(
+    ev: &Event,
+    maps: &KernelMaps,
+    services: &ServiceCatalog,
+    untranslated: &mut Untranslated,
+) -> Translation {
     let flow = &ev.flow;
     let addr = |b: &[u8; 16]| crate::findings::correlate::addr(flow, b);
     if flow.sport == 0 || flow.dport == 0 {
@@ -374,17 +410,24 @@ fn translate(ev: &Event, maps: &KernelMaps, services: &ServiceCatalog) -> Transl
         SocketAddr::new(addr(&flow.saddr), flow.sport),
         SocketAddr::new(addr(&flow.daddr), flow.dport),
     );
-    let tracked = match crate::host_network::conntrack::translated_destination(
-        libc::IPPROTO_TCP as u8,
-        src,
-        dst,
-    ) {
-        Ok(found) => found,
-        Err(e) => {
-            debug!(error = %e, %src, %dst, "conntrack lookup failed");
-            None
+    let tracked = if untranslated.recently(dst) {
+        None
+    } else {
+        match crate::host_network::conntrack::translated_destination(
+            libc::IPPROTO_TCP as u8,
+            src,
+            dst,
+        ) {
+            Ok(found) => found,
+            Err(e) => {
+                debug!(error = %e, %src, %dst, "conntrack lookup failed");
+                None
+            }
         }
     };
+    if tracked.is_none() {
+        untranslated.saw(dst);
+    }
     let backend = tracked.or_else(|| {
         maps.nat(flow).map(|n| {
             SocketAddr::new(
