@@ -92,13 +92,18 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     grep -q nd_set_state /out/node-diag \
       || { echo "node-diag for ${target} embeds no eBPF object" >&2; exit 1; }
 
-# Runtime: distroless with glibc and libgcc (the agent links nothing else). It runs as
+# Runtime: Debian slim with the ruleset dump tools the Service names come from
+# (`iptables-nft-save`, `iptables-legacy-save`, `nft -j`: kube-proxy's rules in each of
+# its modes, read in the node's namespace). The agent links glibc and libgcc only. It runs as
 # uid 0 on purpose: capabilities granted by the runtime (BPF, PERFMON, NET_ADMIN,
 # SYS_ADMIN in deploy/daemonset.yaml) reach the effective set of root only, as Kubernetes
 # has no ambient capabilities; the DaemonSet drops every other one and mounts the root
 # filesystem read-only. `node-diag run` needs those; `node-diag doctor` also runs
 # unprivileged and says what is missing.
-FROM gcr.io/distroless/cc-debian12:latest AS runtime
+FROM debian:bookworm-slim AS runtime
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends iptables nftables \
+ && rm -rf /var/lib/apt/lists/*
 COPY --from=builder /out/node-diag /usr/local/bin/node-diag
 USER 0:0
 EXPOSE 9464
