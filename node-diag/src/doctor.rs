@@ -183,6 +183,7 @@ pub fn run() -> Report {
     ));
 
     checks.push(tc_attach(&kernel));
+    checks.push(service_names());
     // The feature probes above load a trivial program; only loading the agent's own
     // programs, configured for this kernel, shows what its verifier says of them.
     if missing.is_empty() {
@@ -217,6 +218,34 @@ pub fn run() -> Report {
         checks,
         verdict,
         summary,
+    }
+}
+
+/// Whether findings can name Services: kube-proxy's rules in this namespace, through the
+/// dump tools of each of its modes.
+fn service_names() -> Check {
+    match crate::services::read() {
+        Ok((catalog, sources)) => {
+            let read: Vec<&str> = sources
+                .iter()
+                .filter(|s| matches!(s.status, crate::services::SourceStatus::Read { .. }))
+                .map(|s| s.name.as_str())
+                .collect();
+            let detail = if catalog.is_empty() {
+                format!(
+                    "no kube-proxy rules here (read {}): findings name no Service (kube-proxy in IPVS mode or replaced by the CNI, or not a Kubernetes node)",
+                    read.join(", ")
+                )
+            } else {
+                format!("{} Services from {}", catalog.len(), read.join(", "))
+            };
+            check("service names", Status::Ok, detail)
+        }
+        Err(e) => check(
+            "service names",
+            Status::Warn,
+            format!("{e}: install iptables and nftables for Service names"),
+        ),
     }
 }
 

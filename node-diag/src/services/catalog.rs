@@ -86,10 +86,6 @@ impl ServiceCatalog {
     }
 
     /// Whether no Service was found.
-    #[cfg_attr(
-        not(test),
-        expect(dead_code, reason = "for the agent's finding correlation")
-    )]
     pub fn is_empty(&self) -> bool {
         self.services.is_empty()
     }
