@@ -184,6 +184,16 @@ impl TcpServer {
     pub fn accepted(&self) -> usize {
         self.accepted.load(Ordering::SeqCst)
     }
+
+    /// Waits up to `timeout` for at least `n` accepted connections (the kernel completes
+    /// a handshake before the server thread's `accept` returns); the count reached.
+    pub fn wait_accepted(&self, n: usize, timeout: std::time::Duration) -> usize {
+        let deadline = std::time::Instant::now() + timeout;
+        while self.accepted() < n && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        self.accepted()
+    }
 }
 
 impl Drop for TcpServer {

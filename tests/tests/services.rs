@@ -179,7 +179,11 @@ fn cluster_ip_forwards_in(mode: Mode) {
         matches!(outcome, ConnectOutcome::Connected),
         "{mode:?}: {outcome:?}"
     );
-    assert_eq!(server.accepted(), 1, "{mode:?}: the backend took it");
+    assert_eq!(
+        server.wait_accepted(1, Duration::from_secs(2)),
+        1,
+        "{mode:?}: the backend took it"
+    );
 
     let outcome = tcp_connect(
         &topo.pod_a,
