@@ -352,7 +352,16 @@ fn masqueraded_flow_with_frag_needed(filtered: bool) {
     topo.masquerade(&topo.node_a, VXLAN_IF);
     // Node B answers node A's overlay address, which the masquerade puts on the packets.
     let overlay = format!("{}/32", topo.node_a_overlay);
-    cmd::run(&["ip", "-n", &topo.node_b, "route", "add", &overlay, "dev", VXLAN_IF]);
+    cmd::run(&[
+        "ip",
+        "-n",
+        &topo.node_b,
+        "route",
+        "add",
+        &overlay,
+        "dev",
+        VXLAN_IF,
+    ]);
     if filtered {
         topo.drop_forwarded_frag_needed(&topo.node_a);
     }

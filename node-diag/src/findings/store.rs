@@ -76,6 +76,9 @@ impl Store {
             agg.evidence = finding.evidence;
             agg.summary = finding.summary;
             agg.severity = finding.severity;
+            // The latest naming: a pod learnt since the first occurrence.
+            agg.pod = finding.pod.or(agg.pod.take());
+            agg.peer_pod = finding.peer_pod.or(agg.peer_pod.take());
             let reopened = agg.status == Status::Resolved;
             agg.status = Status::Active;
             agg.resolved_at = None;
@@ -140,6 +143,8 @@ impl Store {
                     agg.last_seen = finding.last_seen;
                     agg.summary = finding.summary;
                     agg.evidence = finding.evidence;
+                    agg.pod = finding.pod.or(agg.pod.take());
+                    agg.peer_pod = finding.peer_pod.or(agg.peer_pod.take());
                 }
                 _ => out.extend(self.record(finding, now)),
             }
