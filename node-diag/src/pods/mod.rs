@@ -28,15 +28,18 @@ use crate::findings::Finding;
 pub const DEFAULT_SOCKETS: [&str; 2] =
     ["/run/containerd/containerd.sock", "/var/run/crio/crio.sock"];
 
-/// The CRI socket to use: `configured` if given, else the first default that exists.
+/// The CRI socket to use: `configured` if given, else the first default that is a
+/// socket. (A hostPath mount of a socket the node lacks shows up as an empty directory:
+/// the runtime creates a missing mount source as one.)
 pub fn socket_path(configured: Option<&Path>) -> Option<PathBuf> {
+    use std::os::unix::fs::FileTypeExt as _;
     if let Some(p) = configured {
         return Some(p.to_path_buf());
     }
     DEFAULT_SOCKETS
         .iter()
         .map(PathBuf::from)
-        .find(|p| p.exists())
+        .find(|p| std::fs::metadata(p).is_ok_and(|m| m.file_type().is_socket()))
 }
 
 /// Names the pods of a finding: `pod` is the local side (its netns, else its source
