@@ -58,8 +58,19 @@ impl PodIndex {
     }
 }
 
-/// The inode of the namespace file at `path` (a pinned netns or `/proc/<pid>/ns/net`).
+/// The inode of the namespace file at `path` (a pinned netns or `/proc/<pid>/ns/net`);
+/// `None` unless it is a namespace (nsfs): a pin whose bind mount this mount namespace
+/// does not see is a plain empty file, whose inode names nothing.
 pub fn netns_inode(path: &Path) -> Option<u32> {
+    use std::os::unix::ffi::OsStrExt as _;
+    const NSFS_MAGIC: i64 = 0x6e73_6673;
+    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statfs only writes the struct it is given; an all-zero statfs is valid.
+    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid C string and a valid out-pointer.
+    if unsafe { libc::statfs(c_path.as_ptr(), &mut fs) } != 0 || fs.f_type as i64 != NSFS_MAGIC {
+        return None;
+    }
     std::fs::metadata(path).ok().map(|m| m.ino() as u32)
 }
 
@@ -236,6 +247,13 @@ mod tests {
         assert!(s.host_network);
         let idx = PodIndex::build(&[s], |_| Some(4026531840));
         assert_eq!(idx, PodIndex::default());
+    }
+
+    #[test]
+    fn only_namespace_files_have_a_netns_inode() {
+        assert!(netns_inode(Path::new("/proc/self/ns/net")).is_some());
+        assert_eq!(netns_inode(Path::new("/proc/self/status")), None);
+        assert_eq!(netns_inode(Path::new("/nonexistent/netns")), None);
     }
 
     #[test]
