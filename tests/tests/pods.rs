@@ -204,3 +204,39 @@ fn without_a_runtime_findings_carry_no_pod_and_one_line_says_why() {
         STEP,
     );
 }
+
+#[test]
+fn doctor_names_the_runtime_or_says_it_is_missing() {
+    let topo = Topology::new();
+    let containerd = start_containerd(&topo);
+    let doctor = |socket: &str| -> Value {
+        let out = std::process::Command::new(node_diag_tests::node_diag_bin())
+            .args(["doctor", "-o", "json", "--cri-socket", socket])
+            .output()
+            .expect("node-diag doctor runs");
+        let report: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("doctor JSON: {e}: {out:?}"));
+        report["checks"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["name"] == "container runtime").cloned())
+            .unwrap_or_else(|| panic!("no container runtime check: {report:#}"))
+    };
+    let socket = containerd.socket().display().to_string();
+    let check = doctor(&socket);
+    assert_eq!(check["status"], "ok", "{check:#}");
+    let detail = check["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.starts_with("containerd ") && detail.contains(&socket),
+        "{check:#}"
+    );
+
+    let check = doctor("/nonexistent/cri.sock");
+    assert_eq!(check["status"], "warn", "{check:#}");
+    assert!(
+        check["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("will not name pods"),
+        "{check:#}"
+    );
+}
