@@ -92,6 +92,47 @@ impl Containerd {
         crate::require_root()?;
         let dir = std::env::temp_dir().join(format!("{}-containerd", crate::unique_name()));
         let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+        // A tmpfs of its own: the overlayfs snapshotter's upper directories cannot be on
+        // an overlay (the root of a VM guest, a container's /tmp).
+        let dir_text = dir.display().to_string();
+        cmd::run(&[
+            "mount",
+            "-t",
+            "tmpfs",
+            "-o",
+            "mode=0700",
+            "node-diag-test",
+            &dir_text,
+        ])?;
+        let spawned = Self::spawn(&dir, netns, pool);
+        let child = match spawned {
+            Ok(child) => child,
+            Err(e) => {
+                unmount_under(&dir);
+                let _ = fs::remove_dir_all(&dir);
+                return Err(e);
+            }
+        };
+        let socket = dir.join("containerd.sock");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| Error::io("tokio runtime", e))?;
+        let mut this = Self {
+            client: rt.block_on(lazy_client(&socket)),
+            dir,
+            socket,
+            child: Some(child),
+            rt,
+        };
+        this.wait_socket()?;
+        this.import_sandbox_image()?;
+        Ok(this)
+    }
+
+    /// Writes the configuration under `dir` and starts containerd in `netns`.
+    fn spawn(dir: &Path, netns: &str, pool: PodPool) -> Result<Child> {
         for sub in ["cni", "ipam", "logs"] {
             fs::create_dir_all(dir.join(sub))
                 .map_err(|e| Error::io(format!("create {}", dir.join(sub).display()), e))?;
@@ -99,9 +140,9 @@ impl Containerd {
         let socket = dir.join("containerd.sock");
         write(
             &dir.join("cni/10-node-diag-test.conflist"),
-            &cni_config(&dir, pool),
+            &cni_config(dir, pool),
         )?;
-        write(&dir.join("config.toml"), &containerd_config(&dir, &socket))?;
+        write(&dir.join("config.toml"), &containerd_config(dir, &socket))?;
         let log = fs::File::create(dir.join("containerd.log"))
             .map_err(|e| Error::io("create containerd.log", e))?;
         let log2 = log.try_clone().map_err(|e| Error::io("dup log", e))?;
@@ -118,24 +159,10 @@ impl Containerd {
             .stdout(log)
             .stderr(log2);
         die_with_parent(&mut command);
-        let child = command.spawn().map_err(|source| Error::Spawn {
+        command.spawn().map_err(|source| Error::Spawn {
             command: cmd::display(&command),
             source,
-        })?;
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| Error::io("tokio runtime", e))?;
-        let mut this = Self {
-            client: rt.block_on(lazy_client(&socket)),
-            dir,
-            socket,
-            child: Some(child),
-            rt,
-        };
-        this.wait_socket()?;
-        this.import_sandbox_image()?;
-        Ok(this)
+        })
     }
 
     /// containerd's CRI socket (for `--cri-socket`).
