@@ -131,7 +131,7 @@ struct RunArgs {
     #[arg(long, value_enum, default_value = "auto", value_name = "MODE")]
     tc_attach: kernel::tc::AttachMode,
     /// The container runtime's CRI socket, to name the pods of findings. By default the
-    /// first of /run/containerd/containerd.sock and /var/run/crio/crio.sock that exists.
+    /// first of /run/containerd/containerd.sock and /var/run/crio/crio.sock that is a socket.
     /// Without one, findings carry network namespaces and addresses only.
     #[arg(long, value_name = "PATH")]
     cri_socket: Option<PathBuf>,
