@@ -39,11 +39,12 @@ ENV DEBIAN_FRONTEND=noninteractive \
     CARGO_TERM_COLOR=never
 
 # LLVM 22 comes from bookworm-security (llvm-toolchain-22), as on the CI machines. The
-# cross gcc (and its libc) is the linker for the other architecture.
+# cross gcc (and its libc) is the linker for the other architecture; protoc compiles the
+# CRI API (k8s-cri).
 RUN set -eux; \
     apt-get update; \
     apt-get install -y --no-install-recommends \
-      ca-certificates curl gcc libc6-dev \
+      ca-certificates curl gcc libc6-dev protobuf-compiler \
       llvm-${LLVM_MAJOR}-dev libpolly-${LLVM_MAJOR}-dev libzstd-dev zlib1g-dev; \
     case "${TARGETARCH}/${BUILDARCH}" in \
       arm64/amd64) apt-get install -y --no-install-recommends gcc-aarch64-linux-gnu libc6-dev-arm64-cross ;; \

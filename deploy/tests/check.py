@@ -392,6 +392,14 @@ def check_daemonset():
     for path in ("/run/netns", "/var/run/netns", "/sys/kernel/tracing"):
         if mounts[path].get("mountPropagation") != "HostToContainer":
             raise CheckError(f"{path} needs mountPropagation: HostToContainer (new mounts)")
+    # The runtimes' CRI sockets, read-only, neither required (hostPath type unset).
+    for path in ("/run/containerd/containerd.sock", "/var/run/crio/crio.sock"):
+        m = mounts.get(path)
+        if m is None or not m.get("readOnly"):
+            raise CheckError(f"no read-only volumeMount of the CRI socket {path}")
+        hp = volumes[m["name"]].get("hostPath", {})
+        if hp.get("path") != path or hp.get("type", "") != "":
+            raise CheckError(f"{path} must be the host's {path} with hostPath type unset: {hp}")
     if not pod.get("hostPID"):
         raise CheckError("hostPID must be true: the agent reads /proc/<pid>/ns/net")
     # Placement: Linux amd64 and arm64, control-plane nodes too.

@@ -43,7 +43,8 @@ fn check(name: impl Into<String>, status: Status, detail: impl Into<String>) -> 
     }
 }
 
-pub fn run() -> Report {
+/// `cri_socket` is `--cri-socket`; without it the usual runtime sockets are tried.
+pub fn run(cri_socket: Option<&std::path::Path>) -> Report {
     let mut checks = Vec::new();
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .map(|s| s.trim().to_string())
@@ -184,6 +185,7 @@ pub fn run() -> Report {
 
     checks.push(tc_attach(&kernel));
     checks.push(service_names());
+    checks.push(container_runtime(cri_socket));
     // The feature probes above load a trivial program; only loading the agent's own
     // programs, configured for this kernel, shows what its verifier says of them.
     if missing.is_empty() {
@@ -245,6 +247,51 @@ fn service_names() -> Check {
             "service names",
             Status::Warn,
             format!("{e}: install iptables and nftables for Service names"),
+        ),
+    }
+}
+
+/// Whether findings can name pods: the container runtime's CRI socket found and answering
+/// `Version`. Without it the agent runs, with netns and addresses only (a warning).
+fn container_runtime(configured: Option<&std::path::Path>) -> Check {
+    const NAME: &str = "container runtime";
+    let Some(path) = crate::pods::socket_path(configured) else {
+        return check(
+            NAME,
+            Status::Warn,
+            format!(
+                "no CRI socket (tried {}): findings will not name pods; mount the runtime's socket or pass --cri-socket",
+                crate::pods::DEFAULT_SOCKETS.join(", ")
+            ),
+        );
+    };
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return check(NAME, Status::Warn, format!("cannot start a runtime: {e}")),
+    };
+    let answer = rt.block_on(async {
+        let mut cri = crate::pods::cri::Cri::connect(&path).await?;
+        cri.version().await
+    });
+    match answer {
+        Ok(v) => check(
+            NAME,
+            Status::Ok,
+            format!(
+                "{} {} (CRI {}) at {}: findings name pods",
+                v.name,
+                v.version,
+                v.api_version,
+                path.display()
+            ),
+        ),
+        Err(e) => check(
+            NAME,
+            Status::Warn,
+            format!("{e}: findings will not name pods"),
         ),
     }
 }

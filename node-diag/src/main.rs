@@ -8,6 +8,8 @@
 //! - `mtu`: the MTU model of the node and its pods, from a `host_network` snapshot.
 //! - `services`: the Kubernetes Services of the node, from kube-proxy's rules
 //!   (`node-diag services`).
+//! - `pods`: the pods of this node from its container runtime (CRI), to name them in
+//!   findings.
 //! - `findings`: turns a kernel event into a finding naming the failing layer
 //!   (`correlate`), names kernel numbers, and aggregates repeats (`store`).
 //! - `agent`: `node-diag run`, the loop that ties them together, the metrics and HTTP.
@@ -22,6 +24,7 @@ mod host_network;
 mod kernel;
 mod mtu;
 mod output;
+mod pods;
 mod probe;
 mod services;
 
@@ -127,6 +130,11 @@ struct RunArgs {
     /// the latter (the pre-6.6 path, to test it, or where TCX misbehaves).
     #[arg(long, value_enum, default_value = "auto", value_name = "MODE")]
     tc_attach: kernel::tc::AttachMode,
+    /// The container runtime's CRI socket, to name the pods of findings. By default the
+    /// first of /run/containerd/containerd.sock and /var/run/crio/crio.sock that is a socket.
+    /// Without one, findings carry network namespaces and addresses only.
+    #[arg(long, value_name = "PATH")]
+    cri_socket: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -144,6 +152,9 @@ struct FindingsArgs {
 
 #[derive(clap::Args)]
 struct DoctorArgs {
+    /// The container runtime's CRI socket to check (default: the usual ones, as `run`).
+    #[arg(long, value_name = "PATH")]
+    cri_socket: Option<PathBuf>,
     /// Output format.
     #[arg(short = 'o', long = "format", value_enum, default_value = "text")]
     format: OutputFormat,
@@ -246,6 +257,7 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
                 all_netns: args.all_netns,
                 ebpf_log: args.ebpf_log,
                 tc_attach: args.tc_attach,
+                cri_socket: args.cri_socket,
             }))?;
             // Stop lingering blocking tasks instead of waiting for them.
             rt.shutdown_timeout(Duration::from_millis(200));
@@ -261,7 +273,7 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Doctor(args) => {
-            let report = doctor::run();
+            let report = doctor::run(args.cri_socket.as_deref());
             match args.format {
                 OutputFormat::Text => print!("{}", report.text()),
                 OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),

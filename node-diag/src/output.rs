@@ -50,6 +50,13 @@ pub fn text_line(f: &Finding) -> String {
         .as_ref()
         .map(|i| format!(" interface={i}"))
         .unwrap_or_default();
+    let pods = match (&f.pod, &f.peer_pod) {
+        (None, None) => String::new(),
+        (Some(p), None) => format!(" pod={p}"),
+        (None, Some(q)) => format!(" peer_pod={q}"),
+        (Some(p), Some(q)) => format!(" pod={p} peer_pod={q}"),
+    };
+    let iface = format!("{iface}{pods}");
     if f.status == Status::Resolved {
         return format!(
             "{} RESOLVED {} layer={}{}{}: {}",
@@ -88,6 +95,20 @@ mod tests {
         assert_eq!(
             line,
             "1970-01-01T00:00:00.000Z WARNING  tcp_refused layer=listener 10.0.0.1:4000 -> 10.0.0.2:80 (x3): no listener Fix: start it"
+        );
+    }
+
+    #[test]
+    fn pods_are_named_namespace_slash_name() {
+        let mut f = refused(4000);
+        f.pod = Some(crate::pods::PodRef {
+            namespace: "shop".into(),
+            name: "cart-7d9f".into(),
+            uid: "u-1".into(),
+        });
+        assert_eq!(
+            text_line(&f),
+            "1970-01-01T00:00:00.000Z WARNING  tcp_refused layer=listener pod=shop/cart-7d9f 10.0.0.1:4000 -> 10.0.0.2:80: no listener Fix: start it"
         );
     }
 

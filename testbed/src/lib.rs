@@ -14,6 +14,8 @@
 //!   closure on a thread that entered a namespace; sockets created there stay in it.
 //! - [`Agent`]: `node-diag run` as a process inside node A, with its ready file, its
 //!   stdout findings and stderr captured, and its HTTP endpoints read from node A.
+//! - [`Containerd`]: a real containerd with its CRI plugin in node A, its own state and
+//!   socket, a locally built sandbox image and a CNI bridge; pods created through CRI.
 //! - [`http`]: `GET` from inside a namespace (ureq on a thread in that namespace).
 //! - [`kube_proxy`]: a Service's rules as kube-proxy writes them (iptables through
 //!   either backend, or nftables), so the agent can be tested against them.
@@ -27,6 +29,7 @@
 
 pub mod agent;
 pub mod cmd;
+pub mod containerd;
 mod error;
 pub mod http;
 pub mod kube_proxy;
@@ -38,6 +41,7 @@ pub mod topology;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 pub use agent::{Agent, Termination};
+pub use containerd::{Containerd, PodPool};
 pub use error::{Error, Result};
 pub use netns::{Netns, in_netns, spawn_in_netns};
 pub use topology::Topology;

@@ -81,6 +81,16 @@ fn shape_problems(f: &Value) -> Vec<String> {
     }) {
         problems.push("`backend` is not an IP address".to_owned());
     }
+    // Pods: {namespace, name, uid}, all non-empty strings, when present.
+    for name in ["pod", "peer_pod"] {
+        if let Some(p) = f.get(name)
+            && ["namespace", "name", "uid"]
+                .iter()
+                .any(|k| p[k].as_str().is_none_or(|v| v.is_empty()))
+        {
+            problems.push(format!("`{name}` is not {{namespace, name, uid}}"));
+        }
+    }
     if f["count"].as_u64() == Some(0) {
         problems.push("`count` is 0".to_owned());
     }

@@ -166,7 +166,7 @@ fn no_endpoints_is_the_service(mode: Mode) {
         "kube-proxy's port-unreachable: {f:#}"
     );
     agent.wait_counter_at_least(
-        r#"node_diag_findings_total{kind="tcp_refused",layer="service",severity="warning"}"#,
+        r#"node_diag_findings_total{kind="tcp_refused",layer="service",severity="warning",namespace=""}"#,
         1.0,
         STEP,
     );

@@ -99,7 +99,7 @@ fn refused_connect_is_a_listener_problem() {
 
     let severity = field(&finding, "severity");
     let by_kind = format!(
-        r#"node_diag_findings_total{{kind="tcp_refused",layer="listener",severity="{severity}"}}"#
+        r#"node_diag_findings_total{{kind="tcp_refused",layer="listener",severity="{severity}",namespace=""}}"#
     );
     agent.wait_counter_at_least(&by_kind, 1.0, STEP);
 

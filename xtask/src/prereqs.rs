@@ -44,9 +44,23 @@ const TEST_TOOLS: &[(&str, &str)] = &[
     // kube-proxy's iptables-mode rules in the Service tests (nft-backed and legacy).
     ("iptables", "iptables"),
     ("iptables-legacy", "iptables"),
+    // A real container runtime for the pod-naming tests (CRI).
+    ("containerd", "containerd"),
+    ("ctr", "containerd"),
+    ("runc", "runc"),
 ];
-/// Debian packages the tests need that install no binary of their own.
-const TEST_PACKAGES: &[&str] = &["libc6-dev-arm64-cross"];
+/// Debian packages the tests need that install no binary of their own on `PATH`: the
+/// aarch64 C library; the CNI plugins (in /usr/lib/cni) containerd's pods are wired
+/// with; and busybox-static, the sleeping process of the locally built sandbox image
+/// (the dynamic busybox installs the same /bin/busybox).
+const TEST_PACKAGES: &[(&str, &[&str])] = &[
+    ("aarch64 C library", &["libc6-dev-arm64-cross"]),
+    ("CNI plugins", &["containernetworking-plugins"]),
+    ("busybox-static", &["busybox-static"]),
+];
+/// Tools building the agent needs besides Rust: protoc compiles the CRI API (k8s-cri's
+/// build script).
+const BUILD_TOOLS: &[(&str, &str)] = &[("protoc", "protobuf-compiler")];
 /// Python modules the deploy checks import: (module, pip requirement).
 const PYTHON_MODULES: &[(&str, &str)] = &[
     ("yaml", "PyYAML"),
@@ -73,6 +87,7 @@ pub fn ensure(tools: Tools) -> Result<()> {
     let mut apt = Apt::default();
     nightly_toolchain()?;
     rust_src()?;
+    system_tools(&mut apt, BUILD_TOOLS)?;
     bpf_linker(&mut apt)?;
     if tools.test_tools {
         test_tools(&mut apt)?;
@@ -202,7 +217,9 @@ fn install_bpf_linker(apt: &mut Apt, force: bool) -> Result<()> {
 /// (d) The tools the integration tests drive.
 fn test_tools(apt: &mut Apt) -> Result<()> {
     system_tools(apt, TEST_TOOLS)?;
-    apt.ensure("aarch64 C library", TEST_PACKAGES)?;
+    for (what, packages) in TEST_PACKAGES {
+        apt.ensure(what, packages)?;
+    }
     python_modules(apt)
 }
 

@@ -51,6 +51,10 @@ pub struct FindingLabels {
     pub kind: String,
     pub layer: String,
     pub severity: String,
+    /// The pod's Kubernetes namespace, empty for host-network flows (or without a
+    /// container runtime). Namespace only: bounded by the cluster's namespaces, where
+    /// pod names would be unbounded.
+    pub namespace: String,
 }
 
 /// Kernel-side totals read from the maps, summed over CPUs.
@@ -140,7 +144,7 @@ impl Metrics {
         let findings = Family::<FindingLabels, Counter>::default();
         registry.register(
             "node_diag_findings",
-            "Findings reported, by kind, layer and severity",
+            "Findings reported, by kind, layer, severity and pod namespace",
             findings.clone(),
         );
         let events_lost = Counter::default();
@@ -237,6 +241,11 @@ impl Metrics {
                 kind: f.kind.as_str().into(),
                 layer: f.layer.as_str().into(),
                 severity: f.severity.as_str().into(),
+                namespace: f
+                    .pod
+                    .as_ref()
+                    .map(|p| p.namespace.clone())
+                    .unwrap_or_default(),
             })
             .inc();
     }

@@ -97,6 +97,8 @@ pub struct RunOptions {
     pub ebpf_log: crate::kernel::ebpf_log::Level,
     /// How the TC ingress classifier is attached (TCX or a netlink filter).
     pub tc_attach: tc::AttachMode,
+    /// `--cri-socket`: the runtime socket to read pods from (default: the usual ones).
+    pub cri_socket: Option<PathBuf>,
 }
 
 const MAX_FINDINGS: usize = 4096;
@@ -176,7 +178,8 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
         })
     });
 
-    refresh_mtu(&shared, opts.format).await;
+    let pods = crate::pods::watch(opts.cri_socket.clone()).await;
+    refresh_mtu(&shared, &pods, opts.format).await;
 
     if let Some(path) = &opts.ready_file
         && let Err(source) = std::fs::write(path, format!("{local}\n"))
@@ -227,7 +230,8 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
                     ),
                     conntrack: conntrack.window(&ev, &names),
                 };
-                if let Some(finding) = correlate(&ev, &ctx) {
+                if let Some(mut finding) = correlate(&ev, &ctx) {
+                    crate::pods::name_pods(&mut finding, &pods.current());
                     shared.metrics().finding(&finding);
                     if finding.layer == Layer::Conntrack
                         && let Some(cause) = finding.evidence.get("conntrack_cause").and_then(|c| c.as_str())
@@ -265,14 +269,14 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
                     print_finding(&f, opts.format);
                 }
             }
-            _ = mtu_tick.tick() => refresh_mtu(&shared, opts.format).await,
+            _ = mtu_tick.tick() => refresh_mtu(&shared, &pods, opts.format).await,
             changed = next_change(&mut link_changes) => {
                 if changed.is_none() {
                     warn!("link notifications stopped: MTU changes are picked up every {}s", MTU_REFRESH.as_secs());
                     link_changes = None;
                     continue;
                 }
-                refresh_mtu(&shared, opts.format).await;
+                refresh_mtu(&shared, &pods, opts.format).await;
                 if let Some(tc) = tc.as_mut() {
                     sync_tc(tc, &mut loaded.ebpf, &mut maps);
                 }

@@ -12,11 +12,12 @@ use crate::{
     OutputFormat,
     findings::{Kind, Status},
     output::print_finding,
+    pods::PodsHandle,
 };
 
 /// Rebuilds the MTU model from netlink: gauges, and the overlay_mtu_mismatch and
 /// pmtud_disabled conditions (new ones printed, gone ones resolved).
-pub async fn refresh_mtu(shared: &Shared, format: OutputFormat) {
+pub async fn refresh_mtu(shared: &Shared, pods: &PodsHandle, format: OutputFormat) {
     let snapshot = match tokio::task::spawn_blocking(crate::host_network::snapshot).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
@@ -31,7 +32,12 @@ pub async fn refresh_mtu(shared: &Shared, format: OutputFormat) {
     let now = SystemTime::now();
     let model = crate::mtu::Model::from(&snapshot);
     shared.metrics().set_mtu_model(&model.gauges());
-    let findings = model.findings(now);
+    let mut findings = model.findings(now);
+    // An interface finding in a pod's namespace names the pod whose interface it is.
+    let index = pods.current();
+    for f in &mut findings {
+        crate::pods::name_pods(f, &index);
+    }
     let printed = shared.store().sync_conditions(
         &[Kind::OverlayMtuMismatch, Kind::PmtudDisabled],
         findings,

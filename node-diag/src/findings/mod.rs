@@ -25,6 +25,8 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
+use crate::pods::PodRef;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Kind {
@@ -170,6 +172,14 @@ pub struct Finding {
     /// The interface an interface-level finding (MTU, oversize drops) is about.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub interface: Option<String>,
+    /// The pod on the local side: the pod of `netns` (or, for an interface finding,
+    /// whose interface it is), else the pod with address `src`; from the container
+    /// runtime (`crate::pods`). Unset for host-network flows or without a runtime.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<PodRef>,
+    /// The pod at the other end (`backend`, else `dst`) when it runs on this node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer_pod: Option<PodRef>,
     pub count: u64,
     pub first_seen: String,
     pub last_seen: String,
@@ -212,6 +222,8 @@ impl Finding {
             backend: None,
             backend_port: None,
             interface: None,
+            pod: None,
+            peer_pod: None,
             count: 1,
             first_seen: now.clone(),
             last_seen: now,

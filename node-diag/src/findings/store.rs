@@ -13,6 +13,8 @@ use super::{Finding, Kind, Layer, Status, rfc3339};
 
 impl Finding {
     /// The aggregation key: the source port changes with every attempt, so it is left out.
+    /// The pods are in it: a pod re-created with the same address (and, the kernel
+    /// reusing inode numbers, possibly the same netns inode) makes findings of its own.
     fn key(&self) -> Key {
         Key {
             kind: self.kind,
@@ -23,6 +25,8 @@ impl Finding {
             netns: self.netns,
             listener: self.listener,
             interface: self.interface.clone(),
+            pod: self.pod.as_ref().map(|p| p.uid.clone()),
+            peer_pod: self.peer_pod.as_ref().map(|p| p.uid.clone()),
         }
     }
 }
@@ -37,6 +41,9 @@ struct Key {
     netns: Option<u32>,
     listener: Option<SocketAddr>,
     interface: Option<String>,
+    /// Pod uids.
+    pod: Option<String>,
+    peer_pod: Option<String>,
 }
 
 struct Entry {
@@ -194,6 +201,33 @@ mod tests {
         f.first_seen = "t0".into();
         f.last_seen = "t0".into();
         f
+    }
+
+    #[test]
+    fn another_pod_behind_the_same_flow_is_another_finding() {
+        let mut store = Store::new(Duration::from_secs(10), 16);
+        let now = Instant::now();
+        let pod = |name: &str| crate::pods::PodRef {
+            namespace: "shop".into(),
+            name: name.into(),
+            uid: format!("uid-{name}"),
+        };
+        let mut old = refused(4000);
+        old.pod = Some(pod("old"));
+        let mut new = refused(4001);
+        new.pod = Some(pod("new"));
+        assert!(store.record(old.clone(), now).is_some());
+        assert!(store.record(old, now).is_none(), "a repeat aggregates");
+        assert!(
+            store.record(new, now).is_some(),
+            "the new pod's own finding"
+        );
+        let names: Vec<_> = store
+            .all()
+            .iter()
+            .map(|f| (f.pod.as_ref().unwrap().name.clone(), f.count))
+            .collect();
+        assert_eq!(names, [("old".to_string(), 2), ("new".to_string(), 1)]);
     }
 
     #[test]
