@@ -11,8 +11,8 @@ use aya::{
 };
 use node_diag_common::{
     DropKey, FlowKey, MAP_COUNTERS, MAP_DROPS, MAP_EVENTS, MAP_L3_OFFSET, MAP_NAT,
-    MAP_OVERSIZE_BY_DEV, MAP_RETRANS, MAP_SCOPE, NatInfo, RETRANS_REPORTED_PMTUD, RetransState,
-    counter,
+    MAP_OVERSIZE_BY_DEV, MAP_RETRANS, MAP_SCOPE, MAP_VERDICT_AGG, NatInfo, RETRANS_REPORTED_PMTUD,
+    RetransState, VerdictAgg, VerdictKey, counter,
 };
 use tracing::warn;
 
@@ -50,6 +50,7 @@ pub struct KernelMaps {
     oversize_by_dev: PerCpuHashMap<MapData, DropKey, u64>,
     retrans: BpfHashMap<MapData, u64, RetransState>,
     nat: BpfHashMap<MapData, FlowKey, NatInfo>,
+    verdict_agg: BpfHashMap<MapData, VerdictKey, VerdictAgg>,
     pub scope: BpfHashMap<MapData, u32, u32>,
     pub l3_offset: BpfHashMap<MapData, u32, u32>,
 }
@@ -80,6 +81,7 @@ impl KernelMaps {
                 oversize_by_dev: take(ebpf, MAP_OVERSIZE_BY_DEV, PerCpuHashMap::try_from)?,
                 retrans: take(ebpf, MAP_RETRANS, BpfHashMap::try_from)?,
                 nat: take(ebpf, MAP_NAT, BpfHashMap::try_from)?,
+                verdict_agg: take(ebpf, MAP_VERDICT_AGG, BpfHashMap::try_from)?,
                 scope: take(ebpf, MAP_SCOPE, BpfHashMap::try_from)?,
                 l3_offset: take(ebpf, MAP_L3_OFFSET, BpfHashMap::try_from)?,
             },
@@ -126,6 +128,18 @@ impl KernelMaps {
     /// flow's packets translated.
     pub fn nat(&self, flow: &FlowKey) -> Option<NatInfo> {
         self.nat.get(flow, 0).ok()
+    }
+
+    /// Every aggregated verdict key with its counts, and the kernel's clock now.
+    pub fn verdict_counts(&self) -> (Vec<(VerdictKey, VerdictAgg)>, u64) {
+        let now = monotonic_ns();
+        (self.verdict_agg.iter().flatten().collect(), now)
+    }
+
+    /// Deletes a verdict key the agent has fully accounted (the kernel recreates it on
+    /// the key's next verdict, which then goes out as an event).
+    pub fn forget_verdict(&mut self, key: &VerdictKey) {
+        let _ = self.verdict_agg.remove(key);
     }
 
     /// Makes the kernel's scope map equal to `scope`, this node's current set of
