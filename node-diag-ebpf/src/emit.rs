@@ -17,15 +17,14 @@ use aya_log_ebpf::{
     warn,
 };
 use node_diag_common::{
-    DropInfo, DropKey, Event, FlowKey, IcmpInfo, VerdictAgg, VerdictKey, aggregated_kind,
-    counter, drop_flag, event_flag, event_kind, verdict_class,
+    DropInfo, DropKey, Event, FlowKey, IcmpInfo, VerdictAgg, VerdictKey, aggregated_kind, counter,
+    drop_flag, event_flag, event_kind, verdict_class,
 };
 
 use crate::{
     config::{config, now},
     maps::{
-        COUNTERS, EVENTS, FRAG_DROPPED, ICMP_ERR_RCVD, ICMP_RCVD, ICMP_SENT, SYN_DROPS,
-        VERDICT_AGG,
+        COUNTERS, EVENTS, FRAG_DROPPED, ICMP_ERR_RCVD, ICMP_RCVD, ICMP_SENT, SYN_DROPS, VERDICT_AGG,
     },
 };
 

@@ -111,7 +111,7 @@ fn refused_storm_is_aggregated_in_the_kernel_and_accounted_exactly() {
     );
     let sent = agent.counter(SENT) - sent0;
     assert!(
-        sent >= 1.0 && sent <= 50.0,
+        (1.0..=50.0).contains(&sent),
         "{sent} events for {refused} identical verdicts: not aggregated\n{}",
         agent.metrics_text()
     );
@@ -136,7 +136,12 @@ fn refused_storms_to_two_ports_make_two_exact_findings() {
     });
     thread::sleep(Duration::from_millis(1200));
     let findings = agent.findings_endpoint();
-    assert_eq!(lost(), 0, "nothing lost at this rate\n{}", agent.metrics_text());
+    assert_eq!(
+        lost(),
+        0,
+        "nothing lost at this rate\n{}",
+        agent.metrics_text()
+    );
     for port in ports {
         let ours: Vec<_> = findings
             .iter()
