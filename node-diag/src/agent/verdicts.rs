@@ -10,7 +10,7 @@
 //! the map's count minus `accounted` to the template. Whichever comes first accounts a
 //! verdict; the other finds nothing left to add.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use node_diag_common::{Event, VerdictAgg, VerdictKey};
 
@@ -98,8 +98,8 @@ impl VerdictTracker {
         // Keys the kernel map no longer holds (deleted above, or by a restart of the
         // programs) have nothing more to account.
         if self.keys.len() > entries.len() {
-            self.keys
-                .retain(|k, _| entries.iter().any(|(key, _)| key == k));
+            let held: HashSet<&VerdictKey> = entries.iter().map(|(key, _)| key).collect();
+            self.keys.retain(|k, _| held.contains(k));
         }
         out
     }
