@@ -118,7 +118,11 @@ fn aggregate(vkey: &VerdictKey, now_ns: u64) -> Aggregated {
     let agg = match VERDICT_AGG.get_ptr_mut(vkey) {
         Some(agg) => agg,
         None => {
-            let fresh = VerdictAgg::default();
+            // Stamped, so the agent can tell an entry whose first event was lost is idle.
+            let fresh = VerdictAgg {
+                last_ns: now_ns,
+                ..VerdictAgg::default()
+            };
             let _ = VERDICT_AGG.insert(vkey, &fresh, BPF_NOEXIST);
             match VERDICT_AGG.get_ptr_mut(vkey) {
                 Some(agg) => agg,

@@ -156,3 +156,31 @@ fn refused_storms_to_two_ports_make_two_exact_findings() {
         );
     }
 }
+
+/// A verdict key idle for a while is deleted from the kernel map once accounted; the
+/// next storm on it starts a fresh entry and the finding's count carries on exactly.
+#[test]
+fn a_storm_after_its_key_went_idle_carries_the_count_on() {
+    let topo = Topology::new();
+    let agent = Agent::start_ready(&topo);
+    let port = 9304;
+    let lost0 = agent.counter(LOST);
+    let (src, dst) = (topo.pod_a_ip, topo.pod_b_ip);
+    let lost = || (agent.counter(LOST) - lost0) as u64;
+    let accounted = || refused_count(&agent.findings_endpoint(), src, dst, port) + lost();
+
+    let first = storm(&topo, &[port], 500)[0];
+    assert_eq!(settle(first, accounted), first, "{}", agent.metrics_text());
+    // The agent forgets keys idle for 5 s.
+    thread::sleep(Duration::from_secs(7));
+    let second = storm(&topo, &[port], 700)[0];
+    let total = settle(first + second, accounted);
+    thread::sleep(Duration::from_millis(1200));
+    assert_eq!(total, first + second, "{}", agent.metrics_text());
+    assert_eq!(
+        accounted(),
+        first + second,
+        "counted twice\n{}",
+        agent.metrics_text()
+    );
+}

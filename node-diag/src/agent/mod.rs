@@ -240,13 +240,17 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
             }
             _ = tick.tick() => {
                 let (entries, now_ns) = maps.verdict_counts();
-                let read = verdicts.read(&entries, now_ns, &crate::findings::rfc3339(SystemTime::now()));
-                for key in &read.forget {
-                    maps.forget_verdict(key);
-                }
+                let stamp = crate::findings::rfc3339(SystemTime::now());
+                let read = verdicts.read(&entries, now_ns, &stamp);
                 bad_records.fetch_add(read.lost, Ordering::Relaxed);
                 for finding in read.findings {
                     record(&shared, finding, opts.format);
+                }
+                for key in &read.forget {
+                    let last = maps.take_verdict(key);
+                    if let Some(finding) = verdicts.forgotten(key, last, &stamp) {
+                        record(&shared, finding, opts.format);
+                    }
                 }
                 let totals = KernelTotals::named(&maps.counts(), &names, bad_records.load(Ordering::Relaxed));
                 let blackholes = maps.active_blackholes();

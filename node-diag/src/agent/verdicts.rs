@@ -35,7 +35,8 @@ struct Tracked {
 pub struct Read {
     /// Findings carrying the counts added since the last read (`count` = the delta).
     pub findings: Vec<Finding>,
-    /// Keys fully accounted and idle: to delete from the kernel map.
+    /// Keys idle for [`IDLE_NS`], or never seen for [`STALE_NS`]: to delete from the
+    /// kernel map, then pass to [`VerdictTracker::forgotten`] with their last counts.
     pub forget: Vec<VerdictKey>,
     /// Verdicts counted for keys whose events never reached the agent.
     pub lost: u64,
@@ -65,6 +66,23 @@ impl VerdictTracker {
         Some(f)
     }
 
+    /// Accounts the last counts of a key deleted from the kernel map (`last`: what the
+    /// deletion read, `None` when it read nothing) and stops tracking it. Returns the
+    /// finding for the verdicts counted since the last read, if any.
+    pub fn forgotten(
+        &mut self,
+        key: &VerdictKey,
+        last: Option<VerdictAgg>,
+        stamp: &str,
+    ) -> Option<Finding> {
+        let t = self.keys.remove(key)?;
+        let delta = last?.count.saturating_sub(t.accounted);
+        let mut f = t.template.filter(|_| delta > 0)?;
+        f.count = delta;
+        f.last_seen = stamp.to_string();
+        Some(f)
+    }
+
     /// Accounts a read of the kernel map taken at kernel time `now_ns`.
     pub fn read(&mut self, entries: &[(VerdictKey, VerdictAgg)], now_ns: u64, stamp: &str) -> Read {
         let mut out = Read::default();
@@ -84,10 +102,11 @@ impl VerdictTracker {
                     }
                     if idle >= IDLE_NS {
                         out.forget.push(*key);
-                        self.keys.remove(key);
                     }
                 }
-                // The key's event is still on its way, or never came.
+                // The key's event is still on its way, or never came: its verdicts were
+                // not reported. (Deleting it races a verdict counted in between: that one
+                // is not counted anywhere, on a key quiet for STALE_NS.)
                 None if idle >= STALE_NS => {
                     out.lost += agg.count;
                     out.forget.push(*key);
@@ -146,11 +165,22 @@ mod tests {
         assert_eq!(r.findings[0].count, 3);
         let f = t.event(&event(14), Some(fixtures::refused(3))).unwrap();
         assert_eq!(f.count, 0);
-        // Nothing new: nothing added; idle: forgotten.
+        // Nothing new: nothing added; idle: to forget.
         let r = t.read(&[(key, agg(15, 300))], 300 + IDLE_NS, "t3");
         assert!(r.findings.is_empty());
         assert_eq!(r.forget, vec![key]);
         assert_eq!(r.lost, 0);
+        // One more verdict counted between the read and the deletion is not lost.
+        let f = t.forgotten(&key, Some(agg(16, 400)), "t4").unwrap();
+        assert_eq!(f.count, 1);
+        assert!(t.forgotten(&key, Some(agg(16, 400)), "t4").is_none());
+        // The key comes back from 1 in the kernel: a fresh start.
+        assert_eq!(
+            t.event(&event(1), Some(fixtures::refused(4)))
+                .unwrap()
+                .count,
+            1
+        );
     }
 
     #[test]

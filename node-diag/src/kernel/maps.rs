@@ -3,11 +3,17 @@
 //! layer's job), the socket map of full-size retransmitters (which flows are black-holed
 //! now), and the maps the agent writes (netns scope, L3 header offsets).
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::{
+    collections::{BTreeSet, HashMap, HashSet},
+    os::fd::{AsFd, AsRawFd},
+};
 
 use aya::{
     Ebpf,
-    maps::{HashMap as BpfHashMap, Map, MapData, MapError, PerCpuArray, PerCpuHashMap, RingBuf},
+    maps::{
+        HashMap as BpfHashMap, IterableMap, Map, MapData, MapError, PerCpuArray, PerCpuHashMap,
+        RingBuf,
+    },
 };
 use node_diag_common::{
     DropKey, FlowKey, MAP_COUNTERS, MAP_DROPS, MAP_EVENTS, MAP_L3_OFFSET, MAP_NAT,
@@ -136,10 +142,47 @@ impl KernelMaps {
         (self.verdict_agg.iter().flatten().collect(), now)
     }
 
-    /// Deletes a verdict key the agent has fully accounted (the kernel recreates it on
-    /// the key's next verdict, which then goes out as an event).
-    pub fn forget_verdict(&mut self, key: &VerdictKey) {
+    /// Deletes an idle verdict key and returns its last counts, read by the same
+    /// syscall (`BPF_MAP_LOOKUP_AND_DELETE_ELEM`), so a verdict counted after the agent's
+    /// last read is not deleted unseen. The kernel recreates the key on its next verdict,
+    /// which then goes out as an event. `None`: already gone, or the kernel cannot
+    /// (before 5.14; the key is then deleted after a plain lookup).
+    pub fn take_verdict(&mut self, key: &VerdictKey) -> Option<VerdictAgg> {
+        let fd = self.verdict_agg.map().fd().as_fd().as_raw_fd();
+        let mut value = VerdictAgg::default();
+        // The `BPF_MAP_*_ELEM` commands' part of `union bpf_attr`.
+        #[repr(C)]
+        struct ElemAttr {
+            map_fd: u32,
+            _pad: u32,
+            key: u64,
+            value: u64,
+            flags: u64,
+        }
+        const BPF_MAP_LOOKUP_AND_DELETE_ELEM: libc::c_long = 21;
+        let attr = ElemAttr {
+            map_fd: fd as u32,
+            _pad: 0,
+            key: (key as *const VerdictKey) as u64,
+            value: (&raw mut value) as u64,
+            flags: 0,
+        };
+        // SAFETY: `attr` is a valid bpf_attr prefix for this command; key and value point
+        // at objects of the map's key and value sizes that outlive the call.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_MAP_LOOKUP_AND_DELETE_ELEM,
+                &raw const attr,
+                size_of::<ElemAttr>() as libc::c_uint,
+            )
+        };
+        if rc == 0 {
+            return Some(value);
+        }
+        let last = self.verdict_agg.get(key, 0).ok();
         let _ = self.verdict_agg.remove(key);
+        last
     }
 
     /// Makes the kernel's scope map equal to `scope`, this node's current set of
