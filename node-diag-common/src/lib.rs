@@ -192,8 +192,20 @@ pub struct VerdictKey {
     pub kind: u16,
     /// [`verdict_class`] bits.
     pub class: u16,
+    /// The ICMP errors attached ([`icmp_key`]): their codes decide the layer too
+    /// (administratively prohibited is a firewall, other unreachables routing).
+    pub icmp: u32,
 }
-const _: () = assert!(core::mem::size_of::<VerdictKey>() == 48);
+const _: () = assert!(core::mem::size_of::<VerdictKey>() == 52);
+
+/// [`VerdictKey::icmp`]: type and code of the ICMP error generated here (high 16 bits)
+/// and of the one received (low 16 bits), 0 for none.
+pub const fn icmp_key(sent_type: u32, sent_code: u32, rcvd_type: u32, rcvd_code: u32) -> u32 {
+    ((sent_type & 0xff) << 24)
+        | ((sent_code & 0xff) << 16)
+        | ((rcvd_type & 0xff) << 8)
+        | (rcvd_code & 0xff)
+}
 
 impl VerdictKey {
     /// The key the kernel aggregated `ev` under (meaningful when `ev.count != 0`).
@@ -207,6 +219,7 @@ impl VerdictKey {
             family: ev.flow.family,
             kind: ev.kind as u16,
             class: ev.class as u16,
+            icmp: ev.icmp_key,
         }
     }
 }
@@ -397,8 +410,11 @@ pub struct Event {
     /// sent, this verdict included (the verdicts of the key since its previous event
     /// were only counted). 0: not aggregated, the event stands for one verdict.
     pub count: u64,
+    /// [`VerdictKey::icmp`] of the key the verdict was aggregated under.
+    pub icmp_key: u32,
+    pub _pad: u32,
 }
-const _: () = assert!(core::mem::size_of::<Event>() == 248);
+const _: () = assert!(core::mem::size_of::<Event>() == 256);
 
 /// Offsets of the flow tuple inside a tracepoint record, read from its tracefs `format`.
 #[repr(C)]

@@ -18,7 +18,7 @@ use aya_log_ebpf::{
 };
 use node_diag_common::{
     DropInfo, DropKey, Event, FlowKey, IcmpInfo, VerdictAgg, VerdictKey, aggregated_kind, counter,
-    drop_flag, event_flag, event_kind, verdict_class,
+    drop_flag, event_flag, event_kind, icmp_key, verdict_class,
 };
 
 use crate::{
@@ -186,22 +186,24 @@ pub fn emit<C: EbpfContext>(
         &ICMP_ERR_RCVD
     };
     let mut class = 0u16;
+    let mut icmp = 0u32;
     let mut agg = Aggregated::Plain;
     if aggregated_kind(kind) {
-        // SAFETY: only the timestamps are read, at once.
+        // SAFETY: only the timestamps, types and codes are read, at once.
         let (sent, rcvd) = unsafe {
             (
-                recent(ICMP_SENT.get(key).map(|i| i.last_ns), since),
-                recent(received.get(key).map(|i| i.last_ns), since),
+                recent_kind(ICMP_SENT.get(key), since),
+                recent_kind(received.get(key), since),
             )
         };
+        icmp = icmp_key(sent.0, sent.1, rcvd.0, rcvd.1);
         if extra.flags & event_flag::RST_RECEIVED != 0 {
             class |= verdict_class::RST_RECEIVED;
         }
-        if sent {
+        if sent.2 {
             class |= verdict_class::ICMP_SENT;
         }
-        if rcvd {
+        if rcvd.2 {
             class |= verdict_class::ICMP_RCVD;
         }
         if extra.drop.flags & drop_flag::SYN_ACK != 0 {
@@ -216,6 +218,7 @@ pub fn emit<C: EbpfContext>(
             family: key.family,
             kind: kind as u16,
             class,
+            icmp,
         };
         agg = aggregate(&vkey, now());
         if let Aggregated::Counted = agg {
@@ -266,6 +269,8 @@ pub fn emit<C: EbpfContext>(
         (*ev).flags = extra.flags;
         (*ev).class = class as u32;
         (*ev).count = count;
+        (*ev).icmp_key = icmp;
+        (*ev)._pad = 0;
     }
     entry.submit(0);
     inc(counter::EVENTS_SENT);
@@ -275,10 +280,14 @@ pub fn emit<C: EbpfContext>(
     }
 }
 
-/// Whether evidence last seen at `last_ns` is at or after `since`.
+/// The type and code of an ICMP error last seen at or after `since`, and whether there
+/// is one.
 #[inline(always)]
-fn recent(last_ns: Option<u64>, since: u64) -> bool {
-    matches!(last_ns, Some(t) if t >= since)
+fn recent_kind(info: Option<&IcmpInfo>, since: u64) -> (u32, u32, bool) {
+    match info {
+        Some(i) if i.last_ns >= since => (i.icmp_type, i.icmp_code, true),
+        _ => (0, 0, false),
+    }
 }
 
 /// Logs an emitted verdict. Out of line: the log record is built on its own stack frame,

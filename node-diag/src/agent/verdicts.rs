@@ -195,4 +195,29 @@ mod tests {
         assert_eq!(r.lost, 4);
         assert_eq!(r.forget, vec![key]);
     }
+
+    #[test]
+    fn icmp_codes_that_decide_the_layer_make_different_keys() {
+        let mut prohibited = event(1);
+        prohibited.icmp_key = node_diag_common::icmp_key(0, 0, 3, 13);
+        let mut unreachable = prohibited;
+        unreachable.icmp_key = node_diag_common::icmp_key(0, 0, 3, 1);
+        assert_ne!(
+            VerdictKey::of_event(&prohibited),
+            VerdictKey::of_event(&unreachable)
+        );
+        let mut t = VerdictTracker::default();
+        assert_eq!(
+            t.event(&prohibited, Some(fixtures::refused(1)))
+                .unwrap()
+                .count,
+            1
+        );
+        assert_eq!(
+            t.event(&unreachable, Some(fixtures::refused(2)))
+                .unwrap()
+                .count,
+            1
+        );
+    }
 }
