@@ -61,6 +61,12 @@ pub const MAP_COUNTERS: &str = "COUNTERS";
 /// Hash map netns inode -> 1: the namespaces this node's agent reports for. Only consulted
 /// when [`Config::scope_enabled`] is set.
 pub const MAP_SCOPE: &str = "SCOPE";
+/// Hash map [`VerdictKey`] -> [`VerdictAgg`]: connect verdicts aggregated in the kernel.
+/// A storm of identical verdicts sends one [`Event`] per [`Config::verdict_window_ns`]
+/// and counts the rest here; the agent reads the counts and deletes entries it has fully
+/// accounted once they are idle. A plain hash map, not an LRU: an entry is never evicted
+/// with counts the agent has not read. When it is full, verdicts go out unaggregated.
+pub const MAP_VERDICT_AGG: &str = "VERDICT_AGG";
 /// Read-only global holding [`Config`].
 pub const GLOBAL_CONFIG: &str = "CONFIG";
 
@@ -70,6 +76,10 @@ pub const FLOW_MAP_ENTRIES: u32 = 16384;
 pub const SCOPE_MAP_ENTRIES: u32 = 4096;
 /// Capacity of the drop aggregation map.
 pub const DROP_MAP_ENTRIES: u32 = 4096;
+/// Capacity of the verdict aggregation map.
+pub const VERDICT_MAP_ENTRIES: u32 = 4096;
+/// Default [`Config::verdict_window_ns`]: at most one event per second per verdict key.
+pub const VERDICT_WINDOW_NS: u64 = 1_000_000_000;
 /// Ring buffer size in bytes (a power of two, a multiple of the page size).
 pub const EVENTS_BYTES: u32 = 256 * 1024;
 
@@ -92,7 +102,9 @@ pub mod counter {
     pub const ICMP_FRAG_DROPPED: u32 = 10;
     pub const DF_OVERSIZE_DROPS: u32 = 11;
     pub const FULLSIZE_RETRANSMITS: u32 = 12;
-    pub const COUNT: u32 = 13;
+    /// Verdict events submitted to the ring buffer.
+    pub const EVENTS_SENT: u32 = 13;
+    pub const COUNT: u32 = 14;
 }
 
 /// [`Event::kind`] values.
@@ -136,6 +148,98 @@ pub mod event_flag {
     /// behalf) answered the SYN, as opposed to an ICMP error.
     pub const RST_RECEIVED: u32 = 1;
 }
+
+/// Whether verdicts of `kind` are aggregated in [`MAP_VERDICT_AGG`]: the connect
+/// verdicts that come in storms. Stalls, MTU events and `CONNECT_LATE` never are.
+pub const fn aggregated_kind(kind: u32) -> bool {
+    matches!(
+        kind,
+        event_kind::CONNECT_REFUSED
+            | event_kind::CONNECT_TIMEOUT
+            | event_kind::CONNECT_UNREACHABLE
+            | event_kind::ESTABLISHED_RESET
+            | event_kind::CONNECT_ABANDONED
+    )
+}
+
+/// [`VerdictKey::class`] bits: the evidence that decides a verdict's layer in user space.
+pub mod verdict_class {
+    /// The connecting socket received a RST.
+    pub const RST_RECEIVED: u16 = 1;
+    /// This kernel generated an ICMP error for the flow ([`super::Event::icmp`]).
+    pub const ICMP_SENT: u16 = 2;
+    /// An ICMP error was received for the flow ([`super::Event::icmp_rcvd`]).
+    pub const ICMP_RCVD: u16 = 4;
+    /// The drop evidence is the SYN-ACK, not the SYN ([`super::drop_flag::SYN_ACK`]).
+    pub const SYN_ACK_DROP: u16 = 8;
+}
+
+/// What makes verdicts identical: the kernel aggregates verdicts with equal keys, and the
+/// agent derives the same key from an [`Event`] ([`VerdictKey::of_event`]). The source
+/// port is left out (it changes with every attempt).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct VerdictKey {
+    pub saddr: [u8; 16],
+    pub daddr: [u8; 16],
+    pub netns: u32,
+    /// The drop evidence's `skb_drop_reason` (0: none).
+    pub drop_reason: u32,
+    /// Host byte order.
+    pub dport: u16,
+    pub family: u16,
+    /// [`event_kind`] value (all fit in 16 bits).
+    pub kind: u16,
+    /// [`verdict_class`] bits.
+    pub class: u16,
+    /// The ICMP errors attached ([`icmp_key`]): their codes decide the layer too
+    /// (administratively prohibited is a firewall, other unreachables routing).
+    pub icmp: u32,
+}
+const _: () = assert!(core::mem::size_of::<VerdictKey>() == 52);
+
+/// [`VerdictKey::icmp`]: type and code of the ICMP error generated here (high 16 bits)
+/// and of the one received (low 16 bits), 0 for none.
+pub const fn icmp_key(sent_type: u32, sent_code: u32, rcvd_type: u32, rcvd_code: u32) -> u32 {
+    ((sent_type & 0xff) << 24)
+        | ((sent_code & 0xff) << 16)
+        | ((rcvd_type & 0xff) << 8)
+        | (rcvd_code & 0xff)
+}
+
+impl VerdictKey {
+    /// The key the kernel aggregated `ev` under (meaningful when `ev.count != 0`).
+    pub const fn of_event(ev: &Event) -> VerdictKey {
+        VerdictKey {
+            saddr: ev.flow.saddr,
+            daddr: ev.flow.daddr,
+            netns: ev.netns,
+            drop_reason: ev.drop.reason,
+            dport: ev.flow.dport,
+            family: ev.flow.family,
+            kind: ev.kind as u16,
+            class: ev.class as u16,
+            icmp: ev.icmp_key,
+        }
+    }
+}
+
+/// A verdict key's counts. `count` is incremented atomically by every CPU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VerdictAgg {
+    /// `bpf_ktime_get_ns` of the key's first event.
+    pub first_ns: u64,
+    /// When the last event for the key was submitted.
+    pub last_emit_ns: u64,
+    /// When the key was last counted (events or not): the agent deletes idle entries.
+    pub last_ns: u64,
+    /// Verdicts counted since the entry was created, events included.
+    pub count: u64,
+    /// Events submitted for the key.
+    pub emitted: u64,
+}
+const _: () = assert!(core::mem::size_of::<VerdictAgg>() == 40);
 
 /// TCP states as the kernel numbers them (`include/net/tcp_states.h`, stable UAPI-like values).
 pub mod tcp_state {
@@ -300,9 +404,17 @@ pub struct Event {
     pub len: u32,
     /// [`event_flag`] bits.
     pub flags: u32,
+    /// [`verdict_class`] bits of the key the verdict was aggregated under.
+    pub class: u32,
+    /// Aggregated verdicts: the key's count in [`MAP_VERDICT_AGG`] when the event was
+    /// sent, this verdict included (the verdicts of the key since its previous event
+    /// were only counted). 0: not aggregated, the event stands for one verdict.
+    pub count: u64,
+    /// [`VerdictKey::icmp`] of the key the verdict was aggregated under.
+    pub icmp_key: u32,
     pub _pad: u32,
 }
-const _: () = assert!(core::mem::size_of::<Event>() == 240);
+const _: () = assert!(core::mem::size_of::<Event>() == 256);
 
 /// Offsets of the flow tuple inside a tracepoint record, read from its tracefs `format`.
 #[repr(C)]
@@ -431,8 +543,12 @@ pub struct Config {
     pub ct_dst_u3: u16,
     pub ct_dst_port: u16,
     pub ct_protonum: u16,
+
+    /// At most one event per verdict key per this many nanoseconds; the verdicts in
+    /// between are only counted in [`MAP_VERDICT_AGG`].
+    pub verdict_window_ns: u64,
 }
-const _: () = assert!(core::mem::size_of::<Config>() == 32 + 32 + 48 + 120 + 24);
+const _: () = assert!(core::mem::size_of::<Config>() == 32 + 32 + 48 + 120 + 24 + 8);
 
 impl FlowKey {
     pub const fn is_v4(&self) -> bool {
@@ -452,6 +568,8 @@ mod user {
     unsafe impl aya::Pod for Event {}
     unsafe impl aya::Pod for RetransState {}
     unsafe impl aya::Pod for NatInfo {}
+    unsafe impl aya::Pod for VerdictKey {}
+    unsafe impl aya::Pod for VerdictAgg {}
     unsafe impl aya::Pod for TupleOffsets {}
     unsafe impl aya::Pod for Config {}
 }

@@ -16,11 +16,16 @@ use aya_log_ebpf::{
     macro_support::{Level, level_enabled},
     warn,
 };
-use node_diag_common::{DropInfo, DropKey, Event, FlowKey, IcmpInfo, counter, event_kind};
+use node_diag_common::{
+    DropInfo, DropKey, Event, FlowKey, IcmpInfo, VerdictAgg, VerdictKey, aggregated_kind, counter,
+    drop_flag, event_flag, event_kind, icmp_key, verdict_class,
+};
 
 use crate::{
-    config::now,
-    maps::{COUNTERS, EVENTS, FRAG_DROPPED, ICMP_ERR_RCVD, ICMP_RCVD, ICMP_SENT, SYN_DROPS},
+    config::{config, now},
+    maps::{
+        COUNTERS, EVENTS, FRAG_DROPPED, ICMP_ERR_RCVD, ICMP_RCVD, ICMP_SENT, SYN_DROPS, VERDICT_AGG,
+    },
 };
 
 /// Adds one to a [`counter`] slot.
@@ -92,8 +97,73 @@ pub struct Extra {
     pub since: u64,
 }
 
+/// What [`aggregate`] decided for a verdict.
+enum Aggregated {
+    /// Counted in its key's entry: no event.
+    Counted,
+    /// An event goes out for the key's entry (created when the key was new).
+    Emit(*mut VerdictAgg),
+    /// Not aggregated (another kind, or the map is full): one event for one verdict.
+    Plain,
+}
+
+/// `BPF_NOEXIST`: create the entry only if no other CPU just did.
+const BPF_NOEXIST: u64 = 1;
+
+/// Finds (or creates) the aggregation entry of `vkey` and decides whether the verdict
+/// only counts there: when an event for the key went out less than
+/// `Config::verdict_window_ns` ago.
+#[inline(always)]
+fn aggregate(vkey: &VerdictKey, now_ns: u64) -> Aggregated {
+    let agg = match VERDICT_AGG.get_ptr_mut(vkey) {
+        Some(agg) => agg,
+        None => {
+            // Stamped, so the agent can tell an entry whose first event was lost is idle.
+            let fresh = VerdictAgg {
+                last_ns: now_ns,
+                ..VerdictAgg::default()
+            };
+            let _ = VERDICT_AGG.insert(vkey, &fresh, BPF_NOEXIST);
+            match VERDICT_AGG.get_ptr_mut(vkey) {
+                Some(agg) => agg,
+                None => return Aggregated::Plain,
+            }
+        }
+    };
+    // SAFETY: the pointer comes from the map; racing CPUs can at worst both send an
+    // event, each carrying the count it read, never lose a count (added atomically).
+    let window = config!(verdict_window_ns);
+    unsafe {
+        if (*agg).emitted != 0 && now_ns.wrapping_sub((*agg).last_emit_ns) < window {
+            count_one(agg);
+            core::ptr::write_volatile(&raw mut (*agg).last_ns, now_ns);
+            return Aggregated::Counted;
+        }
+    }
+    Aggregated::Emit(agg)
+}
+
+/// Adds one to the entry's count, atomically (every CPU counts into the same entry).
+#[inline(always)]
+unsafe fn count_one(agg: *mut VerdictAgg) {
+    // SAFETY: the caller's pointer comes from the map; u64 map values are 8-aligned.
+    // The result is unused, so this is a plain BPF atomic add (no BPF_FETCH needed):
+    // `core`'s atomic types have no read-modify-write methods on the BPF target.
+    unsafe {
+        core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(
+            &raw mut (*agg).count,
+            1,
+        );
+    }
+}
+
 /// Pushes a verdict for `key`, attaching the ICMP evidence the maps hold for the flow.
 /// A failed reservation is counted, never silently lost.
+///
+/// Connect verdicts that come in storms ([`aggregated_kind`]) are aggregated by
+/// [`VerdictKey`]: one event per key per window, carrying the key's count; the rest
+/// are only counted in [`VERDICT_AGG`]. A verdict whose event cannot be reserved is
+/// counted lost and not in the key's count, so it is accounted exactly once.
 #[inline(always)]
 pub fn emit<C: EbpfContext>(
     ctx: &C,
@@ -104,11 +174,6 @@ pub fn emit<C: EbpfContext>(
     retrans: u32,
     extra: Extra,
 ) {
-    let Some(mut entry) = EVENTS.reserve::<Event>(0) else {
-        inc(counter::EVENTS_LOST);
-        warn!(ctx, "event ring buffer full: verdict {} lost", kind);
-        return;
-    };
     let since = extra.since;
     // Frag-needed received or dropped only explains MTU verdicts; connect verdicts carry
     // the ICMP error that answered the SYN, if one came back.
@@ -120,12 +185,72 @@ pub fn emit<C: EbpfContext>(
     } else {
         &ICMP_ERR_RCVD
     };
+    let mut class = 0u16;
+    let mut icmp = 0u32;
+    let mut agg = Aggregated::Plain;
+    if aggregated_kind(kind) {
+        // SAFETY: only the timestamps, types and codes are read, at once.
+        let (sent, rcvd) = unsafe {
+            (
+                recent_kind(ICMP_SENT.get(key), since),
+                recent_kind(received.get(key), since),
+            )
+        };
+        icmp = icmp_key(sent.0, sent.1, rcvd.0, rcvd.1);
+        if extra.flags & event_flag::RST_RECEIVED != 0 {
+            class |= verdict_class::RST_RECEIVED;
+        }
+        if sent.2 {
+            class |= verdict_class::ICMP_SENT;
+        }
+        if rcvd.2 {
+            class |= verdict_class::ICMP_RCVD;
+        }
+        if extra.drop.flags & drop_flag::SYN_ACK != 0 {
+            class |= verdict_class::SYN_ACK_DROP;
+        }
+        let vkey = VerdictKey {
+            saddr: key.saddr,
+            daddr: key.daddr,
+            netns,
+            drop_reason: extra.drop.reason,
+            dport: key.dport,
+            family: key.family,
+            kind: kind as u16,
+            class,
+            icmp,
+        };
+        agg = aggregate(&vkey, now());
+        if let Aggregated::Counted = agg {
+            return;
+        }
+    }
+    let Some(mut entry) = EVENTS.reserve::<Event>(0) else {
+        inc(counter::EVENTS_LOST);
+        warn!(ctx, "event ring buffer full: verdict {} lost", kind);
+        return;
+    };
+    let ts = now();
+    let count = match agg {
+        // SAFETY: the pointer comes from the map; see `aggregate` for the races.
+        Aggregated::Emit(agg) => unsafe {
+            count_one(agg);
+            if (*agg).first_ns == 0 {
+                (*agg).first_ns = ts;
+            }
+            (*agg).last_emit_ns = ts;
+            (*agg).last_ns = ts;
+            (*agg).emitted += 1;
+            core::ptr::read_volatile(&raw const (*agg).count)
+        },
+        _ => 0,
+    };
     let ev = entry.as_mut_ptr();
     // SAFETY: `ev` points at the reserved record, written field by field in place (an
     // `Event` built on the stack first would not fit the programs' 512-byte stack); map
     // values are copied out at once.
     unsafe {
-        (*ev).ts_ns = now();
+        (*ev).ts_ns = ts;
         (*ev).kind = kind;
         (*ev).error = error;
         (*ev).flow = *key;
@@ -142,12 +267,26 @@ pub fn emit<C: EbpfContext>(
         (*ev).mtu = extra.mtu;
         (*ev).len = extra.len;
         (*ev).flags = extra.flags;
+        (*ev).class = class as u32;
+        (*ev).count = count;
+        (*ev).icmp_key = icmp;
         (*ev)._pad = 0;
     }
     entry.submit(0);
+    inc(counter::EVENTS_SENT);
     // Checked here too, so that with logging off even the call is dead code.
     if level_enabled(Level::Debug) {
         log_verdict(ctx, kind, error, key, netns);
+    }
+}
+
+/// The type and code of an ICMP error last seen at or after `since`, and whether there
+/// is one.
+#[inline(always)]
+fn recent_kind(info: Option<&IcmpInfo>, since: u64) -> (u32, u32, bool) {
+    match info {
+        Some(i) if i.last_ns >= since => (i.icmp_type, i.icmp_code, true),
+        _ => (0, 0, false),
     }
 }
 

@@ -28,6 +28,9 @@
 //! read-only global `CONFIG`, filled by the agent from tracefs and BTF.
 #![no_std]
 #![no_main]
+// `atomic_xadd`: the BPF target has no atomic read-modify-write methods in `core`.
+#![allow(internal_features)]
+#![feature(core_intrinsics)]
 
 mod config;
 mod emit;

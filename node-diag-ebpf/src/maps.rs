@@ -9,7 +9,8 @@ use aya_ebpf::{
 };
 use node_diag_common::{
     DROP_MAP_ENTRIES, DropInfo, DropKey, EVENTS_BYTES, FLOW_MAP_ENTRIES, FlowKey, FlowState,
-    IcmpInfo, NatInfo, RetransState, SCOPE_MAP_ENTRIES, counter,
+    IcmpInfo, NatInfo, RetransState, SCOPE_MAP_ENTRIES, VERDICT_MAP_ENTRIES, VerdictAgg,
+    VerdictKey, counter,
 };
 
 #[map]
@@ -51,3 +52,6 @@ pub static L3_OFFSET: HashMap<u32, u32> = HashMap::with_max_entries(SCOPE_MAP_EN
 pub static SCOPE: HashMap<u32, u32> = HashMap::with_max_entries(SCOPE_MAP_ENTRIES, 0);
 #[map]
 pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);
+#[map]
+pub static VERDICT_AGG: HashMap<VerdictKey, VerdictAgg> =
+    HashMap::with_max_entries(VERDICT_MAP_ENTRIES, 0);

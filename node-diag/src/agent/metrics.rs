@@ -66,6 +66,8 @@ pub struct KernelTotals {
     pub rst_sent: u64,
     pub rst_received: u64,
     pub events_lost: u64,
+    /// Verdict events the kernel submitted to the ring buffer.
+    pub events_sent: u64,
     pub frag_sent: u64,
     pub frag_received: u64,
     pub frag_dropped: u64,
@@ -86,6 +88,7 @@ impl KernelTotals {
             rst_sent: counts.get(counter::RST_SENT),
             rst_received: counts.get(counter::RST_RECEIVED),
             events_lost: counts.get(counter::EVENTS_LOST) + bad_records,
+            events_sent: counts.get(counter::EVENTS_SENT),
             frag_sent: counts.get(counter::ICMP_FRAG_SENT),
             frag_received: counts.get(counter::ICMP_FRAG_RECEIVED),
             frag_dropped: counts.get(counter::ICMP_FRAG_DROPPED),
@@ -111,6 +114,7 @@ pub struct Metrics {
     drops: Family<ReasonLabel, Counter>,
     findings: Family<FindingLabels, Counter>,
     events_lost: Counter,
+    events_sent: Counter,
     frag_needed: Family<DirectionLabel, Counter>,
     oversize: Family<InterfaceLabel, Counter>,
     blackholes: Gauge,
@@ -152,6 +156,12 @@ impl Metrics {
             "node_diag_events_lost",
             "Kernel events lost because the ring buffer was full",
             events_lost.clone(),
+        );
+        let events_sent = Counter::default();
+        registry.register(
+            "node_diag_events_sent",
+            "Verdict events the kernel sent on the ring buffer (identical verdicts within a window share one event)",
+            events_sent.clone(),
         );
         let frag_needed = Family::<DirectionLabel, Counter>::default();
         registry.register(
@@ -225,6 +235,7 @@ impl Metrics {
             drops,
             findings,
             events_lost,
+            events_sent,
             frag_needed,
             oversize,
             blackholes,
@@ -247,7 +258,7 @@ impl Metrics {
                     .map(|p| p.namespace.clone())
                     .unwrap_or_default(),
             })
-            .inc();
+            .inc_by(f.count);
     }
 
     /// Counts `packets` drops of a connect's flow attributed to conntrack, by cause
@@ -284,6 +295,8 @@ impl Metrics {
             .inc_by(delta(now.rst_received, self.last.rst_received));
         self.events_lost
             .inc_by(delta(now.events_lost, self.last.events_lost));
+        self.events_sent
+            .inc_by(delta(now.events_sent, self.last.events_sent));
         for (direction, new, old) in [
             ("sent", now.frag_sent, self.last.frag_sent),
             ("received", now.frag_received, self.last.frag_received),

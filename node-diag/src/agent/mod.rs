@@ -10,14 +10,19 @@
 //!   conntrack verdicts.
 //! - [`mtu_refresh`]: the MTU model's conditions and gauges, rebuilt on link changes.
 //!
+//! - [`verdicts`]: exact counts for the verdicts the kernel aggregates.
+//!
 //! One kernel event travels: ring buffer (`kernel::ring`) → this loop → `correlate` →
-//! metrics + findings store (served on `/findings`) → printed once on stdout.
+//! metrics + findings store (served on `/findings`) → printed once on stdout. Storms of
+//! identical connect verdicts arrive as one event per key per second; the rest of their
+//! count is read from the kernel's `VERDICT_AGG` map on every tick.
 
 mod conntrack_watch;
 mod http;
 pub mod metrics;
 mod mtu_refresh;
 mod state;
+mod verdicts;
 
 use std::{
     collections::BTreeSet,
@@ -199,6 +204,7 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
 
     let names = Names::for_this_node(loaded.drop_reasons.clone());
     let ephemeral_ports = crate::host_network::local_port_range();
+    let mut verdicts = verdicts::VerdictTracker::default();
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     let mut refresh_tick = tokio::time::interval(REFRESH);
     refresh_tick.tick().await;
@@ -230,19 +236,19 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
                     ),
                     conntrack: conntrack.window(&ev, &names),
                 };
-                if let Some(mut finding) = correlate(&ev, &ctx) {
-                    crate::pods::name_pods(&mut finding, &pods.current());
-                    shared.metrics().finding(&finding);
+                let mut finding = correlate(&ev, &ctx);
+                if let Some(f) = finding.as_mut() {
+                    crate::pods::name_pods(f, &pods.current());
+                }
+                let made = finding.is_some();
+                if let Some(finding) = verdicts.event(&ev, finding) {
                     if finding.layer == Layer::Conntrack
                         && let Some(cause) = finding.evidence.get("conntrack_cause").and_then(|c| c.as_str())
                     {
                         shared.metrics().conntrack_drops(cause, ev.drop.count);
                     }
-                    let printed = shared.store().record(finding, Instant::now());
-                    if let Some(f) = printed {
-                        print_finding(&f, opts.format);
-                    }
-                } else if let Some((kind, netns, dst, dport)) = withdrawn(&ev) {
+                    record(&shared, finding, opts.format);
+                } else if !made && let Some((kind, netns, dst, dport)) = withdrawn(&ev) {
                     // The connect that was timing out got through: a slow listener or a
                     // transient drop, not a standing failure.
                     let resolved = shared.store().resolve(
@@ -255,6 +261,19 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
                 }
             }
             _ = tick.tick() => {
+                let (entries, now_ns) = maps.verdict_counts();
+                let stamp = crate::findings::rfc3339(SystemTime::now());
+                let read = verdicts.read(&entries, now_ns, &stamp);
+                bad_records.fetch_add(read.lost, Ordering::Relaxed);
+                for finding in read.findings {
+                    record(&shared, finding, opts.format);
+                }
+                for key in &read.forget {
+                    let last = maps.take_verdict(key);
+                    if let Some(finding) = verdicts.forgotten(key, last, &stamp) {
+                        record(&shared, finding, opts.format);
+                    }
+                }
                 let totals = KernelTotals::named(&maps.counts(), &names, bad_records.load(Ordering::Relaxed));
                 let blackholes = maps.active_blackholes();
                 let mut metrics = shared.metrics();
@@ -311,6 +330,20 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
     // Dropping the Ebpf detaches every tracepoint link and unloads the programs.
     drop(loaded);
     Ok(())
+}
+
+/// Counts a finding in the metrics and the store, and prints it when the store says so.
+/// A finding with `count` 0 (an event whose verdicts a map read already accounted) only
+/// refreshes a finding the store holds.
+fn record(shared: &Shared, finding: Finding, format: OutputFormat) {
+    if finding.count == 0 && !shared.store().contains(&finding) {
+        return;
+    }
+    shared.metrics().finding(&finding);
+    let printed = shared.store().record(finding, Instant::now());
+    if let Some(f) = printed {
+        print_finding(&f, format);
+    }
 }
 
 /// Waits for the next link notification; never, without a watcher.

@@ -127,6 +127,11 @@ impl Store {
         Some(finding)
     }
 
+    /// Whether the store holds an entry `finding` would aggregate into.
+    pub fn contains(&self, finding: &Finding) -> bool {
+        self.entries.contains_key(&finding.key())
+    }
+
     /// Makes the active findings of `kinds` equal to `current`, for conditions that are
     /// re-evaluated as a whole (the MTU model): new or reappearing ones are recorded,
     /// ones still holding only refresh `last_seen`, and ones gone are resolved. Returns

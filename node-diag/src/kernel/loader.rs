@@ -82,6 +82,7 @@ fn prepare(opts: &Options) -> Result<Prepared, LoadError> {
     let mut config = Config {
         syn_retrans_threshold: opts.syn_retrans_threshold.max(1),
         fullsize_retrans_threshold: FULLSIZE_RETRANS_THRESHOLD,
+        verdict_window_ns: node_diag_common::VERDICT_WINDOW_NS,
         ..Config::default()
     };
     let mut degraded = Vec::new();

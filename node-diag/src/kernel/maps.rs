@@ -3,16 +3,22 @@
 //! layer's job), the socket map of full-size retransmitters (which flows are black-holed
 //! now), and the maps the agent writes (netns scope, L3 header offsets).
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::{
+    collections::{BTreeSet, HashMap, HashSet},
+    os::fd::{AsFd, AsRawFd},
+};
 
 use aya::{
     Ebpf,
-    maps::{HashMap as BpfHashMap, Map, MapData, MapError, PerCpuArray, PerCpuHashMap, RingBuf},
+    maps::{
+        HashMap as BpfHashMap, IterableMap, Map, MapData, MapError, PerCpuArray, PerCpuHashMap,
+        RingBuf,
+    },
 };
 use node_diag_common::{
     DropKey, FlowKey, MAP_COUNTERS, MAP_DROPS, MAP_EVENTS, MAP_L3_OFFSET, MAP_NAT,
-    MAP_OVERSIZE_BY_DEV, MAP_RETRANS, MAP_SCOPE, NatInfo, RETRANS_REPORTED_PMTUD, RetransState,
-    counter,
+    MAP_OVERSIZE_BY_DEV, MAP_RETRANS, MAP_SCOPE, MAP_VERDICT_AGG, NatInfo, RETRANS_REPORTED_PMTUD,
+    RetransState, VerdictAgg, VerdictKey, counter,
 };
 use tracing::warn;
 
@@ -50,6 +56,7 @@ pub struct KernelMaps {
     oversize_by_dev: PerCpuHashMap<MapData, DropKey, u64>,
     retrans: BpfHashMap<MapData, u64, RetransState>,
     nat: BpfHashMap<MapData, FlowKey, NatInfo>,
+    verdict_agg: BpfHashMap<MapData, VerdictKey, VerdictAgg>,
     pub scope: BpfHashMap<MapData, u32, u32>,
     pub l3_offset: BpfHashMap<MapData, u32, u32>,
 }
@@ -80,6 +87,7 @@ impl KernelMaps {
                 oversize_by_dev: take(ebpf, MAP_OVERSIZE_BY_DEV, PerCpuHashMap::try_from)?,
                 retrans: take(ebpf, MAP_RETRANS, BpfHashMap::try_from)?,
                 nat: take(ebpf, MAP_NAT, BpfHashMap::try_from)?,
+                verdict_agg: take(ebpf, MAP_VERDICT_AGG, BpfHashMap::try_from)?,
                 scope: take(ebpf, MAP_SCOPE, BpfHashMap::try_from)?,
                 l3_offset: take(ebpf, MAP_L3_OFFSET, BpfHashMap::try_from)?,
             },
@@ -126,6 +134,55 @@ impl KernelMaps {
     /// flow's packets translated.
     pub fn nat(&self, flow: &FlowKey) -> Option<NatInfo> {
         self.nat.get(flow, 0).ok()
+    }
+
+    /// Every aggregated verdict key with its counts, and the kernel's clock now.
+    pub fn verdict_counts(&self) -> (Vec<(VerdictKey, VerdictAgg)>, u64) {
+        let now = monotonic_ns();
+        (self.verdict_agg.iter().flatten().collect(), now)
+    }
+
+    /// Deletes an idle verdict key and returns its last counts, read by the same
+    /// syscall (`BPF_MAP_LOOKUP_AND_DELETE_ELEM`), so a verdict counted after the agent's
+    /// last read is not deleted unseen. The kernel recreates the key on its next verdict,
+    /// which then goes out as an event. `None`: already gone, or the kernel cannot
+    /// (before 5.14; the key is then deleted after a plain lookup).
+    pub fn take_verdict(&mut self, key: &VerdictKey) -> Option<VerdictAgg> {
+        let fd = self.verdict_agg.map().fd().as_fd().as_raw_fd();
+        let mut value = VerdictAgg::default();
+        // The `BPF_MAP_*_ELEM` commands' part of `union bpf_attr`.
+        #[repr(C)]
+        struct ElemAttr {
+            map_fd: u32,
+            _pad: u32,
+            key: u64,
+            value: u64,
+            flags: u64,
+        }
+        const BPF_MAP_LOOKUP_AND_DELETE_ELEM: libc::c_long = 21;
+        let attr = ElemAttr {
+            map_fd: fd as u32,
+            _pad: 0,
+            key: (key as *const VerdictKey) as u64,
+            value: (&raw mut value) as u64,
+            flags: 0,
+        };
+        // SAFETY: `attr` is a valid bpf_attr prefix for this command; key and value point
+        // at objects of the map's key and value sizes that outlive the call.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_MAP_LOOKUP_AND_DELETE_ELEM,
+                &raw const attr,
+                size_of::<ElemAttr>() as libc::c_uint,
+            )
+        };
+        if rc == 0 {
+            return Some(value);
+        }
+        let last = self.verdict_agg.get(key, 0).ok();
+        let _ = self.verdict_agg.remove(key);
+        last
     }
 
     /// Makes the kernel's scope map equal to `scope`, this node's current set of

@@ -1,0 +1,186 @@
+//! Storms of identical verdicts: the kernel aggregates them (one ring-buffer event per
+//! verdict key per window, the rest counted in `VERDICT_AGG`), and the agent still
+//! accounts for every refused connect the client saw, in a finding's `count` or in
+//! `node_diag_events_lost_total`. The real agent in node A, real connects from pod A.
+//!
+//! Root, `NODE_DIAG_BIN` set (or `cargo xtask test`), one test at a time:
+//! `cargo test -p node-diag-tests --test storm -- --test-threads=1`.
+
+use std::net::{Ipv4Addr, TcpStream};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use node_diag_tests::finding::{field, flow_is};
+use node_diag_tests::{Agent, Topology, in_netns};
+use serde_json::Value;
+
+const REFUSED: &str = r#"node_diag_tcp_connect_failures_total{reason="refused"}"#;
+const LOST: &str = "node_diag_events_lost_total";
+const SENT: &str = "node_diag_events_sent_total";
+
+/// How long the agent may take to account for a storm (its map reads are every 500 ms).
+const SETTLE: Duration = Duration::from_secs(10);
+
+/// Connects from pod A to pod B's closed `ports`, round robin, `per_port` times each, as
+/// fast as one thread goes. Returns how many connects were refused, per port.
+fn storm(topo: &Topology, ports: &[u16], per_port: usize) -> Vec<u64> {
+    let addrs: Vec<_> = ports.iter().map(|&p| topo.pod_b_addr(p)).collect();
+    in_netns(&topo.pod_a, || {
+        let mut refused = vec![0u64; addrs.len()];
+        for _ in 0..per_port {
+            for (i, addr) in addrs.iter().enumerate() {
+                match TcpStream::connect(addr) {
+                    Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => refused[i] += 1,
+                    other => panic!("connect to {addr}: expected refused, got {other:?}"),
+                }
+            }
+        }
+        refused
+    })
+}
+
+/// The summed `count` of the `tcp_refused` findings for pod A -> pod B:`port`.
+fn refused_count(findings: &[Value], src: Ipv4Addr, dst: Ipv4Addr, port: u16) -> u64 {
+    findings
+        .iter()
+        .filter(|f| field(f, "kind") == "tcp_refused" && flow_is(f, src, dst, port))
+        .map(|f| f["count"].as_u64().unwrap_or(0))
+        .sum()
+}
+
+/// Waits until `accounted()` reaches `want` (it must never exceed it), and returns its
+/// last value.
+fn settle(want: u64, mut accounted: impl FnMut() -> u64) -> u64 {
+    let deadline = Instant::now() + SETTLE;
+    loop {
+        let got = accounted();
+        if got >= want || Instant::now() >= deadline {
+            return got;
+        }
+        thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// 2,000 refused connects to one closed port: one finding whose `count` plus the events
+/// lost is exactly 2,000, the refused metric counts 2,000, and the ring buffer carried a
+/// handful of events, not 2,000.
+#[test]
+fn refused_storm_is_aggregated_in_the_kernel_and_accounted_exactly() {
+    let topo = Topology::new();
+    let agent = Agent::start_ready(&topo);
+    let port = 9301;
+    let (refused0, lost0, sent0) = (
+        agent.counter(REFUSED),
+        agent.counter(LOST),
+        agent.counter(SENT),
+    );
+
+    let n = 2000;
+    let refused = storm(&topo, &[port], n)[0];
+    assert_eq!(refused, n as u64, "every connect is refused");
+
+    let (src, dst) = (topo.pod_a_ip, topo.pod_b_ip);
+    let lost = || (agent.counter(LOST) - lost0) as u64;
+    let total = settle(refused, || {
+        refused_count(&agent.findings_endpoint(), src, dst, port) + lost()
+    });
+    let findings = agent.findings_endpoint();
+    let counted = refused_count(&findings, src, dst, port);
+    let ours: Vec<_> = findings
+        .iter()
+        .filter(|f| field(f, "kind") == "tcp_refused" && flow_is(f, src, dst, port))
+        .collect();
+    assert_eq!(
+        total,
+        refused,
+        "finding counts {counted} + events lost {} must equal the {refused} refused connects\n{ours:#?}\n{}",
+        lost(),
+        agent.metrics_text()
+    );
+    assert_eq!(ours.len(), 1, "one finding for the storm: {ours:#?}");
+    // A map read after the settle must not add more.
+    thread::sleep(Duration::from_millis(1200));
+    let again = refused_count(&agent.findings_endpoint(), src, dst, port) + lost();
+    assert_eq!(again, refused, "counted twice\n{}", agent.metrics_text());
+
+    assert_eq!(
+        agent.counter(REFUSED) - refused0,
+        refused as f64,
+        "{}",
+        agent.metrics_text()
+    );
+    let sent = agent.counter(SENT) - sent0;
+    assert!(
+        (1.0..=50.0).contains(&sent),
+        "{sent} events for {refused} identical verdicts: not aggregated\n{}",
+        agent.metrics_text()
+    );
+}
+
+/// Refused connects to two closed ports look alike but are two verdict keys: two
+/// findings, each with its own exact count.
+#[test]
+fn refused_storms_to_two_ports_make_two_exact_findings() {
+    let topo = Topology::new();
+    let agent = Agent::start_ready(&topo);
+    let ports = [9302, 9303];
+    let lost0 = agent.counter(LOST);
+    let refused = storm(&topo, &ports, 600);
+    assert_eq!(refused, vec![600, 600]);
+
+    let (src, dst) = (topo.pod_a_ip, topo.pod_b_ip);
+    let lost = || (agent.counter(LOST) - lost0) as u64;
+    settle(1200, || {
+        let f = agent.findings_endpoint();
+        refused_count(&f, src, dst, ports[0]) + refused_count(&f, src, dst, ports[1]) + lost()
+    });
+    thread::sleep(Duration::from_millis(1200));
+    let findings = agent.findings_endpoint();
+    assert_eq!(
+        lost(),
+        0,
+        "nothing lost at this rate\n{}",
+        agent.metrics_text()
+    );
+    for port in ports {
+        let ours: Vec<_> = findings
+            .iter()
+            .filter(|f| field(f, "kind") == "tcp_refused" && flow_is(f, src, dst, port))
+            .collect();
+        assert_eq!(ours.len(), 1, "one finding for port {port}: {findings:#?}");
+        assert_eq!(
+            ours[0]["count"].as_u64(),
+            Some(600),
+            "port {port}: {:#}",
+            ours[0]
+        );
+    }
+}
+
+/// A verdict key idle for a while is deleted from the kernel map once accounted; the
+/// next storm on it starts a fresh entry and the finding's count carries on exactly.
+#[test]
+fn a_storm_after_its_key_went_idle_carries_the_count_on() {
+    let topo = Topology::new();
+    let agent = Agent::start_ready(&topo);
+    let port = 9304;
+    let lost0 = agent.counter(LOST);
+    let (src, dst) = (topo.pod_a_ip, topo.pod_b_ip);
+    let lost = || (agent.counter(LOST) - lost0) as u64;
+    let accounted = || refused_count(&agent.findings_endpoint(), src, dst, port) + lost();
+
+    let first = storm(&topo, &[port], 500)[0];
+    assert_eq!(settle(first, accounted), first, "{}", agent.metrics_text());
+    // The agent forgets keys idle for 5 s.
+    thread::sleep(Duration::from_secs(7));
+    let second = storm(&topo, &[port], 700)[0];
+    let total = settle(first + second, accounted);
+    thread::sleep(Duration::from_millis(1200));
+    assert_eq!(total, first + second, "{}", agent.metrics_text());
+    assert_eq!(
+        accounted(),
+        first + second,
+        "counted twice\n{}",
+        agent.metrics_text()
+    );
+}
