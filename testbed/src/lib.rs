@@ -29,6 +29,7 @@
 
 pub mod agent;
 pub mod cmd;
+#[cfg(feature = "cri")]
 pub mod containerd;
 mod error;
 pub mod http;
