@@ -42,6 +42,7 @@ pub mod topology;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 pub use agent::{Agent, Termination};
+#[cfg(feature = "cri")]
 pub use containerd::{Containerd, PodPool};
 pub use error::{Error, Result};
 pub use netns::{Netns, in_netns, spawn_in_netns};
