@@ -1,6 +1,9 @@
 //! A minimal reader of the kernel's BTF (`/sys/kernel/btf/vmlinux`): just enough to find
 //! struct member offsets, walking through anonymous structs and unions, so the eBPF
-//! programs read `struct sk_buff`/`sock`/`net_device` fields at this kernel's offsets.
+//! programs read `struct sk_buff`/`sock`/`net_device` fields at this kernel's offsets;
+//! and the argument types of a raw tracepoint (its `btf_trace_<name>` prototype), so the
+//! agent attaches a raw tracepoint program only where its arguments are where it reads
+//! them.
 
 use std::collections::HashMap;
 
@@ -19,10 +22,20 @@ pub enum BtfError {
     NoStruct(String),
     #[error("BTF struct `{0}` has no member `{1}`")]
     NoMember(String, String),
+    #[error("BTF has no prototype for raw tracepoint `{0}` (no btf_trace_{0})")]
+    NoTracepoint(String),
 }
 
+const KIND_INT: u32 = 1;
+const KIND_PTR: u32 = 2;
 const KIND_STRUCT: u32 = 4;
 const KIND_UNION: u32 = 5;
+const KIND_ENUM: u32 = 6;
+const KIND_TYPEDEF: u32 = 8;
+const KIND_FUNC_PROTO: u32 = 13;
+const KIND_ENUM64: u32 = 19;
+/// Raw tracepoints' prototypes are typedefs named so.
+const TRACE_PREFIX: &str = "btf_trace_";
 
 #[derive(Debug, Clone)]
 struct Member {
@@ -36,13 +49,18 @@ struct Type {
     kind: u32,
     /// For typedef/const/volatile/... the referenced type.
     referenced: u32,
+    /// Struct/union members, or a function prototype's parameters (unnamed).
     members: Vec<Member>,
+    /// Kept for the kinds an argument is named by (ints, structs, unions, enums).
+    name: String,
 }
 
 /// Parsed type table of one BTF blob.
 pub struct Btf {
     types: Vec<Type>,
     structs_by_name: HashMap<String, u32>,
+    /// Raw tracepoint name -> its `btf_trace_<name>` typedef.
+    tracepoints: HashMap<String, u32>,
 }
 
 impl Btf {
@@ -88,8 +106,10 @@ impl Btf {
             kind: 0,
             referenced: 0,
             members: Vec::new(),
+            name: "void".to_owned(),
         }];
         let mut structs_by_name = HashMap::new();
+        let mut tracepoints = HashMap::new();
         let mut pos = types_start;
         while pos < types_end {
             let name_off = rd(pos)?;
@@ -119,7 +139,17 @@ impl Btf {
                     }
                     vlen * 12
                 }
-                6 | 13 => vlen * 8,   // enum, func_proto
+                13 => {
+                    for i in 0..vlen {
+                        members.push(Member {
+                            name: String::new(),
+                            type_id: rd(pos + i * 8 + 4)?,
+                            bit_offset: 0,
+                        });
+                    }
+                    vlen * 8
+                }
+                6 => vlen * 8,        // enum
                 15 | 19 => vlen * 12, // datasec, enum64
                 _ => 0,               // ptr, fwd, typedef, modifiers, func, float, type_tag
             };
@@ -127,17 +157,28 @@ impl Btf {
             let name = name_at(name_off);
             let id = types.len() as u32;
             if kind == KIND_STRUCT && !name.is_empty() && !members.is_empty() {
-                structs_by_name.entry(name).or_insert(id);
+                structs_by_name.entry(name.clone()).or_insert(id);
             }
+            if kind == KIND_TYPEDEF
+                && let Some(tracepoint) = name.strip_prefix(TRACE_PREFIX)
+            {
+                tracepoints.insert(tracepoint.to_owned(), id);
+            }
+            let named = matches!(
+                kind,
+                KIND_INT | KIND_STRUCT | KIND_UNION | KIND_ENUM | KIND_ENUM64
+            );
             types.push(Type {
                 kind,
                 referenced: size_or_type,
                 members,
+                name: if named { name } else { String::new() },
             });
         }
         Ok(Self {
             types,
             structs_by_name,
+            tracepoints,
         })
     }
 
@@ -171,6 +212,42 @@ impl Btf {
             .ok_or_else(|| BtfError::NoStruct(name.to_string()))?;
         // A struct's size/type word is its size.
         Ok(self.types[id as usize].referenced)
+    }
+
+    /// The argument types of raw tracepoint `name`, as the program sees them in its
+    /// context (the prototype's leading `void *` data pointer left out): `*sock` for a
+    /// pointer to `struct sock`, `*void`, `int`, `skb_drop_reason` (an enum)...
+    pub fn trace_args(&self, name: &str) -> Result<Vec<String>, BtfError> {
+        let typedef = *self
+            .tracepoints
+            .get(name)
+            .ok_or_else(|| BtfError::NoTracepoint(name.to_owned()))?;
+        let ptr = self.resolve(typedef);
+        let proto = self
+            .types
+            .get(ptr as usize)
+            .filter(|t| t.kind == KIND_PTR)
+            .map(|t| self.resolve(t.referenced))
+            .and_then(|id| self.types.get(id as usize))
+            .filter(|t| t.kind == KIND_FUNC_PROTO)
+            .ok_or(BtfError::Malformed(
+                "btf_trace_ typedef is not a function pointer",
+            ))?;
+        Ok(proto
+            .members
+            .iter()
+            .skip(1)
+            .map(|m| self.type_name(m.type_id))
+            .collect())
+    }
+
+    fn type_name(&self, id: u32) -> String {
+        let id = self.resolve(id);
+        match self.types.get(id as usize) {
+            Some(t) if t.kind == KIND_PTR => format!("*{}", self.type_name(t.referenced)),
+            Some(t) => t.name.clone(),
+            None => String::new(),
+        }
     }
 
     fn resolve(&self, mut id: u32) -> u32 {
@@ -213,7 +290,7 @@ mod tests {
     /// Builds a BTF blob: `struct inner { int a; int b; }`,
     /// `struct outer { long x; union { int y; struct inner in; }; }`.
     fn blob() -> Vec<u8> {
-        let strings = b"\0int\0a\0b\0inner\0outer\0x\0y\0in\0";
+        let strings = b"\0int\0a\0b\0inner\0outer\0x\0y\0in\0btf_trace_demo\0";
         let s = |name: &str| -> u32 {
             let needle = format!("\0{name}\0");
             strings
@@ -259,6 +336,31 @@ mod tests {
         push(0);
         push(3);
         push(64);
+        // 5: void *; 6: const struct outer *; 7: the const
+        push(0);
+        push(2 << 24);
+        push(0);
+        push(0);
+        push(2 << 24);
+        push(7);
+        push(0);
+        push(10 << 24);
+        push(4);
+        // 8: void (void *, const struct outer *, int); 9: pointer to it
+        push(0);
+        push((13 << 24) | 3);
+        push(0);
+        for param in [5, 6, 1] {
+            push(0);
+            push(param);
+        }
+        push(0);
+        push(2 << 24);
+        push(8);
+        // 10: typedef btf_trace_demo, as the kernel declares each raw tracepoint
+        push(s("btf_trace_demo"));
+        push(8 << 24);
+        push(9);
         let mut out = vec![0x9f, 0xeb, 1, 0];
         out.extend_from_slice(&24u32.to_le_bytes());
         out.extend_from_slice(&0u32.to_le_bytes());
@@ -288,6 +390,16 @@ mod tests {
     }
 
     #[test]
+    fn names_a_raw_tracepoints_arguments() {
+        let btf = Btf::parse(&blob()).unwrap();
+        assert_eq!(btf.trace_args("demo").unwrap(), ["*outer", "int"]);
+        assert!(matches!(
+            btf.trace_args("nope"),
+            Err(BtfError::NoTracepoint(_))
+        ));
+    }
+
+    #[test]
     fn rejects_garbage() {
         assert!(Btf::parse(b"not btf at all, definitely not").is_err());
     }
@@ -300,5 +412,7 @@ mod tests {
         let head = btf.member_offset("sk_buff", "head").unwrap();
         let nh = btf.member_offset("sk_buff", "network_header").unwrap();
         assert!(head > 0 && nh > 0 && head != nh);
+        let args = btf.trace_args("kfree_skb").unwrap();
+        assert_eq!(args[..3], ["*sk_buff", "*void", "skb_drop_reason"]);
     }
 }
