@@ -53,9 +53,6 @@ pub const MAP_RETRANS: &str = "RETRANS";
 /// direction) -> [`NatInfo`]: where this node's NAT sent a flow whose packets the drop and
 /// ICMP hooks saw translated (kube-proxy's DNAT of a Service address to a backend).
 pub const MAP_NAT: &str = "NAT";
-/// Hash map ifindex -> offset of the network header in frames seen by TC on that device
-/// (absent: 14, Ethernet).
-pub const MAP_L3_OFFSET: &str = "L3_OFFSET";
 /// Per-CPU array of `u64` counters indexed by the [`counter`] constants.
 pub const MAP_COUNTERS: &str = "COUNTERS";
 /// Hash map netns inode -> 1: the namespaces this node's agent reports for. Only consulted
@@ -438,19 +435,13 @@ pub struct Config {
     /// Bit `r` set: a SYN dropped with `skb_drop_reason` `r` is recorded per flow.
     pub flow_reasons: [u64; 4],
 
-    pub set_state: TupleOffsets,
+    /// Record offsets of the two regular tracepoints, `tcp:tcp_retransmit_skb` and
+    /// `icmp:icmp_send`. The busy hooks are raw tracepoints: they read their arguments
+    /// (positions checked in BTF by the agent) and kernel structs at the offsets below.
     pub retrans: TupleOffsets,
 
-    pub set_state_skaddr: u16,
-    pub set_state_oldstate: u16,
-    pub set_state_newstate: u16,
-    pub set_state_protocol: u16,
     pub retrans_skaddr: u16,
     pub retrans_state: u16,
-    pub rcv_reset_skaddr: u16,
-    pub kfree_skbaddr: u16,
-    pub kfree_protocol: u16,
-    pub kfree_reason: u16,
     pub icmp_skbaddr: u16,
     pub icmp_type: u16,
     pub icmp_code: u16,
@@ -458,13 +449,11 @@ pub struct Config {
     pub icmp_daddr: u16,
     pub icmp_sport: u16,
     pub icmp_dport: u16,
-    pub snd_reset_skaddr: u16,
-    pub snd_reset_skbaddr: u16,
     pub retrans_skbaddr: u16,
     /// `tcp_retransmit_skb`'s `err` (the transmit's result), `u16::MAX` on kernels whose
     /// record lacks it.
     pub retrans_err: u16,
-    pub _pad0: [u16; 3],
+    pub _pad0: u16,
 
     /// Kernel struct offsets from BTF; all zero (and `btf_ok == 0`) when BTF is missing,
     /// in which case netns/ifindex attribution and packet parsing are skipped.
@@ -479,8 +468,6 @@ pub struct Config {
     pub sk_protocol: u32,
     /// `struct sock` -> `__sk_common.skc_family` (u16).
     pub sk_family: u32,
-    /// `struct sock` -> `__sk_common.skc_num` (local port, host order u16).
-    pub sk_num: u32,
     /// `struct sock` -> `__sk_common.skc_dport` (remote port, network order u16).
     pub sk_dport: u32,
     /// `struct sock` -> `__sk_common.skc_rcv_saddr` (IPv4 local address).
@@ -515,7 +502,11 @@ pub struct Config {
     pub tcp_mss_cache: u32,
     /// `struct sk_buff` -> `cb` (for TCP, `struct tcp_skb_cb`, whose `seq` comes first).
     pub skb_cb: u32,
-    pub _pad1: u32,
+    /// `struct sk_buff` -> `protocol` (network order u16).
+    pub skb_protocol: u32,
+    /// `struct inet_sock` -> `inet_sport` (local port, network order u16): unlike
+    /// `skc_num`, still set when the closing socket's port has been released.
+    pub inet_sport: u32,
     /// `skb_drop_reason` values (u32::MAX when this kernel lacks them).
     pub reason_pkt_too_big: u32,
     pub reason_netfilter_drop: u32,
@@ -548,7 +539,7 @@ pub struct Config {
     /// between are only counted in [`MAP_VERDICT_AGG`].
     pub verdict_window_ns: u64,
 }
-const _: () = assert!(core::mem::size_of::<Config>() == 32 + 32 + 48 + 120 + 24 + 8);
+const _: () = assert!(core::mem::size_of::<Config>() == 32 + 16 + 24 + 120 + 24 + 8);
 
 impl FlowKey {
     pub const fn is_v4(&self) -> bool {

@@ -94,7 +94,9 @@ pub fn sock_tuple(sk: u64) -> Option<FlowKey> {
     let mut key = FlowKey {
         saddr: [0; 16],
         daddr: [0; 16],
-        sport: kread::<u16>(sk, config!(sk_num))?,
+        // Not `skc_num`: a closing socket's port is released (zeroed there) before the
+        // CLOSE transition is traced.
+        sport: u16::from_be(kread::<u16>(sk, config!(inet_sport))?),
         dport: u16::from_be(kread::<u16>(sk, config!(sk_dport))?),
         family: kread::<u16>(sk, config!(sk_family))?,
         _pad: 0,

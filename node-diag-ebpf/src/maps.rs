@@ -47,8 +47,6 @@ pub static RETRANS: LruHashMap<u64, RetransState> =
 #[map]
 pub static NAT: LruHashMap<FlowKey, NatInfo> = LruHashMap::with_max_entries(FLOW_MAP_ENTRIES, 0);
 #[map]
-pub static L3_OFFSET: HashMap<u32, u32> = HashMap::with_max_entries(SCOPE_MAP_ENTRIES, 0);
-#[map]
 pub static SCOPE: HashMap<u32, u32> = HashMap::with_max_entries(SCOPE_MAP_ENTRIES, 0);
 #[map]
 pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);

@@ -1,13 +1,14 @@
-//! `skb:kfree_skb`: every drop aggregated by reason, netns and device; SYN drops with a
-//! reason the agent asked for are remembered per flow as timeout evidence.
+//! `skb:kfree_skb` (raw): every drop aggregated by reason, netns and device; SYN drops
+//! with a reason the agent asked for are remembered per flow as timeout evidence, DF
+//! packets too big for their route and frag-needed dropped by netfilter as MTU evidence.
 
-use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
+use aya_ebpf::{macros::raw_tracepoint, programs::RawTracePointContext};
 use node_diag_common::{DropInfo, DropKey, counter, drop_flag, event_kind};
 
 use crate::{
     config::{config, in_scope, now},
     emit::{Extra, bump, bump_lru, emit, inc},
-    kernel::{field, kread, skb_dev},
+    kernel::{kread, skb_dev},
     maps::{DROPS, FRAG_DROPPED, OVERSIZE, OVERSIZE_BY_DEV, SYN_DROPS},
     nat::nat_join,
     packet::{
@@ -15,16 +16,19 @@ use crate::{
     },
 };
 
-#[tracepoint]
-pub fn nd_kfree_skb(ctx: TracePointContext) -> u32 {
+/// Raw, so the arguments are read straight from the context: `kfree_skb(skb, location,
+/// reason[, rx_sk])`, positions checked in BTF by the agent. A drop whose reason asks for
+/// nothing more costs the device's attribution and one per-CPU counter.
+#[raw_tracepoint(tracepoint = "kfree_skb")]
+pub fn nd_kfree_skb(ctx: RawTracePointContext) -> i32 {
     match try_kfree_skb(&ctx) {
         Some(()) | None => 0,
     }
 }
 
-fn try_kfree_skb(ctx: &TracePointContext) -> Option<()> {
-    let reason = field::<u32>(ctx, config!(kfree_reason))?;
-    let skb = field::<u64>(ctx, config!(kfree_skbaddr))?;
+fn try_kfree_skb(ctx: &RawTracePointContext) -> Option<()> {
+    let skb: u64 = ctx.arg(0);
+    let reason = ctx.arg::<u64>(2) as u32;
     let (netns, ifindex) = skb_dev(skb);
     if !in_scope(netns) {
         return None;
@@ -36,28 +40,51 @@ fn try_kfree_skb(ctx: &TracePointContext) -> Option<()> {
         _pad: 0,
     };
     bump(&DROPS, &key);
-    let protocol = field::<u16>(ctx, config!(kfree_protocol))?;
+    if reason == config!(reason_pkt_too_big)
+        || reason == config!(reason_netfilter_drop)
+        || flow_reason(reason)
+    {
+        evidence(ctx, skb, reason, netns, ifindex);
+    }
+    Some(())
+}
+
+/// The packet of a drop whose reason is evidence, parsed once for every use.
+///
+/// This and the per-reason paths are out of line (BPF-to-BPF calls) so that the
+/// program's own frame stays small: the verifier adds the caller's frame to the deepest
+/// callee's, and before Linux 6.13 (no private stacks) the sum must fit in 512 bytes.
+#[inline(never)]
+fn evidence(
+    ctx: &RawTracePointContext,
+    skb: u64,
+    reason: u32,
+    netns: u32,
+    ifindex: u32,
+) -> Option<()> {
+    let protocol = u16::from_be(kread::<u16>(skb, config!(skb_protocol)).unwrap_or(0));
+    let mut p = Packet::default();
+    let parsed = skb_flow(skb, protocol, &mut p).is_some();
     if reason == config!(reason_pkt_too_big) {
-        oversize(ctx, skb, protocol, netns);
-    } else if reason == config!(reason_netfilter_drop) {
-        frag_needed_dropped(skb, protocol, netns, ifindex);
+        // Counted per device even when the packet cannot be parsed.
+        oversize(ctx, skb, &p, parsed, netns);
+    }
+    if !parsed {
+        return None;
+    }
+    if reason == config!(reason_netfilter_drop) {
+        frag_needed_dropped(&p, protocol, netns, ifindex);
     }
     if flow_reason(reason) {
-        syn_dropped(skb, protocol, reason, netns, ifindex);
+        syn_dropped(skb, &mut p, reason, netns, ifindex);
     }
     Some(())
 }
 
 /// A SYN (or SYN-ACK) dropped for a reason the agent asked for: remembered under the
-/// connecting side's flow as timeout evidence.
-///
-/// This and the other per-reason paths are out of line (BPF-to-BPF calls) so that the
-/// program's own frame stays small: the verifier adds the caller's frame to the deepest
-/// callee's, and before Linux 6.13 (no private stacks) the sum must fit in 512 bytes.
+/// connecting side's flow as timeout evidence. Last of the paths: it turns `p` around.
 #[inline(never)]
-fn syn_dropped(skb: u64, protocol: u16, reason: u32, netns: u32, ifindex: u32) -> Option<()> {
-    let mut p = Packet::default();
-    skb_flow(skb, protocol, &mut p)?;
+fn syn_dropped(skb: u64, p: &mut Packet, reason: u32, netns: u32, ifindex: u32) -> Option<()> {
     if p.l4proto != IPPROTO_TCP || p.flags & TCP_FLAG_SYN == 0 {
         return None;
     }
@@ -101,10 +128,16 @@ fn flow_reason(reason: u32) -> bool {
 
 /// A DF packet dropped for exceeding its route's MTU (the forwarding path, where no
 /// socket is involved): counted per egress device, and the flow's first one reported.
-/// Out of line (see [`syn_dropped`]): the event it builds needs its own stack frame, and
+/// Out of line (see [`evidence`]): the event it builds needs its own stack frame, and
 /// only drops with this one reason pay for the call.
 #[inline(never)]
-fn oversize(ctx: &TracePointContext, skb: u64, protocol: u16, netns: u32) -> Option<()> {
+fn oversize(
+    ctx: &RawTracePointContext,
+    skb: u64,
+    packet: &Packet,
+    parsed: bool,
+    netns: u32,
+) -> Option<()> {
     inc(counter::DF_OVERSIZE_DROPS);
     let refdst = kread::<u64>(skb, config!(skb_refdst))? & !1;
     let dev = kread::<u64>(refdst, config!(dst_dev))?;
@@ -120,8 +153,9 @@ fn oversize(ctx: &TracePointContext, skb: u64, protocol: u16, netns: u32) -> Opt
             _pad: 0,
         },
     );
-    let mut packet = Packet::default();
-    skb_flow(skb, protocol, &mut packet)?;
+    if !parsed {
+        return None;
+    }
     let len = kread::<u32>(skb, config!(skb_len)).unwrap_or(0);
     let mut info = DropInfo {
         last_ns: now(),
@@ -153,11 +187,9 @@ fn oversize(ctx: &TracePointContext, skb: u64, protocol: u16, netns: u32) -> Opt
 
 /// Netfilter dropped an ICMP frag-needed / packet-too-big: remember the flow it was about
 /// (the quoted original packet), so a stalled sender can be told why PMTUD failed.
-/// Out of line, see [`syn_dropped`].
+/// Out of line, see [`evidence`].
 #[inline(never)]
-fn frag_needed_dropped(skb: u64, protocol: u16, netns: u32, ifindex: u32) -> Option<()> {
-    let mut packet = Packet::default();
-    skb_flow(skb, protocol, &mut packet)?;
+fn frag_needed_dropped(packet: &Packet, protocol: u16, netns: u32, ifindex: u32) -> Option<()> {
     if !is_frag_needed(packet.l4proto, packet.flags, packet.code) {
         return None;
     }

@@ -1,15 +1,13 @@
-//! Socket hooks: `sock:inet_sock_set_state` tracks connecting sockets, and the raw
-//! tracepoint `inet_sk_error_report` (raw, because the regular record carries no socket
-//! pointer) judges the socket error.
+//! Socket hooks, both raw tracepoints: `inet_sock_set_state` tracks connecting sockets
+//! (raw, so the state that decides whether anything is to be done is read straight from
+//! the arguments: most transitions leave after one load), and `inet_sk_error_report`
+//! (raw, because the regular record carries no socket pointer) judges the socket error.
 //!
 //! The error is read from the socket itself: `sk_err`, or `sk_err_soft` when an ICMP error
 //! arrived while the connecting thread held the socket lock (the kernel then reports with
 //! `sk_err` still 0). Each verdict is reported once per connecting socket.
 
-use aya_ebpf::{
-    macros::{raw_tracepoint, tracepoint},
-    programs::{RawTracePointContext, TracePointContext},
-};
+use aya_ebpf::{macros::raw_tracepoint, programs::RawTracePointContext};
 use node_diag_common::{
     FlowState, IPPROTO_TCP, counter, event_flag, event_kind, flow_flag, tcp_state,
 };
@@ -17,7 +15,7 @@ use node_diag_common::{
 use crate::{
     config::{config, in_scope, now},
     emit::{Extra, emit, inc, syn_drop},
-    kernel::{field, kread, read_tuple, sock_netns, sock_tuple},
+    kernel::{kread, sock_netns, sock_tuple},
     maps::{CONNECTS, ICMP_SENT, RETRANS},
 };
 
@@ -34,27 +32,28 @@ const ECONNREFUSED: i32 = 111;
 const EHOSTDOWN: i32 = 112;
 const EHOSTUNREACH: i32 = 113;
 
-#[tracepoint]
-pub fn nd_set_state(ctx: TracePointContext) -> u32 {
+/// `inet_sock_set_state(sk, oldstate, newstate)`; argument positions checked in BTF.
+#[raw_tracepoint(tracepoint = "inet_sock_set_state")]
+pub fn nd_set_state(ctx: RawTracePointContext) -> i32 {
     match try_set_state(&ctx) {
         Some(()) | None => 0,
     }
 }
 
-fn try_set_state(ctx: &TracePointContext) -> Option<()> {
+fn try_set_state(ctx: &RawTracePointContext) -> Option<()> {
     // Most transitions (FIN_WAIT, TIME_WAIT, ...) matter to nobody: leave first.
-    let newstate = field::<i32>(ctx, config!(set_state_newstate))? as u32;
+    let newstate = ctx.arg::<u64>(2) as u32;
     if newstate != tcp_state::SYN_SENT
         && newstate != tcp_state::ESTABLISHED
         && newstate != tcp_state::CLOSE
     {
         return None;
     }
-    if field::<u16>(ctx, config!(set_state_protocol))? != IPPROTO_TCP {
-        return None;
-    }
-    let sk = field::<u64>(ctx, config!(set_state_skaddr))?;
+    let sk: u64 = ctx.arg(0);
     if newstate == tcp_state::SYN_SENT {
+        if kread::<u16>(sk, config!(sk_protocol))? != IPPROTO_TCP {
+            return None;
+        }
         // Sockets are reused (SLAB_TYPESAFE_BY_RCU): every attempt starts a fresh entry,
         // and an attempt out of scope must not find a previous socket's entry at error
         // time.
@@ -73,12 +72,14 @@ fn try_set_state(ctx: &TracePointContext) -> Option<()> {
         };
         return CONNECTS.insert(&sk, &state, 0).ok();
     }
+    // Entries exist only for TCP sockets, so the ESTABLISHED and CLOSE paths need no
+    // protocol check until one is found (or a reset is seen).
     let (kind, error, netns, retrans, extra) = if newstate == tcp_state::ESTABLISHED {
         established(sk)?
     } else {
-        closed(ctx, sk)?
+        closed(sk)?
     };
-    let key = read_tuple(ctx, config!(set_state))?;
+    let key = sock_tuple(sk)?;
     let extra = match kind {
         event_kind::ESTABLISHED_RESET => extra,
         _ => syn_drop(&key, extra.since),
@@ -92,9 +93,8 @@ fn try_set_state(ctx: &TracePointContext) -> Option<()> {
 #[inline(always)]
 fn established(sk: u64) -> Option<(u32, u32, u32, u32, Extra)> {
     // SAFETY: the value is copied out at once.
-    let connect = unsafe { CONNECTS.get(&sk) }.copied();
+    let connect = unsafe { CONNECTS.get(&sk) }.copied()?;
     let _ = CONNECTS.remove(&sk);
-    let connect = connect?;
     if connect.reported & (1 << event_kind::CONNECT_TIMEOUT) == 0 {
         return None;
     }
@@ -113,13 +113,15 @@ fn established(sk: u64) -> Option<(u32, u32, u32, u32, Extra)> {
 /// A socket closing: a connect the application gave up on, an established connection
 /// closing on a reset, or neither.
 #[inline(always)]
-fn closed(ctx: &TracePointContext, sk: u64) -> Option<(u32, u32, u32, u32, Extra)> {
+fn closed(sk: u64) -> Option<(u32, u32, u32, u32, Extra)> {
     // The socket is done: its stall state must not pass to the next socket at this
-    // address.
-    let _ = RETRANS.remove(&sk);
+    // address. Looked up first: a lookup that misses is cheaper than a delete that does.
+    if RETRANS.get_ptr(&sk).is_some() {
+        let _ = RETRANS.remove(&sk);
+    }
     if let Some(connect) = CONNECTS.get_ptr_mut(&sk) {
-        // The record still has the local port the kernel is about to release.
-        let sport = field::<u16>(ctx, config!(set_state.sport))?;
+        // For the error report, which comes after the port is released.
+        let sport = u16::from_be(kread::<u16>(sk, config!(inet_sport))?);
         // SAFETY: the pointer comes from the map.
         unsafe { (*connect).sport = sport };
         if config!(btf_ok) == 0 {
@@ -138,7 +140,7 @@ fn closed(ctx: &TracePointContext, sk: u64) -> Option<(u32, u32, u32, u32, Extra
         if state.reported != 0 {
             return None;
         }
-        let key = read_tuple(ctx, config!(set_state))?;
+        let key = sock_tuple(sk)?;
         let dropped = syn_drop(&key, state.start_ns).drop.count > 0;
         if state.syn_retrans == 0 && !dropped {
             // Closed before the first retransmit with nothing dropped here: no sign of
@@ -164,6 +166,9 @@ fn closed(ctx: &TracePointContext, sk: u64) -> Option<(u32, u32, u32, u32, Extra
     }
     let error = kread::<i32>(sk, config!(sk_err))?;
     if error != ECONNRESET && error != EPIPE {
+        return None;
+    }
+    if kread::<u16>(sk, config!(sk_protocol))? != IPPROTO_TCP {
         return None;
     }
     let netns = sock_netns(sk);

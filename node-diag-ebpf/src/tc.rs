@@ -4,13 +4,21 @@
 //! router's host unreachable, a REJECT's port unreachable) remembered per flow as what
 //! answered its connect. The program never changes the verdict (`TC_ACT_UNSPEC`).
 
-use aya_ebpf::{bindings::TC_ACT_UNSPEC, macros::classifier, programs::TcContext};
+use core::mem::MaybeUninit;
+
+use aya_ebpf::{
+    EbpfContext,
+    bindings::{TC_ACT_UNSPEC, bpf_hdr_start_off::BPF_HDR_START_NET},
+    helpers::bpf_skb_load_bytes_relative,
+    macros::classifier,
+    programs::TcContext,
+};
 use node_diag_common::{AF_INET, AF_INET6, FlowKey, IcmpInfo, counter};
 
 use crate::{
     config::now,
     emit::{bump_lru, inc},
-    maps::{ICMP_ERR_RCVD, ICMP_RCVD, L3_OFFSET},
+    maps::{ICMP_ERR_RCVD, ICMP_RCVD},
     packet::{
         ETH_P_IP, ETH_P_IPV6, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP, set_v4,
     },
@@ -20,14 +28,25 @@ const ICMP_DEST_UNREACH: u8 = 3;
 const ICMPV6_DEST_UNREACH: u8 = 1;
 const ICMPV6_PKT_TOOBIG: u8 = 2;
 
-/// Largest link-layer header the classifier skips (bounds the offset for the verifier).
-const MAX_L2: usize = 64;
-
-/// One byte of the packet. Direct packet access would spare the helper call, but a
-/// variable header offset defeats the verifier's range tracking.
+/// A `T` at `off` bytes from the packet's network header. Relative to the network header,
+/// so no per-device link-layer length is looked up (Ethernet, or none on WireGuard and
+/// IPIP devices): the kernel set the header before TC ingress runs.
 #[inline(always)]
-fn byte_at(ctx: &TcContext, off: usize) -> Option<u8> {
-    ctx.load::<u8>(off).ok()
+fn load<T: Copy>(ctx: &TcContext, off: u32) -> Option<T> {
+    let mut v = MaybeUninit::<T>::uninit();
+    // SAFETY: the helper writes at most size_of::<T>() bytes into `v`, and fails (leaving
+    // it unread) when the packet is shorter.
+    let r = unsafe {
+        bpf_skb_load_bytes_relative(
+            ctx.as_ptr(),
+            off,
+            v.as_mut_ptr().cast(),
+            core::mem::size_of::<T>() as u32,
+            BPF_HDR_START_NET,
+        )
+    };
+    // SAFETY: a zero return means all bytes were written.
+    (r == 0).then(|| unsafe { v.assume_init() })
 }
 
 #[classifier]
@@ -37,72 +56,67 @@ pub fn nd_tc_ingress(ctx: TcContext) -> i32 {
 }
 
 fn try_tc_ingress(ctx: &TcContext) -> Option<()> {
+    // SAFETY: `__sk_buff` context fields, read directly.
     let (protocol, ifindex) = unsafe { ((*ctx.skb.skb).protocol, (*ctx.skb.skb).ifindex) };
     let protocol = u16::from_be(protocol as u16);
-    if protocol != ETH_P_IP && protocol != ETH_P_IPV6 {
+    let v4 = protocol == ETH_P_IP;
+    if !v4 && protocol != ETH_P_IPV6 {
         return None;
     }
-    let nh = match unsafe { L3_OFFSET.get(&ifindex) } {
-        Some(off) => (*off as usize).min(MAX_L2),
-        None => 14,
-    };
-    // Every IP packet passes here: one read decides whether it can be an ICMP error.
-    let l4proto = byte_at(ctx, nh + if protocol == ETH_P_IP { 9 } else { 6 })?;
-    if l4proto != IPPROTO_ICMP && l4proto != IPPROTO_ICMPV6 {
-        return None;
-    }
-    let (mut flow, icmp_off, icmp_type, code, mtu) = if protocol == ETH_P_IP {
-        let ver_ihl = ctx.load::<u8>(nh).ok()?;
+    // Every IP packet passes here: one load decides whether it can be an ICMP error.
+    let l4proto = load::<u8>(ctx, if v4 { 9 } else { 6 })?;
+    let (icmp_off, icmp_type, code, mtu) = if v4 {
         if l4proto != IPPROTO_ICMP {
             return None;
         }
-        let icmp = nh + ((ver_ihl & 0x0f) as usize) * 4;
-        let (t, c) = (ctx.load::<u8>(icmp).ok()?, ctx.load::<u8>(icmp + 1).ok()?);
-        if t != ICMP_DEST_UNREACH {
+        let icmp = ((load::<u8>(ctx, 0)? & 0x0f) as u32) * 4;
+        // type, code, checksum, unused, next-hop MTU
+        let h = load::<[u8; 8]>(ctx, icmp)?;
+        if h[0] != ICMP_DEST_UNREACH {
             return None;
         }
-        let mtu = if c == 4 {
-            u16::from_be(ctx.load::<u16>(icmp + 6).ok()?) as u32
+        let mtu = if h[1] == 4 {
+            u16::from_be_bytes([h[6], h[7]]) as u32
         } else {
             0
         };
-        (FlowKey::default(), icmp, t, c, mtu)
-    } else if protocol == ETH_P_IPV6 {
+        (icmp, h[0], h[1], mtu)
+    } else {
         if l4proto != IPPROTO_ICMPV6 {
             return None;
         }
-        let icmp = nh + 40;
-        let (t, c) = (ctx.load::<u8>(icmp).ok()?, ctx.load::<u8>(icmp + 1).ok()?);
-        if t != ICMPV6_PKT_TOOBIG && t != ICMPV6_DEST_UNREACH {
+        let icmp = 40;
+        // type, code, checksum, MTU
+        let h = load::<[u8; 8]>(ctx, icmp)?;
+        if h[0] != ICMPV6_PKT_TOOBIG && h[0] != ICMPV6_DEST_UNREACH {
             return None;
         }
-        let mtu = if t == ICMPV6_PKT_TOOBIG {
-            u32::from_be(ctx.load::<u32>(icmp + 4).ok()?)
+        let mtu = if h[0] == ICMPV6_PKT_TOOBIG {
+            u32::from_be_bytes([h[4], h[5], h[6], h[7]])
         } else {
             0
         };
-        (FlowKey::default(), icmp, t, c, mtu)
-    } else {
-        return None;
+        (icmp, h[0], h[1], mtu)
     };
     // The quoted packet: the original sender's IP header and the first 8 transport bytes.
     let inner = icmp_off + 8;
-    let l4 = if protocol == ETH_P_IP {
-        let ver_ihl = ctx.load::<u8>(inner).ok()?;
+    let mut flow = FlowKey::default();
+    let (proto, l4) = if v4 {
+        let q = load::<[u8; 20]>(ctx, inner)?;
         flow.family = AF_INET;
-        set_v4(&mut flow.saddr, ctx.load::<[u8; 4]>(inner + 12).ok()?);
-        set_v4(&mut flow.daddr, ctx.load::<[u8; 4]>(inner + 16).ok()?);
-        let proto = ctx.load::<u8>(inner + 9).ok()?;
-        (proto, inner + ((ver_ihl & 0x0f) as usize) * 4)
+        set_v4(&mut flow.saddr, [q[12], q[13], q[14], q[15]]);
+        set_v4(&mut flow.daddr, [q[16], q[17], q[18], q[19]]);
+        (q[9], inner + ((q[0] & 0x0f) as u32) * 4)
     } else {
         flow.family = AF_INET6;
-        flow.saddr = ctx.load::<[u8; 16]>(inner + 8).ok()?;
-        flow.daddr = ctx.load::<[u8; 16]>(inner + 24).ok()?;
-        (ctx.load::<u8>(inner + 6).ok()?, inner + 40)
+        flow.saddr = load::<[u8; 16]>(ctx, inner + 8)?;
+        flow.daddr = load::<[u8; 16]>(ctx, inner + 24)?;
+        (load::<u8>(ctx, inner + 6)?, inner + 40)
     };
-    if l4.0 == IPPROTO_TCP || l4.0 == IPPROTO_UDP {
-        flow.sport = u16::from_be(ctx.load::<u16>(l4.1).ok()?);
-        flow.dport = u16::from_be(ctx.load::<u16>(l4.1 + 2).ok()?);
+    if proto == IPPROTO_TCP || proto == IPPROTO_UDP {
+        let ports = load::<[u8; 4]>(ctx, l4)?;
+        flow.sport = u16::from_be_bytes([ports[0], ports[1]]);
+        flow.dport = u16::from_be_bytes([ports[2], ports[3]]);
     }
     let mut info = IcmpInfo {
         last_ns: now(),
@@ -114,12 +128,12 @@ fn try_tc_ingress(ctx: &TcContext) -> Option<()> {
         count: 0,
         from: [0; 16],
     };
-    if protocol == ETH_P_IP {
-        set_v4(&mut info.from, ctx.load::<[u8; 4]>(nh + 12).ok()?);
+    if v4 {
+        set_v4(&mut info.from, load::<[u8; 4]>(ctx, 12)?);
     } else {
-        info.from = ctx.load::<[u8; 16]>(nh + 8).ok()?;
+        info.from = load::<[u8; 16]>(ctx, 8)?;
     }
-    let frag_needed = if protocol == ETH_P_IP {
+    let frag_needed = if v4 {
         code == 4
     } else {
         icmp_type == ICMPV6_PKT_TOOBIG

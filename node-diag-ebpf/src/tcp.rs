@@ -1,7 +1,11 @@
-//! `tcp:*` tracepoints: SYN retransmits (timeout verdicts), full-size data retransmits
-//! (PMTUD stalls) and reset accounting.
+//! TCP hooks: `tcp:tcp_retransmit_skb` counts SYN retransmits (timeout verdicts) and
+//! repeated data retransmits (stalls, PMTUD black holes); the raw tracepoints
+//! `tcp_receive_reset` and `tcp_send_reset` count resets and mark a connect that got one.
 
-use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
+use aya_ebpf::{
+    macros::{raw_tracepoint, tracepoint},
+    programs::{RawTracePointContext, TracePointContext},
+};
 use node_diag_common::{
     FlowKey, FlowState, RETRANS_REPORTED_PMTUD, RETRANS_REPORTED_STALL, RetransState, counter,
     event_kind, flow_flag, tcp_state,
@@ -221,42 +225,47 @@ fn has_frag_needed(flow: &FlowKey, since: u64) -> bool {
         || recent_drop(unsafe { FRAG_DROPPED.get(flow) }, since).count > 0
 }
 
-#[tracepoint]
-pub fn nd_rcv_reset(ctx: TracePointContext) -> u32 {
+/// `tcp_receive_reset(sk)`, raw: the socket is the argument.
+#[raw_tracepoint(tracepoint = "tcp_receive_reset")]
+pub fn nd_rcv_reset(ctx: RawTracePointContext) -> i32 {
     match try_rcv_reset(&ctx) {
         Some(()) | None => 0,
     }
 }
 
-fn try_rcv_reset(ctx: &TracePointContext) -> Option<()> {
-    let sk = field::<u64>(ctx, config!(rcv_reset_skaddr))?;
-    if in_scope(sock_netns(sk)) {
-        inc(counter::RST_RECEIVED);
-    }
+fn try_rcv_reset(ctx: &RawTracePointContext) -> Option<()> {
+    let sk: u64 = ctx.arg(0);
     // A connecting socket's RST is what makes a refusal the listener's: an ICMP error
     // refuses a connect the same way (ECONNREFUSED) without one.
     if let Some(connect) = CONNECTS.get_ptr_mut(&sk) {
         // SAFETY: the pointer comes from the map; a racing writer can only lose the bit.
+        // An entry exists only for a socket in scope, so its namespace need not be read.
         unsafe { (*connect).flags |= flow_flag::RST_RECEIVED };
+        inc(counter::RST_RECEIVED);
+        return Some(());
+    }
+    if in_scope(sock_netns(sk)) {
+        inc(counter::RST_RECEIVED);
     }
     Some(())
 }
 
-#[tracepoint]
-pub fn nd_snd_reset(ctx: TracePointContext) -> u32 {
+/// `tcp_send_reset(sk, skb[, reason])`, raw.
+#[raw_tracepoint(tracepoint = "tcp_send_reset")]
+pub fn nd_snd_reset(ctx: RawTracePointContext) -> i32 {
     match try_snd_reset(&ctx) {
         Some(()) | None => 0,
     }
 }
 
 /// Counts the reset, attributed through the socket or, for resets answering a packet no
-/// socket wanted (`skaddr` is NULL), through the device of the packet being answered.
-fn try_snd_reset(ctx: &TracePointContext) -> Option<()> {
-    let sk = field::<u64>(ctx, config!(snd_reset_skaddr))?;
+/// socket wanted (`sk` is NULL), through the device of the packet being answered.
+fn try_snd_reset(ctx: &RawTracePointContext) -> Option<()> {
+    let sk: u64 = ctx.arg(0);
     let netns = if sk != 0 {
         sock_netns(sk)
     } else {
-        skb_dev(field::<u64>(ctx, config!(snd_reset_skbaddr))?).0
+        skb_dev(ctx.arg(1)).0
     };
     if in_scope(netns) {
         inc(counter::RST_SENT);

@@ -140,6 +140,7 @@ pub fn run(cri_socket: Option<&std::path::Path>) -> Report {
             None
         }
     };
+    let btf = crate::kernel::btf::Btf::from_sys_fs().ok();
     for hook in HOOKS {
         let name = format!("tracepoint {}:{}", hook.category, hook.name);
         let Some(root) = &root else {
@@ -149,6 +150,8 @@ pub fn run(cri_socket: Option<&std::path::Path>) -> Report {
         checks.push(
             match Format::load(root, hook.category, hook.name)
                 .and_then(|f| loader::check_format(hook, &f))
+                .map_err(|e| e.to_string())
+                .and_then(|()| btf.as_ref().map_or(Ok(()), |b| loader::check_args(hook, b)))
             {
                 Ok(()) => check(name, Status::Ok, format!("used for {}", hook.feature)),
                 Err(e) => check(name, Status::Warn, format!("{e}; lost: {}", hook.feature)),

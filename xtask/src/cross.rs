@@ -27,12 +27,12 @@ use crate::{agent, cmd};
 /// section their program type puts them in (aya's `#[tracepoint]`, `#[raw_tracepoint]`,
 /// `#[classifier]`).
 const PROGRAMS: &[(&str, &str)] = &[
-    ("nd_set_state", "tracepoint"),
+    ("nd_set_state", "raw_tp"),
     ("nd_err_report", "raw_tp"),
     ("nd_retransmit", "tracepoint"),
-    ("nd_rcv_reset", "tracepoint"),
-    ("nd_snd_reset", "tracepoint"),
-    ("nd_kfree_skb", "tracepoint"),
+    ("nd_rcv_reset", "raw_tp"),
+    ("nd_snd_reset", "raw_tp"),
+    ("nd_kfree_skb", "raw_tp"),
     ("nd_icmp_send", "tracepoint"),
     ("nd_tc_ingress", "classifier"),
 ];

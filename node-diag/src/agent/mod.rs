@@ -156,7 +156,7 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
         }
     };
     if let Some(tc) = tc.as_mut() {
-        sync_tc(tc, &mut loaded.ebpf, &mut maps);
+        sync_tc(tc, &mut loaded.ebpf);
     }
 
     let shared = Arc::new(Shared::new(
@@ -297,13 +297,13 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
                 }
                 refresh_mtu(&shared, &pods, opts.format).await;
                 if let Some(tc) = tc.as_mut() {
-                    sync_tc(tc, &mut loaded.ebpf, &mut maps);
+                    sync_tc(tc, &mut loaded.ebpf);
                 }
             }
             _ = refresh_tick.tick() => {
                 refresh_namespaces(&mut maps, &mut conntrack, opts.all_netns);
                 if let Some(tc) = tc.as_mut() {
-                    sync_tc(tc, &mut loaded.ebpf, &mut maps);
+                    sync_tc(tc, &mut loaded.ebpf);
                 }
             }
             _ = sigterm.recv() => { info!("SIGTERM: shutting down"); break; }
@@ -355,9 +355,9 @@ async fn next_change(rx: &mut Option<tokio::sync::mpsc::Receiver<()>>) -> Option
 }
 
 /// Attaches TC ingress to the agent's namespace's interfaces as they come and go.
-fn sync_tc(tc: &mut TcIngress, ebpf: &mut aya::Ebpf, maps: &mut KernelMaps) {
+fn sync_tc(tc: &mut TcIngress, ebpf: &mut aya::Ebpf) {
     match crate::host_network::links() {
-        Ok(links) => tc.sync(ebpf, &links, &mut maps.l3_offset),
+        Ok(links) => tc.sync(ebpf, &links),
         Err(e) => warn!(error = %e, "cannot list interfaces; TC attachments unchanged"),
     }
 }

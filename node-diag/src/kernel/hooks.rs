@@ -32,7 +32,12 @@ pub struct Hook {
     /// What the agent loses without it, for the warning and `doctor`.
     pub feature: &'static str,
     /// Attached as a raw tracepoint (arguments, not the record), which needs BTF offsets.
+    /// Raw because the hook is busy: its program reads the arguments straight from its
+    /// context, where a regular tracepoint's fields cost a probe read each.
     pub raw: bool,
+    /// A raw tracepoint's leading argument types as its program reads them (see
+    /// [`super::btf::Btf::trace_args`]); checked against this kernel's BTF before attaching.
+    pub args: &'static [&'static str],
 }
 
 impl Hook {
@@ -47,7 +52,8 @@ pub const HOOKS: &[Hook] = &[
         category: "sock",
         name: "inet_sock_set_state",
         feature: "connect tracking (refused/timeout/unreachable verdicts)",
-        raw: false,
+        raw: true,
+        args: &["*sock", "int", "int"],
     },
     Hook {
         program: "nd_err_report",
@@ -55,6 +61,7 @@ pub const HOOKS: &[Hook] = &[
         name: "inet_sk_error_report",
         feature: "refused/unreachable/reset verdicts",
         raw: true,
+        args: &["*sock"],
     },
     Hook {
         program: "nd_retransmit",
@@ -62,27 +69,31 @@ pub const HOOKS: &[Hook] = &[
         name: "tcp_retransmit_skb",
         feature: "connect timeout verdicts",
         raw: false,
+        args: &[],
     },
     Hook {
         program: "nd_rcv_reset",
         category: "tcp",
         name: "tcp_receive_reset",
         feature: "received reset counts",
-        raw: false,
+        raw: true,
+        args: &["*sock"],
     },
     Hook {
         program: "nd_snd_reset",
         category: "tcp",
         name: "tcp_send_reset",
         feature: "sent reset counts",
-        raw: false,
+        raw: true,
+        args: &["*sock", "*sk_buff"],
     },
     Hook {
         program: "nd_kfree_skb",
         category: "skb",
         name: "kfree_skb",
         feature: "drop counts and firewall/routing evidence",
-        raw: false,
+        raw: true,
+        args: &["*sk_buff", "*void", "skb_drop_reason"],
     },
     Hook {
         program: "nd_icmp_send",
@@ -90,5 +101,6 @@ pub const HOOKS: &[Hook] = &[
         name: "icmp_send",
         feature: "ICMP unreachable evidence",
         raw: false,
+        args: &[],
     },
 ];

@@ -88,14 +88,21 @@ fn prepare(opts: &Options) -> Result<Prepared, LoadError> {
     let mut degraded = Vec::new();
     let mut usable = Vec::new();
     let mut drop_reasons = DropReasons::default();
+    let btf = Btf::from_sys_fs();
     for hook in HOOKS {
-        match Format::load(&root, hook.category, hook.name)
+        let checked = Format::load(&root, hook.category, hook.name)
             .and_then(|fmt| fill_config(&mut config, hook, &fmt, &mut drop_reasons))
-        {
+            .map_err(|e| e.to_string())
+            .and_then(|()| match &btf {
+                Ok(btf) => check_args(hook, btf),
+                // Raw hooks are left out at attach time, with the BTF error.
+                Err(_) => Ok(()),
+            });
+        match checked {
             Ok(()) => usable.push(hook),
             Err(e) => {
                 warn!(tracepoint = %hook.label(), error = %e, lost = hook.feature, "tracepoint unusable; feature disabled");
-                degraded.push((hook.label(), e.to_string()));
+                degraded.push((hook.label(), e));
             }
         }
     }
@@ -108,7 +115,7 @@ fn prepare(opts: &Options) -> Result<Prepared, LoadError> {
             config.flow_reasons[(v / 64) as usize] |= 1 << (v % 64);
         }
     }
-    let btf_ok = match Btf::from_sys_fs().and_then(|btf| fill_btf(&mut config, &btf)) {
+    let btf_ok = match btf.and_then(|btf| fill_btf(&mut config, &btf)) {
         Ok(()) => {
             // Scoping needs each socket's netns, which needs the BTF offsets.
             config.scope_enabled = u32::from(opts.scoped);
@@ -273,15 +280,9 @@ fn fill_config(
     reasons: &mut DropReasons,
 ) -> Result<(), TracefsError> {
     match hook.program {
-        "nd_set_state" => {
-            c.set_state = tuple(fmt)?;
-            c.set_state_skaddr = fmt.offset("skaddr")?;
-            c.set_state_oldstate = fmt.offset("oldstate")?;
-            c.set_state_newstate = fmt.offset("newstate")?;
-            c.set_state_protocol = fmt.offset("protocol")?;
-        }
-        // A raw tracepoint: it reads the socket at BTF offsets, not the record.
-        "nd_err_report" => {}
+        // Raw tracepoints: they read their arguments and the kernel structs at BTF
+        // offsets, not the record; the format only shows the tracepoint exists.
+        "nd_set_state" | "nd_err_report" | "nd_rcv_reset" | "nd_snd_reset" => {}
         "nd_retransmit" => {
             c.retrans = tuple(fmt)?;
             c.retrans_skaddr = fmt.offset("skaddr")?;
@@ -289,19 +290,7 @@ fn fill_config(
             c.retrans_err = fmt.offset("err").unwrap_or(u16::MAX);
             c.retrans_state = fmt.offset("state")?;
         }
-        "nd_rcv_reset" => {
-            c.rcv_reset_skaddr = fmt.offset("skaddr")?;
-        }
-        "nd_snd_reset" => {
-            c.snd_reset_skaddr = fmt.offset("skaddr")?;
-            c.snd_reset_skbaddr = fmt.offset("skbaddr")?;
-        }
-        "nd_kfree_skb" => {
-            c.kfree_skbaddr = fmt.offset("skbaddr")?;
-            c.kfree_protocol = fmt.offset("protocol")?;
-            c.kfree_reason = fmt.offset("reason")?;
-            *reasons = DropReasons::from_format(fmt);
-        }
+        "nd_kfree_skb" => *reasons = DropReasons::from_format(fmt),
         "nd_icmp_send" => {
             c.icmp_skbaddr = fmt.offset("skbaddr")?;
             c.icmp_type = fmt.offset("type")?;
@@ -322,7 +311,6 @@ fn fill_btf(c: &mut Config, btf: &Btf) -> Result<(), super::btf::BtfError> {
     c.sk_err_soft = btf.member_offset("sock", "sk_err_soft")?;
     c.sk_protocol = btf.member_offset("sock", "sk_protocol")?;
     c.sk_family = btf.path_offset("sock", "__sk_common.skc_family")?;
-    c.sk_num = btf.path_offset("sock", "__sk_common.skc_num")?;
     c.sk_dport = btf.path_offset("sock", "__sk_common.skc_dport")?;
     c.sk_saddr = btf.path_offset("sock", "__sk_common.skc_rcv_saddr")?;
     c.sk_daddr = btf.path_offset("sock", "__sk_common.skc_daddr")?;
@@ -345,6 +333,8 @@ fn fill_btf(c: &mut Config, btf: &Btf) -> Result<(), super::btf::BtfError> {
     c.dst_dev = btf.member_offset("dst_entry", "dev")?;
     c.tcp_mss_cache = btf.member_offset("tcp_sock", "mss_cache")?;
     c.skb_cb = btf.member_offset("sk_buff", "cb")? + btf.member_offset("tcp_skb_cb", "seq")?;
+    c.skb_protocol = btf.member_offset("sk_buff", "protocol")?;
+    c.inet_sport = btf.member_offset("inet_sock", "inet_sport")?;
     c.btf_ok = 1;
     fill_conntrack(c, btf);
     Ok(())
@@ -391,6 +381,24 @@ fn fill_conntrack(c: &mut Config, btf: &Btf) {
         }
         Err(e) => tracing::info!(error = %e, "no conntrack in this kernel's BTF: NAT join off"),
     }
+}
+
+/// Whether this kernel's raw tracepoint passes the arguments where the hook's program
+/// reads them (for the agent and `doctor`).
+pub fn check_args(hook: &Hook, btf: &Btf) -> Result<(), String> {
+    if !hook.raw {
+        return Ok(());
+    }
+    let found = btf.trace_args(hook.name).map_err(|e| e.to_string())?;
+    if found.len() < hook.args.len() || found[..hook.args.len()] != *hook.args {
+        return Err(format!(
+            "raw tracepoint {} takes ({}) on this kernel; the program reads ({}, ...)",
+            hook.name,
+            found.join(", "),
+            hook.args.join(", ")
+        ));
+    }
+    Ok(())
 }
 
 /// Whether `fmt` has every field the hook's program reads (for `doctor`).

@@ -16,9 +16,9 @@ use aya::{
     },
 };
 use node_diag_common::{
-    DropKey, FlowKey, MAP_COUNTERS, MAP_DROPS, MAP_EVENTS, MAP_L3_OFFSET, MAP_NAT,
-    MAP_OVERSIZE_BY_DEV, MAP_RETRANS, MAP_SCOPE, MAP_VERDICT_AGG, NatInfo, RETRANS_REPORTED_PMTUD,
-    RetransState, VerdictAgg, VerdictKey, counter,
+    DropKey, FlowKey, MAP_COUNTERS, MAP_DROPS, MAP_EVENTS, MAP_NAT, MAP_OVERSIZE_BY_DEV,
+    MAP_RETRANS, MAP_SCOPE, MAP_VERDICT_AGG, NatInfo, RETRANS_REPORTED_PMTUD, RetransState,
+    VerdictAgg, VerdictKey, counter,
 };
 use tracing::warn;
 
@@ -58,7 +58,6 @@ pub struct KernelMaps {
     nat: BpfHashMap<MapData, FlowKey, NatInfo>,
     verdict_agg: BpfHashMap<MapData, VerdictKey, VerdictAgg>,
     pub scope: BpfHashMap<MapData, u32, u32>,
-    pub l3_offset: BpfHashMap<MapData, u32, u32>,
 }
 
 fn take<M>(
@@ -89,7 +88,6 @@ impl KernelMaps {
                 nat: take(ebpf, MAP_NAT, BpfHashMap::try_from)?,
                 verdict_agg: take(ebpf, MAP_VERDICT_AGG, BpfHashMap::try_from)?,
                 scope: take(ebpf, MAP_SCOPE, BpfHashMap::try_from)?,
-                l3_offset: take(ebpf, MAP_L3_OFFSET, BpfHashMap::try_from)?,
             },
         ))
     }

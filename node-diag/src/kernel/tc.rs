@@ -34,7 +34,6 @@ use std::collections::HashMap;
 
 use aya::{
     Ebpf,
-    maps::{HashMap as BpfHashMap, MapData},
     programs::{
         LinkOrder, ProgramError, SchedClassifier, TcAttachType,
         tc::{self, NlOptions, SchedClassifierLinkId, TcAttachOptions, TcHandle},
@@ -53,7 +52,6 @@ pub const PROGRAM: &str = "nd_tc_ingress";
 pub const PRIORITY: u16 = 0x4e44;
 /// Handle of our netlink filter (with [`PRIORITY`] and [`PROGRAM`], what marks it ours).
 pub const HANDLE: u32 = 0x4e44;
-const ARPHRD_ETHER: u16 = 1;
 const ARPHRD_LOOPBACK: u16 = 772;
 
 /// How the classifier is attached (`node-diag run --tc-attach`).
@@ -126,14 +124,8 @@ impl TcIngress {
     }
 
     /// Attaches to every interface in `links` not attached yet and detaches from the
-    /// ones gone. `l3` gets the network-header offset of interfaces without Ethernet
-    /// framing.
-    pub fn sync(
-        &mut self,
-        ebpf: &mut Ebpf,
-        links: &[Link],
-        l3: &mut BpfHashMap<MapData, u32, u32>,
-    ) {
+    /// ones gone.
+    pub fn sync(&mut self, ebpf: &mut Ebpf, links: &[Link]) {
         let Ok(prog) = program(ebpf) else { return };
         let present: HashMap<u32, &Link> = links
             .iter()
@@ -150,7 +142,6 @@ impl TcIngress {
             if let Some(gone) = self.attached.remove(&index) {
                 // The kernel already dropped the attachment with the interface.
                 let _ = prog.detach(gone.link);
-                let _ = l3.remove(&index);
                 debug!(interface = %gone.name, "interface gone; TC ingress detached");
             }
         }
@@ -159,9 +150,6 @@ impl TcIngress {
         for (index, link) in present {
             if self.attached.contains_key(&index) || self.failed.contains_key(&index) {
                 continue;
-            }
-            if link.link_type != ARPHRD_ETHER {
-                let _ = l3.insert(index, 0, 0);
             }
             if remove_leftovers(index, &link.name) {
                 self.owned_clsact.insert(index, link.name.clone());
