@@ -11,8 +11,10 @@
 //! - a storm of refused connects, each of which must show up in a finding's `count` or
 //!   in `node_diag_events_lost_total`.
 //!
-//! The targets are judged by people reading the table: the command fails only when the
-//! benchmark itself breaks (a workload, the topology or the agent fails).
+//! Ratios are agent ÷ baseline of each back-to-back pair; the table shows their median
+//! and their spread (min–max). The targets are judged by people reading the table: the
+//! command fails only when the benchmark itself breaks (a workload, the topology or the
+//! agent fails).
 
 mod agent;
 mod load;

@@ -1,4 +1,5 @@
-//! The bench's results: medians, a markdown table judged against the targets, a JSON file.
+//! The bench's results: medians and spreads of the pair ratios, a markdown table judged
+//! against the targets, a JSON file.
 
 use std::{collections::BTreeMap, fmt::Write as _, fs, path::Path, time::Duration};
 
@@ -7,7 +8,7 @@ use serde::Serialize;
 
 use super::{Mode, Sample, Settings, Workload};
 
-/// Targets from issue 5.
+/// Targets from issue 5. Ratios are medians of the pair ratios.
 const THROUGHPUT_RATIO: f64 = 0.98;
 const CONN_RATE_RATIO: f64 = 0.95;
 const PROGRAM_NS: f64 = 100.0;
@@ -93,11 +94,52 @@ pub struct Row {
     pub agent: Option<f64>,
     /// The figure judged against the target (a ratio, ns, MiB, %...).
     pub value: Option<f64>,
-    /// How the table shows the row: baseline, with agent, value.
+    /// For a ratio: the smallest and largest of the pair ratios `value` is the median of.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ratio_min: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ratio_max: Option<f64>,
+    /// How the table shows the row: baseline, with agent, value, spread.
     #[serde(skip)]
-    cells: [String; 3],
+    cells: [String; 4],
     pub target: String,
     pub verdict: Verdict,
+}
+
+impl Row {
+    /// A row without a target; `cells` are baseline, with agent, value.
+    fn new(
+        metric: impl Into<String>,
+        [baseline, agent, value]: [Option<f64>; 3],
+        [b, a, v]: [String; 3],
+    ) -> Self {
+        Self {
+            metric: metric.into(),
+            baseline,
+            agent,
+            value,
+            ratio_min: None,
+            ratio_max: None,
+            cells: [b, a, v, "—".to_owned()],
+            target: "—".to_owned(),
+            verdict: Verdict::Info,
+        }
+    }
+
+    /// Judged against `target`: pass or fail.
+    fn target(mut self, target: impl Into<String>, pass: bool) -> Self {
+        self.target = target.into();
+        self.verdict = Verdict::of(pass);
+        self
+    }
+
+    /// Shows the spread of the pair ratios behind a ratio.
+    fn spread(mut self, ratios: &[f64]) -> Self {
+        self.ratio_min = ratios.iter().copied().reduce(f64::min);
+        self.ratio_max = ratios.iter().copied().reduce(f64::max);
+        self.cells[3] = spread(ratios);
+        self
+    }
 }
 
 /// Per-program figures over every workload of every run.
@@ -166,17 +208,18 @@ impl Report {
         let _ = writeln!(out, "{}\n", self.contention());
         let _ = writeln!(
             out,
-            "| metric | baseline | with agent | ratio / value | target | pass/fail |"
+            "| metric | baseline | with agent | ratio / value | spread (pair ratios) | target | pass/fail |"
         );
-        let _ = writeln!(out, "| --- | ---: | ---: | ---: | --- | --- |");
+        let _ = writeln!(out, "| --- | ---: | ---: | ---: | ---: | --- | --- |");
         for row in &self.rows {
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} |",
                 row.metric,
                 row.cells[0],
                 row.cells[1],
                 row.cells[2],
+                row.cells[3],
                 row.target,
                 row.verdict.label()
             );
@@ -259,6 +302,17 @@ fn mib(kib: u64) -> f64 {
     kib as f64 / 1024.0
 }
 
+/// The spread of the pair ratios: `min–max`, or the one ratio of a single pair.
+fn spread(ratios: &[f64]) -> String {
+    let min = ratios.iter().copied().reduce(f64::min);
+    let max = ratios.iter().copied().reduce(f64::max);
+    match (min, max, ratios.len()) {
+        (Some(only), _, 1) => format!("{only:.3} (1 pair)"),
+        (Some(min), Some(max), _) => format!("{min:.3}–{max:.3}"),
+        _ => "n/a".to_owned(),
+    }
+}
+
 pub fn median(values: &mut [f64]) -> Option<f64> {
     if values.is_empty() {
         return None;
@@ -279,27 +333,69 @@ fn of(samples: &[Sample], workload: Workload, mode: Mode) -> impl Iterator<Item 
         .filter(move |s| s.workload == workload && s.mode == mode)
 }
 
-/// Median baseline, median with agent, and the median of the per-run ratios
-/// (agent / baseline of the same run, measured back to back).
-fn paired(
-    samples: &[Sample],
-    workload: Workload,
-    figure: impl Fn(&Sample) -> Option<f64>,
-) -> (Option<f64>, Option<f64>, Option<f64>) {
-    let mut base: Vec<f64> = of(samples, workload, Mode::Baseline)
-        .filter_map(&figure)
-        .collect();
-    let mut with: Vec<f64> = of(samples, workload, Mode::Agent)
-        .filter_map(&figure)
-        .collect();
-    let mut ratios: Vec<f64> = of(samples, workload, Mode::Agent)
-        .filter_map(|a| {
-            let b = of(samples, workload, Mode::Baseline).find(|b| b.run == a.run)?;
-            let (a, b) = (figure(a)?, figure(b)?);
-            (b > 0.0).then(|| a / b)
-        })
-        .collect();
-    (median(&mut base), median(&mut with), median(&mut ratios))
+/// A figure of one workload with and without the agent.
+#[derive(Debug, Clone, PartialEq)]
+struct Paired {
+    /// Medians.
+    baseline: Option<f64>,
+    agent: Option<f64>,
+    /// Agent ÷ baseline of each pair (the same run, measured back to back).
+    ratios: Vec<f64>,
+}
+
+impl Paired {
+    fn of(samples: &[Sample], workload: Workload, figure: impl Fn(&Sample) -> Option<f64>) -> Self {
+        let mut base: Vec<f64> = of(samples, workload, Mode::Baseline)
+            .filter_map(&figure)
+            .collect();
+        let mut with: Vec<f64> = of(samples, workload, Mode::Agent)
+            .filter_map(&figure)
+            .collect();
+        let ratios: Vec<f64> = of(samples, workload, Mode::Agent)
+            .filter_map(|a| {
+                let b = of(samples, workload, Mode::Baseline).find(|b| b.run == a.run)?;
+                let (a, b) = (figure(a)?, figure(b)?);
+                (b > 0.0).then(|| a / b)
+            })
+            .collect();
+        Self {
+            baseline: median(&mut base),
+            agent: median(&mut with),
+            ratios,
+        }
+    }
+
+    /// The median of the pair ratios.
+    fn ratio(&self) -> Option<f64> {
+        median(&mut self.ratios.clone())
+    }
+
+    /// A row of the two medians (shown by `show`), the median ratio and its spread.
+    fn row(&self, metric: impl Into<String>, show: impl Fn(f64) -> String) -> Row {
+        let ratio = self.ratio();
+        Row::new(
+            metric,
+            [self.baseline, self.agent, ratio],
+            [
+                fmt(self.baseline, &show),
+                fmt(self.agent, &show),
+                fmt(ratio, |r| format!("{r:.3}")),
+            ],
+        )
+        .spread(&self.ratios)
+    }
+
+    /// The row judged: the median ratio at least `target`.
+    fn row_at_least(
+        &self,
+        metric: impl Into<String>,
+        show: impl Fn(f64) -> String,
+        target: f64,
+    ) -> Row {
+        let pass = self.ratio().is_some_and(|r| r >= target);
+        self.row(metric, show)
+            .target(format!("≥ {target:.2}"), pass)
+    }
 }
 
 fn fmt(value: Option<f64>, f: impl Fn(f64) -> String) -> String {
@@ -347,97 +443,82 @@ fn rows(
 ) -> Vec<Row> {
     let mut rows = Vec::new();
     let gbit = |v: f64| format!("{:.2} Gbit/s", v / 1e9);
-    let ratio = |v: f64| format!("{v:.3}");
-
-    // Throughput and connection rate: ratios against the baseline.
-    for (workload, metric) in [
-        (
-            Workload::IperfOverlay,
-            "throughput pod A → pod B, vxlan overlay (iperf3)",
-        ),
-        (
-            Workload::IperfVeth,
-            "throughput node B → node A, underlay veth (iperf3)",
-        ),
-    ] {
-        let (b, a, r) = paired(samples, workload, |s| Some(s.value));
-        rows.push(Row {
-            metric: metric.to_owned(),
-            baseline: b,
-            agent: a,
-            value: r,
-            cells: [fmt(b, gbit), fmt(a, gbit), fmt(r, ratio)],
-            target: format!("≥ {THROUGHPUT_RATIO}"),
-            verdict: Verdict::of(r.is_some_and(|r| r >= THROUGHPUT_RATIO)),
-        });
-    }
     let per_s = |v: f64| format!("{v:.0}/s");
-    let (b, a, r) = paired(samples, Workload::ConnRate, |s| Some(s.value));
-    rows.push(Row {
-        metric: format!(
+    let value = |s: &Sample| Some(s.value);
+
+    // Throughput and connections: ratios against the baseline.
+    rows.push(
+        Paired::of(samples, Workload::IperfOverlay, value).row_at_least(
+            "throughput pod A → pod B, vxlan overlay (iperf3)",
+            gbit,
+            THROUGHPUT_RATIO,
+        ),
+    );
+    rows.push(
+        Paired::of(samples, Workload::IperfVeth, value).row_at_least(
+            "throughput node B → node A, underlay veth (iperf3)",
+            gbit,
+            THROUGHPUT_RATIO,
+        ),
+    );
+    rows.push(Paired::of(samples, Workload::ConnRate, value).row_at_least(
+        format!(
             "short connections pod A → pod B, {} offered/s (completed/s)",
             settings.conn_rate
         ),
-        baseline: b,
-        agent: a,
-        value: r,
-        cells: [fmt(b, per_s), fmt(a, per_s), fmt(r, ratio)],
-        target: format!("≥ {CONN_RATE_RATIO}"),
-        verdict: Verdict::of(r.is_some_and(|r| r >= CONN_RATE_RATIO)),
-    });
+        per_s,
+        CONN_RATE_RATIO,
+    ));
     let micros = |v: f64| format!("{v:.0} µs");
-    for (metric, figure) in [
-        (
-            "connection latency p50",
-            (|s: &Sample| s.conn.as_ref().map(|c| c.latency_p50_us)) as fn(&Sample) -> Option<f64>,
-        ),
-        ("connection latency p99", |s: &Sample| {
+    rows.push(
+        Paired::of(samples, Workload::ConnRate, |s| {
+            s.conn.as_ref().map(|c| c.latency_p50_us)
+        })
+        .row("connection latency p50", micros),
+    );
+    rows.push(
+        Paired::of(samples, Workload::ConnRate, |s| {
             s.conn.as_ref().map(|c| c.latency_p99_us)
-        }),
-    ] {
-        let (b, a, r) = paired(samples, Workload::ConnRate, figure);
-        rows.push(Row {
-            metric: metric.to_owned(),
-            baseline: b,
-            agent: a,
-            value: r,
-            cells: [fmt(b, micros), fmt(a, micros), fmt(r, ratio)],
-            target: "—".to_owned(),
-            verdict: Verdict::Info,
-        });
-    }
+        })
+        .row("connection latency p99", micros),
+    );
 
     // Per-program cost.
     for (name, program) in programs {
-        let value = program.avg_ns;
-        rows.push(Row {
-            metric: format!("avg run time `{name}` ({})", program.kind),
-            baseline: None,
-            agent: None,
-            value,
-            cells: [
+        let avg = program.avg_ns;
+        let row = Row::new(
+            format!("avg run time `{name}` ({})", program.kind),
+            [None, None, avg],
+            [
                 "—".to_owned(),
                 format!("{} runs", program.run_cnt),
-                fmt(value, |ns| format!("{ns:.0} ns")),
+                fmt(avg, |ns| format!("{ns:.0} ns")),
             ],
-            target: format!("≤ {PROGRAM_NS:.0} ns"),
-            verdict: value.map_or(Verdict::Info, |ns| Verdict::of(ns <= PROGRAM_NS)),
+        );
+        rows.push(match avg {
+            Some(ns) => row.target(format!("≤ {PROGRAM_NS:.0} ns"), ns <= PROGRAM_NS),
+            None => Row {
+                target: format!("≤ {PROGRAM_NS:.0} ns"),
+                ..row
+            },
         });
     }
 
     // Agent resources: start-up, then per workload.
-    let rss_row = |metric: String, peak: Option<f64>| Row {
-        metric,
-        baseline: None,
-        agent: peak,
-        value: peak,
-        cells: [
-            "—".to_owned(),
-            "—".to_owned(),
-            fmt(peak, |v| format!("{v:.1} MiB")),
-        ],
-        target: format!("≤ {RSS_MIB:.0} MiB"),
-        verdict: Verdict::of(peak.is_some_and(|v| v <= RSS_MIB)),
+    let rss_row = |metric: String, peak: Option<f64>| {
+        Row::new(
+            metric,
+            [None, peak, peak],
+            [
+                "—".to_owned(),
+                "—".to_owned(),
+                fmt(peak, |v| format!("{v:.1} MiB")),
+            ],
+        )
+        .target(
+            format!("≤ {RSS_MIB:.0} MiB"),
+            peak.is_some_and(|v| v <= RSS_MIB),
+        )
     };
     let startup = samples
         .iter()
@@ -448,6 +529,7 @@ fn rows(
         "agent peak RSS (VmHWM), start-up (loading the programs)".to_owned(),
         startup,
     ));
+    let pct = |v: f64| format!("{v:.2} %");
     for workload in Workload::ALL {
         let peak = of(samples, workload, Mode::Agent)
             .filter_map(|s| Some(s.agent.as_ref()?.peak_rss_kib))
@@ -461,35 +543,33 @@ fn rows(
             .filter_map(|s| Some(s.agent.as_ref()?.cpu_pct))
             .collect();
         let cpu = median(&mut cpu);
-        let pct = |v: f64| format!("{v:.2} %");
-        if workload == Workload::ConnRate {
-            // The target is at 10k conn/s: scale by the rate actually reached.
-            let (_, rate, _) = paired(samples, workload, |s| Some(s.value));
-            let at_10k = cpu
-                .zip(rate)
-                .and_then(|(cpu, rate)| (rate > 0.0).then(|| cpu * 10_000.0 / rate));
-            rows.push(Row {
-                metric: format!(
-                    "agent CPU (% of one core), connection rate (at the {} completed/s reached; scaled to 10k/s)",
-                    fmt(rate, |r| format!("{r:.0}"))
-                ),
-                baseline: None,
-                agent: cpu,
-                value: at_10k,
-                cells: ["—".to_owned(), fmt(cpu, pct), fmt(at_10k, pct)],
-                target: format!("≤ {CPU_PCT_AT_10K:.0} % at 10k/s"),
-                verdict: Verdict::of(at_10k.is_some_and(|v| v <= CPU_PCT_AT_10K)),
-            });
-        } else {
-            rows.push(Row {
-                metric: format!("agent CPU (% of one core), {}", workload.label()),
-                baseline: None,
-                agent: cpu,
-                value: cpu,
-                cells: ["—".to_owned(), fmt(cpu, pct), fmt(cpu, pct)],
-                target: "—".to_owned(),
-                verdict: Verdict::Info,
-            });
+        match workload {
+            Workload::ConnRate => {
+                // The target is at 10k conn/s: scale by the rate actually reached.
+                let rate = Paired::of(samples, workload, value).agent;
+                let at_10k = cpu
+                    .zip(rate)
+                    .and_then(|(cpu, rate)| (rate > 0.0).then(|| cpu * 10_000.0 / rate));
+                rows.push(
+                    Row::new(
+                        format!(
+                            "agent CPU (% of one core), connection rate (at the {} completed/s reached; scaled to 10k/s)",
+                            fmt(rate, |r| format!("{r:.0}"))
+                        ),
+                        [None, cpu, at_10k],
+                        ["—".to_owned(), fmt(cpu, pct), fmt(at_10k, pct)],
+                    )
+                    .target(
+                        format!("≤ {CPU_PCT_AT_10K:.0} % at 10k/s"),
+                        at_10k.is_some_and(|v| v <= CPU_PCT_AT_10K),
+                    ),
+                );
+            }
+            _ => rows.push(Row::new(
+                format!("agent CPU (% of one core), {}", workload.label()),
+                [None, cpu, cpu],
+                ["—".to_owned(), fmt(cpu, pct), fmt(cpu, pct)],
+            )),
         }
     }
 
@@ -498,23 +578,13 @@ fn rows(
 }
 
 fn storm_rows(settings: &Settings, samples: &[Sample], rows: &mut Vec<Row>) {
-    let (b, a, r) = paired(samples, Workload::Storm, |s| Some(s.value));
-    rows.push(Row {
-        metric: format!(
+    rows.push(Paired::of(samples, Workload::Storm, |s| Some(s.value)).row(
+        format!(
             "storm: {} refused connects, rate (refused/s)",
             settings.storm_connects
         ),
-        baseline: b,
-        agent: a,
-        value: r,
-        cells: [
-            fmt(b, |v| format!("{v:.0}/s")),
-            fmt(a, |v| format!("{v:.0}/s")),
-            fmt(r, |v| format!("{v:.3}")),
-        ],
-        target: "—".to_owned(),
-        verdict: Verdict::Info,
-    });
+        |v| format!("{v:.0}/s"),
+    ));
     let mut per_connect = Vec::new();
     let mut cpu_ms = Vec::new();
     for usage in of(samples, Workload::Storm, Mode::Agent).filter_map(|s| s.agent.as_ref()) {
@@ -524,21 +594,17 @@ fn storm_rows(settings: &Settings, samples: &[Sample], rows: &mut Vec<Row>) {
         }
     }
     let (per_connect, cpu_ms) = (median(&mut per_connect), median(&mut cpu_ms));
-    rows.push(Row {
-        // /proc/PID/stat counts CPU time in clock ticks (10 ms): the total shows how
-        // precise the figure is.
-        metric: "storm: agent CPU time per refused connect (total, in 10 ms ticks)".to_owned(),
-        baseline: None,
-        agent: cpu_ms,
-        value: per_connect,
-        cells: [
+    // /proc/PID/stat counts CPU time in clock ticks (10 ms): the total shows how precise
+    // the figure is.
+    rows.push(Row::new(
+        "storm: agent CPU time per refused connect (total, in 10 ms ticks)",
+        [None, cpu_ms, per_connect],
+        [
             "—".to_owned(),
             fmt(cpu_ms, |v| format!("{v:.0} ms")),
             fmt(per_connect, |v| format!("{v:.2} µs")),
         ],
-        target: "—".to_owned(),
-        verdict: Verdict::Info,
-    });
+    ));
     // The run that accounts worst (largest difference) stands for all.
     let worst = of(samples, Workload::Storm, Mode::Agent)
         .filter_map(|s| Some((s.agent.as_ref()?, s.agent.as_ref()?.accounting.as_ref()?)))
@@ -547,49 +613,55 @@ fn storm_rows(settings: &Settings, samples: &[Sample], rows: &mut Vec<Row>) {
         return;
     };
     let accounted = acc.findings_count + acc.events_lost;
-    rows.push(Row {
-        metric: "storm: refused seen by client vs. tcp_refused counts + events lost".to_owned(),
-        baseline: Some(acc.refused as f64),
-        agent: Some(accounted as f64),
-        value: Some(acc.difference as f64),
-        cells: [
-            format!("{} refused", acc.refused),
-            format!("{} + {} lost", acc.findings_count, acc.events_lost),
-            format!("difference {:+}", acc.difference),
-        ],
-        target: "difference 0".to_owned(),
-        verdict: Verdict::of(acc.difference == 0),
-    });
-    rows.push(Row {
-        metric: "storm: findings aggregate (tcp_refused findings / agent stdout lines)".to_owned(),
-        baseline: None,
-        agent: Some(usage.stdout_lines as f64),
-        value: Some(acc.refused_findings as f64),
-        cells: [
-            "—".to_owned(),
-            format!("{} line(s)", usage.stdout_lines),
-            format!("{} finding(s)", acc.refused_findings),
-        ],
-        target: format!("≤ {STORM_LINES} each"),
-        verdict: Verdict::of(
+    rows.push(
+        Row::new(
+            "storm: refused seen by client vs. tcp_refused counts + events lost",
+            [
+                Some(acc.refused as f64),
+                Some(accounted as f64),
+                Some(acc.difference as f64),
+            ],
+            [
+                format!("{} refused", acc.refused),
+                format!("{} + {} lost", acc.findings_count, acc.events_lost),
+                format!("difference {:+}", acc.difference),
+            ],
+        )
+        .target("difference 0", acc.difference == 0),
+    );
+    rows.push(
+        Row::new(
+            "storm: findings aggregate (tcp_refused findings / agent stdout lines)",
+            [
+                None,
+                Some(usage.stdout_lines as f64),
+                Some(acc.refused_findings as f64),
+            ],
+            [
+                "—".to_owned(),
+                format!("{} line(s)", usage.stdout_lines),
+                format!("{} finding(s)", acc.refused_findings),
+            ],
+        )
+        .target(
+            format!("≤ {STORM_LINES} each"),
             acc.refused_findings <= STORM_LINES && usage.stdout_lines <= STORM_LINES,
         ),
-    });
+    );
     let (before, after) = (mib(usage.rss_before_kib), mib(usage.rss_after_kib));
     let peak = mib(usage.peak_rss_kib);
-    rows.push(Row {
-        metric: "storm: agent RSS before → after (peak)".to_owned(),
-        baseline: Some(before),
-        agent: Some(after),
-        value: Some(peak),
-        cells: [
-            format!("{before:.1} MiB"),
-            format!("{after:.1} MiB"),
-            format!("peak {peak:.1} MiB"),
-        ],
-        target: format!("bounded, ≤ {RSS_MIB:.0} MiB"),
-        verdict: Verdict::of(peak <= RSS_MIB),
-    });
+    rows.push(
+        Row::new(
+            "storm: agent RSS before → after (peak)",
+            [Some(before), Some(after), Some(peak)],
+            [
+                format!("{before:.1} MiB"),
+                format!("{after:.1} MiB"),
+                format!("peak {peak:.1} MiB"),
+            ],
+        )
+        .target(format!("bounded, ≤ {RSS_MIB:.0} MiB"), peak <= RSS_MIB),
+    );
 }
 
 #[cfg(test)]
@@ -626,7 +698,21 @@ mod tests {
             sample(2, Mode::Baseline, 10.0),
             sample(2, Mode::Agent, 10.0),
         ];
-        let (b, a, r) = paired(&samples, Workload::IperfOverlay, |s| Some(s.value));
-        assert_eq!((b, a, r), (Some(10.0), Some(10.0), Some(1.0)));
+        let paired = Paired::of(&samples, Workload::IperfOverlay, |s| Some(s.value));
+        assert_eq!(
+            (paired.baseline, paired.agent, paired.ratio()),
+            (Some(10.0), Some(10.0), Some(1.0))
+        );
+        assert_eq!(paired.ratios, [0.9, 1.0, 1.0]);
+        let row = paired.row("overlay", |v| format!("{v}"));
+        assert_eq!((row.ratio_min, row.ratio_max), (Some(0.9), Some(1.0)));
+        assert_eq!(row.cells[3], "0.900–1.000");
+    }
+
+    #[test]
+    fn spreads_of_pair_ratios() {
+        assert_eq!(spread(&[]), "n/a");
+        assert_eq!(spread(&[0.984]), "0.984 (1 pair)");
+        assert_eq!(spread(&[1.02, 0.968, 0.99]), "0.968–1.020");
     }
 }
