@@ -91,7 +91,7 @@ impl Settings {
         let smoke = options.smoke;
         Self {
             smoke,
-            runs: options.runs.unwrap_or(if smoke { 1 } else { 5 }).max(1),
+            runs: options.runs.unwrap_or(if smoke { 1 } else { 7 }).max(1),
             duration_s: options
                 .duration
                 .unwrap_or(if smoke { 2 } else { 10 })

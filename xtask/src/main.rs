@@ -106,7 +106,7 @@ enum Command {
         /// Tiny sizes (1 run, 2 s per workload, 2,000 storm connects), for CI.
         #[arg(long)]
         smoke: bool,
-        /// Baseline/agent pairs per workload (default 5; 1 with --smoke).
+        /// Baseline/agent pairs per workload (default 7; 1 with --smoke).
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100))]
         runs: Option<u32>,
         /// Seconds per throughput and connection-rate measurement (default 10; 2 with --smoke).

@@ -8,12 +8,14 @@ use serde::Serialize;
 
 use super::{Mode, Sample, Settings, Workload};
 
-/// Targets from issue 5. Ratios are medians of the pair ratios.
-const THROUGHPUT_RATIO: f64 = 0.98;
+/// Targets from the performance issue. Ratios are medians of the pair ratios.
+const THROUGHPUT_RATIO: f64 = 0.99;
 const CONN_RATE_RATIO: f64 = 0.95;
+const STORM_RATE_RATIO: f64 = 0.90;
+/// Agent CPU during the refused storm, in % of one core.
+const STORM_CPU_PCT: f64 = 5.0;
 const PROGRAM_NS: f64 = 100.0;
-const RSS_MIB: f64 = 64.0;
-const CPU_PCT_AT_10K: f64 = 5.0;
+const RSS_MIB: f64 = 40.0;
 /// "Findings aggregate": at most this many findings and stdout lines for a whole storm.
 const STORM_LINES: u64 = 10;
 
@@ -545,23 +547,31 @@ fn rows(
         let cpu = median(&mut cpu);
         match workload {
             Workload::ConnRate => {
-                // The target is at 10k conn/s: scale by the rate actually reached.
+                // Scaled by the rate actually reached, for comparison with 10k conn/s.
                 let rate = Paired::of(samples, workload, value).agent;
                 let at_10k = cpu
                     .zip(rate)
                     .and_then(|(cpu, rate)| (rate > 0.0).then(|| cpu * 10_000.0 / rate));
+                rows.push(Row::new(
+                    format!(
+                        "agent CPU (% of one core), connection rate (at the {} completed/s reached; scaled to 10k/s)",
+                        fmt(rate, |r| format!("{r:.0}"))
+                    ),
+                    [None, cpu, at_10k],
+                    ["—".to_owned(), fmt(cpu, pct), fmt(at_10k, pct)],
+                ));
+            }
+            Workload::Storm => {
+                // Until the agent has accounted for the storm (see `account`).
                 rows.push(
                     Row::new(
-                        format!(
-                            "agent CPU (% of one core), connection rate (at the {} completed/s reached; scaled to 10k/s)",
-                            fmt(rate, |r| format!("{r:.0}"))
-                        ),
-                        [None, cpu, at_10k],
-                        ["—".to_owned(), fmt(cpu, pct), fmt(at_10k, pct)],
+                        format!("agent CPU (% of one core), {}", workload.label()),
+                        [None, cpu, cpu],
+                        ["—".to_owned(), fmt(cpu, pct), fmt(cpu, pct)],
                     )
                     .target(
-                        format!("≤ {CPU_PCT_AT_10K:.0} % at 10k/s"),
-                        at_10k.is_some_and(|v| v <= CPU_PCT_AT_10K),
+                        format!("≤ {STORM_CPU_PCT:.0} %"),
+                        cpu.is_some_and(|v| v <= STORM_CPU_PCT),
                     ),
                 );
             }
@@ -578,13 +588,16 @@ fn rows(
 }
 
 fn storm_rows(settings: &Settings, samples: &[Sample], rows: &mut Vec<Row>) {
-    rows.push(Paired::of(samples, Workload::Storm, |s| Some(s.value)).row(
-        format!(
-            "storm: {} refused connects, rate (refused/s)",
-            settings.storm_connects
+    rows.push(
+        Paired::of(samples, Workload::Storm, |s| Some(s.value)).row_at_least(
+            format!(
+                "storm: {} refused connects, rate (refused/s)",
+                settings.storm_connects
+            ),
+            |v| format!("{v:.0}/s"),
+            STORM_RATE_RATIO,
         ),
-        |v| format!("{v:.0}/s"),
-    ));
+    );
     let mut per_connect = Vec::new();
     let mut cpu_ms = Vec::new();
     for usage in of(samples, Workload::Storm, Mode::Agent).filter_map(|s| s.agent.as_ref()) {
