@@ -6,7 +6,9 @@
 //! shared and noisy, and reports medians:
 //!
 //! - bulk throughput (iperf3) across the overlay and across the plain underlay veth;
-//! - a paced rate of short TCP connections pod A → pod B (our own load generator);
+//! - short TCP connections pod A → pod B (our own load generator), closed loop (as many
+//!   as the machine completes: the judged figure) and paced at an offered rate (for the
+//!   latency of one connection);
 //! - the agent's programs' average run time (`kernel.bpf_stats_enabled`), RSS and CPU;
 //! - a storm of refused connects, each of which must show up in a finding's `count` or
 //!   in `node_diag_events_lost_total`.
@@ -54,7 +56,8 @@ const IPERF_PORT: u16 = 5201;
 const ECHO_PORT: u16 = 7000;
 /// Nothing listens there: the storm's target.
 const CLOSED_PORT: u16 = 7999;
-/// Threads of the connection-rate generator, of the echo server and of the storm.
+/// Threads of the connection generator (paced and closed loop), of the echo server and
+/// of the storm.
 const CONN_THREADS: u32 = 16;
 const ECHO_THREADS: usize = 8;
 const STORM_THREADS: u32 = 4;
@@ -143,15 +146,18 @@ pub enum Workload {
     IperfVeth,
     /// Paced short connections pod A → pod B.
     ConnRate,
+    /// Short connections pod A → pod B, each thread's next as soon as the previous ends.
+    ConnClosedLoop,
     /// Refused connects pod A → a closed port on pod B, as fast as possible.
     Storm,
 }
 
 impl Workload {
-    const ALL: [Self; 4] = [
+    const ALL: [Self; 5] = [
         Self::IperfOverlay,
         Self::IperfVeth,
         Self::ConnRate,
+        Self::ConnClosedLoop,
         Self::Storm,
     ];
 
@@ -160,6 +166,7 @@ impl Workload {
             Self::IperfOverlay => "iperf3 overlay",
             Self::IperfVeth => "iperf3 veth",
             Self::ConnRate => "connection rate",
+            Self::ConnClosedLoop => "closed-loop connections",
             Self::Storm => "refused storm",
         }
     }
@@ -398,12 +405,13 @@ impl<'a> Bench<'a> {
                     SocketAddr::V4(SocketAddrV4::new(self.topo.node_a_underlay, IPERF_PORT));
                 sample.value = load::iperf(&self.topo.node_b, server, duration)?;
             }
-            Workload::ConnRate => {
+            Workload::ConnRate | Workload::ConnClosedLoop => {
                 let server = SocketAddr::V4(SocketAddrV4::new(self.topo.pod_b_ip, ECHO_PORT));
-                let stats = load::conn_rate(
+                let rate = (workload == Workload::ConnRate).then_some(self.settings.conn_rate);
+                let stats = load::short_connections(
                     &self.topo.pod_a,
                     server,
-                    self.settings.conn_rate,
+                    rate,
                     duration,
                     CONN_THREADS,
                 )?;

@@ -1,6 +1,6 @@
-//! The workloads: iperf3 bulk transfers, a paced short-connection load generator with
-//! its echo server, and a storm of refused connects. The in-process ones run on threads
-//! that entered the pods' namespaces, so they need no external tool.
+//! The workloads: iperf3 bulk transfers, a short-connection load generator (paced, or
+//! closed loop) with its echo server, and a storm of refused connects. The in-process
+//! ones run on threads that entered the pods' namespaces, so they need no external tool.
 
 use std::{
     io::{self, ErrorKind, Read as _, Write as _},
@@ -144,7 +144,7 @@ fn output_within(command: &mut std::process::Command, timeout: Duration) -> Resu
     })
 }
 
-/// A TCP echo server for [`conn_rate`]: each connection gets its request echoed and is
+/// A TCP echo server for [`short_connections`]: each connection gets its request echoed and is
 /// closed by the server (so the TIME_WAIT state stays on the server side). Stops on drop.
 pub struct EchoServer {
     stop: Arc<AtomicBool>,
@@ -241,29 +241,35 @@ pub struct ConnStats {
 /// Lag behind the schedule after which the generator skips ahead instead of bursting.
 const MAX_LAG: Duration = Duration::from_millis(100);
 
-/// From `netns`, opens `rate` short connections per second to `server` for `duration`
-/// (connect, send 64 bytes, read the echo, read the server's close, close), spread over
-/// `threads` paced threads.
-pub fn conn_rate(
+/// From `netns`, short connections to `server` for `duration` (connect, send 64 bytes,
+/// read the echo, read the server's close, close) on `threads` threads: paced to offer
+/// `rate` per second in total, or, without a rate, each thread opening its next
+/// connection as soon as the previous one is done (closed loop), so the figure is what
+/// the machine can complete.
+pub fn short_connections(
     netns: &str,
     server: SocketAddr,
-    rate: u32,
+    rate: Option<u32>,
     duration: Duration,
     threads: u32,
 ) -> Result<ConnStats> {
-    let interval = Duration::from_secs_f64(f64::from(threads) / f64::from(rate.max(1)));
+    let interval =
+        rate.map(|rate| Duration::from_secs_f64(f64::from(threads) / f64::from(rate.max(1))));
     let start = Instant::now() + Duration::from_millis(100);
     let end = start + duration;
     let workers = (0..threads)
         .map(|i| {
             let netns = netns.to_owned();
-            // Threads start staggered within one interval.
-            let first = start + interval.mul_f64(f64::from(i) / f64::from(threads));
+            // Paced threads start staggered within one interval.
+            let first = start
+                + interval.map_or(Duration::ZERO, |interval| {
+                    interval.mul_f64(f64::from(i) / f64::from(threads))
+                });
             thread::Builder::new()
                 .name(format!("conn-{i}"))
                 .spawn(move || {
                     enter_netns(&netns)?;
-                    Ok(paced_connections(server, first, interval, end))
+                    Ok(connections(server, first, interval, end))
                 })
                 .context("cannot spawn a load thread")
         })
@@ -305,10 +311,12 @@ struct Worker {
     first_error: Option<String>,
 }
 
-fn paced_connections(
+/// One thread's connections from `first` until `end`: one every `interval`, or back to
+/// back without one.
+fn connections(
     server: SocketAddr,
     first: Instant,
-    interval: Duration,
+    interval: Option<Duration>,
     end: Instant,
 ) -> Worker {
     let mut worker = Worker::default();
@@ -317,7 +325,9 @@ fn paced_connections(
         let now = Instant::now();
         if now < next {
             thread::sleep(next - now);
-        } else if now - next > MAX_LAG {
+        } else if let Some(interval) = interval
+            && now - next > MAX_LAG
+        {
             // Behind schedule: skip the missed slots rather than burst to catch up.
             let missed = ((now - next).as_secs_f64() / interval.as_secs_f64()) as u64;
             worker.skipped += missed;
@@ -337,7 +347,10 @@ fn paced_connections(
                 worker.first_error.get_or_insert_with(|| err.to_string());
             }
         }
-        next += interval;
+        next = match interval {
+            Some(interval) => next + interval,
+            None => Instant::now(),
+        };
     }
     worker
 }
