@@ -9,6 +9,8 @@
 //! - short TCP connections pod A → pod B (our own load generator), closed loop (as many
 //!   as the machine completes: the judged figure) and paced at an offered rate (for the
 //!   latency of one connection);
+//! - a flood of UDP datagrams from pod A into a drop rule in node A's forward hook, so
+//!   that `skb:kfree_skb` fires, in the agent's scope, on every packet;
 //! - the agent's programs' average run time (`kernel.bpf_stats_enabled`), RSS and CPU;
 //! - a storm of refused connects, each of which must show up in a finding's `count` or
 //!   in `node_diag_events_lost_total`.
@@ -38,7 +40,7 @@ use serde::Serialize;
 
 use self::{
     agent::{Agent, ProcSample, RunStats},
-    load::{ConnStats, EchoServer, IperfServer, StormStats},
+    load::{ConnStats, DropRule, EchoServer, FloodStats, IperfServer, StormStats},
     report::Report,
 };
 use crate::{cmd, prereqs};
@@ -51,16 +53,20 @@ const BENCH_TOOLS: &[(&str, &str)] = &[
     ("ping", "iputils-ping"),
     ("bpftool", "bpftool"),
     ("iperf3", "iperf3"),
+    ("nft", "nftables"),
 ];
 const IPERF_PORT: u16 = 5201;
 const ECHO_PORT: u16 = 7000;
 /// Nothing listens there: the storm's target.
 const CLOSED_PORT: u16 = 7999;
-/// Threads of the connection generator (paced and closed loop), of the echo server and
-/// of the storm.
+/// UDP port the drop flood sends to; node A's forward hook drops it.
+const FLOOD_PORT: u16 = 7998;
+/// Threads of the connection generator (paced and closed loop), of the echo server, of
+/// the storm and of the drop flood's sender.
 const CONN_THREADS: u32 = 16;
 const ECHO_THREADS: usize = 8;
 const STORM_THREADS: u32 = 4;
+const FLOOD_THREADS: u32 = 4;
 /// Pause before each measurement (after the agent is ready, or none started), so the
 /// agent's start-up and the previous workload's tail are out of the figures.
 const SETTLE: Duration = Duration::from_secs(1);
@@ -148,16 +154,19 @@ pub enum Workload {
     ConnRate,
     /// Short connections pod A → pod B, each thread's next as soon as the previous ends.
     ConnClosedLoop,
+    /// UDP datagrams pod A → pod B, dropped in node A's forward hook.
+    DropFlood,
     /// Refused connects pod A → a closed port on pod B, as fast as possible.
     Storm,
 }
 
 impl Workload {
-    const ALL: [Self; 5] = [
+    const ALL: [Self; 6] = [
         Self::IperfOverlay,
         Self::IperfVeth,
         Self::ConnRate,
         Self::ConnClosedLoop,
+        Self::DropFlood,
         Self::Storm,
     ];
 
@@ -167,6 +176,7 @@ impl Workload {
             Self::IperfVeth => "iperf3 veth",
             Self::ConnRate => "connection rate",
             Self::ConnClosedLoop => "closed-loop connections",
+            Self::DropFlood => "drop flood",
             Self::Storm => "refused storm",
         }
     }
@@ -185,10 +195,13 @@ pub struct Sample {
     pub run: u32,
     pub workload: Workload,
     pub mode: Mode,
-    /// The workload's figure: bit/s (iperf3), completed connections/s, refused connects/s.
+    /// The workload's figure: bit/s (iperf3), completed connections/s, packets/s that
+    /// reached the drop rule (drop flood), refused connects/s.
     pub value: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub conn: Option<ConnStats>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flood: Option<FloodStats>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub storm: Option<StormStats>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -381,6 +394,11 @@ impl<'a> Bench<'a> {
         thread::sleep(SETTLE);
         let pid = agent.as_ref().map(Agent::pid);
         let foreign_before = agent::foreign_programs(pid)?;
+        // Only for the flood: a forward hook in node A would cost the other workloads.
+        let drop_rule = match workload {
+            Workload::DropFlood => Some(DropRule::install(&self.topo.node_a, FLOOD_PORT)?),
+            _ => None,
+        };
         let before = agent.as_ref().map(Before::take).transpose()?;
 
         let began = Instant::now();
@@ -390,6 +408,7 @@ impl<'a> Bench<'a> {
             mode,
             value: 0.0,
             conn: None,
+            flood: None,
             storm: None,
             agent: None,
             foreign_nd_programs: 0,
@@ -417,6 +436,16 @@ impl<'a> Bench<'a> {
                 )?;
                 sample.value = stats.rate;
                 sample.conn = Some(stats);
+            }
+            Workload::DropFlood => {
+                let target = SocketAddr::V4(SocketAddrV4::new(self.topo.pod_b_ip, FLOOD_PORT));
+                let rule = drop_rule
+                    .as_ref()
+                    .context("the drop flood runs without its drop rule")?;
+                let stats =
+                    load::drop_flood(&self.topo.pod_a, target, duration, FLOOD_THREADS, rule)?;
+                sample.value = stats.drop_rate;
+                sample.flood = Some(stats);
             }
             Workload::Storm => {
                 let target = SocketAddr::V4(SocketAddrV4::new(self.topo.pod_b_ip, CLOSED_PORT));
@@ -461,6 +490,7 @@ impl<'a> Bench<'a> {
         if let Some(agent) = agent {
             agent.stop()?;
         }
+        drop(drop_rule);
         Ok(sample)
     }
 }

@@ -6,11 +6,12 @@ use std::{collections::BTreeMap, fmt::Write as _, fs, path::Path, time::Duration
 use anyhow::{Context as _, Result};
 use serde::Serialize;
 
-use super::{CONN_THREADS, Mode, Sample, Settings, Workload};
+use super::{CONN_THREADS, FLOOD_PORT, FLOOD_THREADS, Mode, Sample, Settings, Workload};
 
 /// Targets from the performance issue. Ratios are medians of the pair ratios.
 const THROUGHPUT_RATIO: f64 = 0.99;
 const CLOSED_LOOP_RATIO: f64 = 0.97;
+const FLOOD_RATIO: f64 = 0.95;
 const STORM_RATE_RATIO: f64 = 0.90;
 /// Agent CPU during the refused storm, in % of one core.
 const STORM_CPU_PCT: f64 = 5.0;
@@ -267,6 +268,16 @@ pub fn progress_line(sample: &Sample) -> String {
             let failed = sample.conn.as_ref().map_or(0, |c| c.failed);
             format!("{:.0} conn/s ({failed} failed)", sample.value)
         }
+        Workload::DropFlood => {
+            let (sent, failed) = sample
+                .flood
+                .as_ref()
+                .map_or((0.0, 0), |f| (f.sent_rate, f.failed));
+            format!(
+                "{:.0} dropped/s at the rule ({sent:.0} sent/s, {failed} failed sends)",
+                sample.value
+            )
+        }
         Workload::Storm => format!("{:.0} refused/s", sample.value),
     };
     let mut line = format!(
@@ -448,7 +459,7 @@ fn rows(
     let per_s = |v: f64| format!("{v:.0}/s");
     let value = |s: &Sample| Some(s.value);
 
-    // Throughput and connections: ratios against the baseline.
+    // Throughput, connections and the drop flood: ratios against the baseline.
     rows.push(
         Paired::of(samples, Workload::IperfOverlay, value).row_at_least(
             "throughput pod A → pod B, vxlan overlay (iperf3)",
@@ -491,6 +502,25 @@ fn rows(
             s.conn.as_ref().map(|c| c.latency_p99_us)
         })
         .row("paced connection latency p99", micros),
+    );
+    rows.push(
+        Paired::of(samples, Workload::DropFlood, value).row_at_least(
+            format!(
+                "drop flood: UDP pod A → :{FLOOD_PORT}, dropped in node A's forward hook, \
+                 {FLOOD_THREADS} threads (drops/s at the rule)"
+            ),
+            per_s,
+            FLOOD_RATIO,
+        ),
+    );
+    rows.push(
+        Paired::of(samples, Workload::DropFlood, |s| {
+            s.flood.as_ref().map(|f| f.sent_rate)
+        })
+        .row(
+            "drop flood: datagrams sent/s (the senders' successful sends)",
+            per_s,
+        ),
     );
 
     // Per-program cost.
@@ -703,6 +733,7 @@ mod tests {
             mode,
             value,
             conn: None,
+            flood: None,
             storm: None,
             agent: None,
             foreign_nd_programs: 0,
