@@ -11,7 +11,8 @@
 //!   latency of one connection);
 //! - a flood of UDP datagrams from pod A into a drop rule in node A's forward hook, so
 //!   that `skb:kfree_skb` fires, in the agent's scope, on every packet;
-//! - the agent's programs' average run time (`kernel.bpf_stats_enabled`), RSS and CPU;
+//! - the agent's programs' average run time (`kernel.bpf_stats_enabled`) against a
+//!   budget per hook, its RSS and CPU;
 //! - a storm of refused connects, each of which must show up in a finding's `count` or
 //!   in `node_diag_events_lost_total`.
 //!
