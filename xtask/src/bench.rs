@@ -12,7 +12,8 @@
 //! - a flood of UDP datagrams from pod A into a drop rule in node A's forward hook, so
 //!   that `skb:kfree_skb` fires, in the agent's scope, on every packet;
 //! - the agent's programs' average run time (`kernel.bpf_stats_enabled`) against a
-//!   budget per hook, its RSS and CPU;
+//!   budget per hook, its RSS and CPU, and the memory of its eBPF maps (here and
+//!   computed for a 128-CPU node);
 //! - a storm of refused connects, each of which must show up in a finding's `count` or
 //!   in `node_diag_events_lost_total`.
 //!
@@ -40,7 +41,7 @@ use node_diag_testbed::{Topology, netns};
 use serde::Serialize;
 
 use self::{
-    agent::{Agent, ProcSample, RunStats},
+    agent::{Agent, MapMemory, ProcSample, RunStats},
     load::{ConnStats, DropRule, EchoServer, FloodStats, IperfServer, StormStats},
     report::Report,
 };
@@ -231,6 +232,13 @@ pub struct AgentUsage {
     pub stdout_lines: u64,
     /// Run statistics of each `nd_*` program during the workload.
     pub programs: BTreeMap<String, ProgramRuns>,
+    /// Sum of the memlock of the agent's eBPF maps after the workload, on this machine.
+    pub map_memlock_bytes: u64,
+    /// The same computed for a node of [`agent::TARGET_CPUS`] CPUs.
+    pub map_memlock_at_target_cpus_bytes: u64,
+    /// Each map (the report keeps those of the measurement with the largest total).
+    #[serde(skip)]
+    pub maps: Vec<MapMemory>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub accounting: Option<Accounting>,
 }
@@ -474,6 +482,7 @@ impl<'a> Bench<'a> {
             let after = agent.sample()?;
             let programs = agent.prog_stats(&before.names)?;
             let cpu_s = (after.cpu_secs - before.proc.cpu_secs).max(0.0);
+            let maps = agent.maps()?;
             sample.agent = Some(AgentUsage {
                 startup_peak_rss_kib: before.startup_hwm_kib,
                 peak_rss_kib: after.hwm_kib,
@@ -484,6 +493,12 @@ impl<'a> Bench<'a> {
                 cpu_pct: 100.0 * cpu_s / wall,
                 stdout_lines: agent.stdout_lines() - before.stdout_lines,
                 programs: program_runs(&before, &programs),
+                map_memlock_bytes: maps.iter().map(|m| m.memlock_bytes).sum(),
+                map_memlock_at_target_cpus_bytes: maps
+                    .iter()
+                    .map(|m| m.memlock_at_target_cpus_bytes)
+                    .sum(),
+                maps,
                 accounting,
             });
         }

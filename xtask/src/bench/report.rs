@@ -1,12 +1,16 @@
 //! The bench's results: medians and spreads of the pair ratios, a markdown table judged
-//! against the targets (with the per-program cost per workload below it), a JSON file.
+//! against the targets (with the per-program cost per workload and the eBPF maps below
+//! it), a JSON file.
 
 use std::{collections::BTreeMap, fmt::Write as _, fs, path::Path, time::Duration};
 
 use anyhow::{Context as _, Result};
 use serde::Serialize;
 
-use super::{CONN_THREADS, FLOOD_PORT, FLOOD_THREADS, Mode, Sample, Settings, Workload};
+use super::{
+    CONN_THREADS, FLOOD_PORT, FLOOD_THREADS, Mode, Sample, Settings, Workload,
+    agent::{self, MapMemory},
+};
 
 /// Targets from the performance issue. Ratios are medians of the pair ratios.
 const THROUGHPUT_RATIO: f64 = 0.99;
@@ -16,6 +20,8 @@ const STORM_RATE_RATIO: f64 = 0.90;
 /// Agent CPU during the refused storm, in % of one core.
 const STORM_CPU_PCT: f64 = 5.0;
 const RSS_MIB: f64 = 40.0;
+/// Memory of the agent's eBPF maps on a node of [`agent::TARGET_CPUS`] CPUs.
+const MAP_MIB: f64 = 24.0;
 /// "Findings aggregate": at most this many findings and stdout lines for a whole storm.
 const STORM_LINES: u64 = 10;
 
@@ -175,6 +181,34 @@ pub struct ProgramSummary {
     pub run_cnt_by_workload: BTreeMap<Workload, u64>,
 }
 
+/// The agent's eBPF maps, from the measurement whose total at [`agent::TARGET_CPUS`] was
+/// the largest.
+#[derive(Debug, Clone, Serialize)]
+pub struct MapReport {
+    /// CPUs the kernel sizes per-CPU maps for on this machine (possible CPUs).
+    pub cpus: u32,
+    pub target_cpus: u32,
+    pub memlock_bytes: u64,
+    pub memlock_at_target_cpus_bytes: u64,
+    pub maps: Vec<MapMemory>,
+}
+
+impl MapReport {
+    fn new(samples: &[Sample]) -> Option<Self> {
+        let usage = samples
+            .iter()
+            .filter_map(|s| s.agent.as_ref())
+            .max_by_key(|usage| usage.map_memlock_at_target_cpus_bytes)?;
+        Some(Self {
+            cpus: agent::possible_cpus(),
+            target_cpus: agent::TARGET_CPUS,
+            memlock_bytes: usage.map_memlock_bytes,
+            memlock_at_target_cpus_bytes: usage.map_memlock_at_target_cpus_bytes,
+            maps: usage.maps.clone(),
+        })
+    }
+}
+
 #[derive(Debug, Serialize)]
 pub struct Report {
     pub command: String,
@@ -183,6 +217,7 @@ pub struct Report {
     pub elapsed_s: f64,
     pub rows: Vec<Row>,
     pub programs: BTreeMap<String, ProgramSummary>,
+    pub maps: Option<MapReport>,
     pub samples: Vec<Sample>,
 }
 
@@ -196,7 +231,8 @@ impl Report {
     ) -> Self {
         machine.loadavg_end = loadavg();
         let programs = programs(&samples);
-        let rows = rows(&settings, &samples, &programs);
+        let maps = MapReport::new(&samples);
+        let rows = rows(&settings, &samples, &programs, maps.as_ref());
         Self {
             command,
             settings,
@@ -204,6 +240,7 @@ impl Report {
             elapsed_s: elapsed.as_secs_f64(),
             rows,
             programs,
+            maps,
             samples,
         }
     }
@@ -246,6 +283,7 @@ impl Report {
             );
         }
         self.programs_by_workload(&mut out);
+        self.map_table(&mut out);
         out
     }
 
@@ -294,6 +332,42 @@ impl Report {
                 let _ = write!(line, " {cell} |");
             }
             let _ = writeln!(out, "{line}");
+        }
+    }
+
+    /// The agent's eBPF maps, largest at the target CPU count first.
+    fn map_table(&self, out: &mut String) {
+        let Some(maps) = &self.maps else { return };
+        let _ = writeln!(
+            out,
+            "\neBPF maps the agent holds (`memlock` of `/proc/PID/fdinfo`, here with {} CPUs; \
+             at {} CPUs a per-CPU map adds max_entries × value_size rounded up to 8 per CPU):\n",
+            maps.cpus, maps.target_cpus
+        );
+        let _ = writeln!(
+            out,
+            "| map | type | key / value size | max entries | memlock | at {} CPUs |",
+            maps.target_cpus
+        );
+        let _ = writeln!(out, "| --- | --- | ---: | ---: | ---: | ---: |");
+        let mut sorted: Vec<&MapMemory> = maps.maps.iter().collect();
+        sorted.sort_by(|a, b| {
+            b.memlock_at_target_cpus_bytes
+                .cmp(&a.memlock_at_target_cpus_bytes)
+                .then_with(|| a.name.cmp(&b.name))
+        });
+        for map in sorted {
+            let _ = writeln!(
+                out,
+                "| `{}` | {} | {} / {} B | {} | {} | {} |",
+                map.name,
+                map.kind,
+                map.key_size,
+                map.value_size,
+                map.max_entries,
+                bytes(map.memlock_bytes),
+                bytes(map.memlock_at_target_cpus_bytes)
+            );
         }
     }
 
@@ -380,6 +454,16 @@ pub fn progress_line(sample: &Sample) -> String {
 
 fn mib(kib: u64) -> f64 {
     kib as f64 / 1024.0
+}
+
+/// Bytes as KiB or MiB, for the map table.
+fn bytes(bytes: u64) -> String {
+    let kib = bytes as f64 / 1024.0;
+    if kib < 1024.0 {
+        format!("{kib:.1} KiB")
+    } else {
+        format!("{:.2} MiB", kib / 1024.0)
+    }
 }
 
 /// A run count in a few characters: 950, 12.3k, 4.5M.
@@ -532,6 +616,7 @@ fn rows(
     settings: &Settings,
     samples: &[Sample],
     programs: &BTreeMap<String, ProgramSummary>,
+    maps: Option<&MapReport>,
 ) -> Vec<Row> {
     let mut rows = Vec::new();
     let gbit = |v: f64| format!("{:.2} Gbit/s", v / 1e9);
@@ -624,6 +709,33 @@ fn rows(
             },
             (None, _) => row,
         });
+    }
+
+    // The eBPF maps' memory.
+    if let Some(maps) = maps {
+        let (here, there) = (
+            maps.memlock_bytes as f64 / (1024.0 * 1024.0),
+            maps.memlock_at_target_cpus_bytes as f64 / (1024.0 * 1024.0),
+        );
+        rows.push(
+            Row::new(
+                format!(
+                    "eBPF map memory (memlock of the agent's {} maps), here and at {} CPUs",
+                    maps.maps.len(),
+                    maps.target_cpus
+                ),
+                [None, Some(here), Some(there)],
+                [
+                    "—".to_owned(),
+                    format!("{here:.1} MiB ({} CPUs)", maps.cpus),
+                    format!("{there:.1} MiB"),
+                ],
+            )
+            .target(
+                format!("≤ {MAP_MIB:.0} MiB at {} CPUs", maps.target_cpus),
+                there <= MAP_MIB,
+            ),
+        );
     }
 
     // Agent resources: start-up, then per workload.
