@@ -6,13 +6,21 @@
 //! shared and noisy, and reports medians:
 //!
 //! - bulk throughput (iperf3) across the overlay and across the plain underlay veth;
-//! - a paced rate of short TCP connections pod A → pod B (our own load generator);
-//! - the agent's programs' average run time (`kernel.bpf_stats_enabled`), RSS and CPU;
+//! - short TCP connections pod A → pod B (our own load generator), closed loop (as many
+//!   as the machine completes: the judged figure) and paced at an offered rate (for the
+//!   latency of one connection);
+//! - a flood of UDP datagrams from pod A into a drop rule in node A's forward hook, so
+//!   that `skb:kfree_skb` fires, in the agent's scope, on every packet;
+//! - the agent's programs' average run time (`kernel.bpf_stats_enabled`) against a
+//!   budget per hook, its RSS and CPU, and the memory of its eBPF maps (here and
+//!   computed for a 128-CPU node);
 //! - a storm of refused connects, each of which must show up in a finding's `count` or
 //!   in `node_diag_events_lost_total`.
 //!
-//! The targets are judged by people reading the table: the command fails only when the
-//! benchmark itself breaks (a workload, the topology or the agent fails).
+//! Ratios are agent ÷ baseline of each back-to-back pair; the table shows their median
+//! and their spread (min–max). The targets are judged by people reading the table: the
+//! command fails only when the benchmark itself breaks (a workload, the topology or the
+//! agent fails).
 
 mod agent;
 mod load;
@@ -33,8 +41,8 @@ use node_diag_testbed::{Topology, netns};
 use serde::Serialize;
 
 use self::{
-    agent::{Agent, ProcSample, RunStats},
-    load::{ConnStats, EchoServer, IperfServer, StormStats},
+    agent::{Agent, MapMemory, ProcSample, RunStats},
+    load::{ConnStats, DropRule, EchoServer, FloodStats, IperfServer, StormStats},
     report::Report,
 };
 use crate::{cmd, prereqs};
@@ -47,15 +55,20 @@ const BENCH_TOOLS: &[(&str, &str)] = &[
     ("ping", "iputils-ping"),
     ("bpftool", "bpftool"),
     ("iperf3", "iperf3"),
+    ("nft", "nftables"),
 ];
 const IPERF_PORT: u16 = 5201;
 const ECHO_PORT: u16 = 7000;
 /// Nothing listens there: the storm's target.
 const CLOSED_PORT: u16 = 7999;
-/// Threads of the connection-rate generator, of the echo server and of the storm.
+/// UDP port the drop flood sends to; node A's forward hook drops it.
+const FLOOD_PORT: u16 = 7998;
+/// Threads of the connection generator (paced and closed loop), of the echo server, of
+/// the storm and of the drop flood's sender.
 const CONN_THREADS: u32 = 16;
 const ECHO_THREADS: usize = 8;
 const STORM_THREADS: u32 = 4;
+const FLOOD_THREADS: u32 = 4;
 /// Pause before each measurement (after the agent is ready, or none started), so the
 /// agent's start-up and the previous workload's tail are out of the figures.
 const SETTLE: Duration = Duration::from_secs(1);
@@ -89,7 +102,7 @@ impl Settings {
         let smoke = options.smoke;
         Self {
             smoke,
-            runs: options.runs.unwrap_or(if smoke { 1 } else { 5 }).max(1),
+            runs: options.runs.unwrap_or(if smoke { 1 } else { 7 }).max(1),
             duration_s: options
                 .duration
                 .unwrap_or(if smoke { 2 } else { 10 })
@@ -141,15 +154,21 @@ pub enum Workload {
     IperfVeth,
     /// Paced short connections pod A → pod B.
     ConnRate,
+    /// Short connections pod A → pod B, each thread's next as soon as the previous ends.
+    ConnClosedLoop,
+    /// UDP datagrams pod A → pod B, dropped in node A's forward hook.
+    DropFlood,
     /// Refused connects pod A → a closed port on pod B, as fast as possible.
     Storm,
 }
 
 impl Workload {
-    const ALL: [Self; 4] = [
+    const ALL: [Self; 6] = [
         Self::IperfOverlay,
         Self::IperfVeth,
         Self::ConnRate,
+        Self::ConnClosedLoop,
+        Self::DropFlood,
         Self::Storm,
     ];
 
@@ -158,6 +177,8 @@ impl Workload {
             Self::IperfOverlay => "iperf3 overlay",
             Self::IperfVeth => "iperf3 veth",
             Self::ConnRate => "connection rate",
+            Self::ConnClosedLoop => "closed-loop connections",
+            Self::DropFlood => "drop flood",
             Self::Storm => "refused storm",
         }
     }
@@ -176,10 +197,13 @@ pub struct Sample {
     pub run: u32,
     pub workload: Workload,
     pub mode: Mode,
-    /// The workload's figure: bit/s (iperf3), completed connections/s, refused connects/s.
+    /// The workload's figure: bit/s (iperf3), completed connections/s, packets/s that
+    /// reached the drop rule (drop flood), refused connects/s.
     pub value: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub conn: Option<ConnStats>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flood: Option<FloodStats>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub storm: Option<StormStats>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -208,6 +232,13 @@ pub struct AgentUsage {
     pub stdout_lines: u64,
     /// Run statistics of each `nd_*` program during the workload.
     pub programs: BTreeMap<String, ProgramRuns>,
+    /// Sum of the memlock of the agent's eBPF maps after the workload, on this machine.
+    pub map_memlock_bytes: u64,
+    /// The same computed for a node of [`agent::TARGET_CPUS`] CPUs.
+    pub map_memlock_at_target_cpus_bytes: u64,
+    /// Each map (the report keeps those of the measurement with the largest total).
+    #[serde(skip)]
+    pub maps: Vec<MapMemory>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub accounting: Option<Accounting>,
 }
@@ -372,6 +403,11 @@ impl<'a> Bench<'a> {
         thread::sleep(SETTLE);
         let pid = agent.as_ref().map(Agent::pid);
         let foreign_before = agent::foreign_programs(pid)?;
+        // Only for the flood: a forward hook in node A would cost the other workloads.
+        let drop_rule = match workload {
+            Workload::DropFlood => Some(DropRule::install(&self.topo.node_a, FLOOD_PORT)?),
+            _ => None,
+        };
         let before = agent.as_ref().map(Before::take).transpose()?;
 
         let began = Instant::now();
@@ -381,6 +417,7 @@ impl<'a> Bench<'a> {
             mode,
             value: 0.0,
             conn: None,
+            flood: None,
             storm: None,
             agent: None,
             foreign_nd_programs: 0,
@@ -396,17 +433,28 @@ impl<'a> Bench<'a> {
                     SocketAddr::V4(SocketAddrV4::new(self.topo.node_a_underlay, IPERF_PORT));
                 sample.value = load::iperf(&self.topo.node_b, server, duration)?;
             }
-            Workload::ConnRate => {
+            Workload::ConnRate | Workload::ConnClosedLoop => {
                 let server = SocketAddr::V4(SocketAddrV4::new(self.topo.pod_b_ip, ECHO_PORT));
-                let stats = load::conn_rate(
+                let rate = (workload == Workload::ConnRate).then_some(self.settings.conn_rate);
+                let stats = load::short_connections(
                     &self.topo.pod_a,
                     server,
-                    self.settings.conn_rate,
+                    rate,
                     duration,
                     CONN_THREADS,
                 )?;
                 sample.value = stats.rate;
                 sample.conn = Some(stats);
+            }
+            Workload::DropFlood => {
+                let target = SocketAddr::V4(SocketAddrV4::new(self.topo.pod_b_ip, FLOOD_PORT));
+                let rule = drop_rule
+                    .as_ref()
+                    .context("the drop flood runs without its drop rule")?;
+                let stats =
+                    load::drop_flood(&self.topo.pod_a, target, duration, FLOOD_THREADS, rule)?;
+                sample.value = stats.drop_rate;
+                sample.flood = Some(stats);
             }
             Workload::Storm => {
                 let target = SocketAddr::V4(SocketAddrV4::new(self.topo.pod_b_ip, CLOSED_PORT));
@@ -434,6 +482,7 @@ impl<'a> Bench<'a> {
             let after = agent.sample()?;
             let programs = agent.prog_stats(&before.names)?;
             let cpu_s = (after.cpu_secs - before.proc.cpu_secs).max(0.0);
+            let maps = agent.maps()?;
             sample.agent = Some(AgentUsage {
                 startup_peak_rss_kib: before.startup_hwm_kib,
                 peak_rss_kib: after.hwm_kib,
@@ -444,6 +493,12 @@ impl<'a> Bench<'a> {
                 cpu_pct: 100.0 * cpu_s / wall,
                 stdout_lines: agent.stdout_lines() - before.stdout_lines,
                 programs: program_runs(&before, &programs),
+                map_memlock_bytes: maps.iter().map(|m| m.memlock_bytes).sum(),
+                map_memlock_at_target_cpus_bytes: maps
+                    .iter()
+                    .map(|m| m.memlock_at_target_cpus_bytes)
+                    .sum(),
+                maps,
                 accounting,
             });
         }
@@ -451,6 +506,7 @@ impl<'a> Bench<'a> {
         if let Some(agent) = agent {
             agent.stop()?;
         }
+        drop(drop_rule);
         Ok(sample)
     }
 }

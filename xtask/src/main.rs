@@ -99,17 +99,19 @@ enum Command {
         #[arg(long)]
         update_readme: bool,
     },
-    /// Measure the agent's overhead (root): throughput, connection rate, per-program
-    /// cost, agent RSS and CPU, and a refused-connect storm, each against a no-agent
-    /// baseline in the same run. Prints a markdown table and writes a JSON file.
+    /// Measure the agent's overhead (root): throughput, short connections (closed loop
+    /// and paced), a flood of dropped packets, per-program cost, agent RSS, CPU and eBPF
+    /// map memory, and a refused-connect storm, each against a no-agent baseline in the
+    /// same run. Prints a markdown table and writes a JSON file.
     Bench {
         /// Tiny sizes (1 run, 2 s per workload, 2,000 storm connects), for CI.
         #[arg(long)]
         smoke: bool,
-        /// Baseline/agent pairs per workload (default 5; 1 with --smoke).
+        /// Baseline/agent pairs per workload (default 7; 1 with --smoke).
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100))]
         runs: Option<u32>,
-        /// Seconds per throughput and connection-rate measurement (default 10; 2 with --smoke).
+        /// Seconds per throughput, connection and drop-flood measurement (default 10; 2
+        /// with --smoke).
         #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..=600))]
         duration: Option<u64>,
         /// Short connections offered per second (default 10000).

@@ -1,11 +1,12 @@
 //! The release agent as a guarded child process inside node A, and what the bench reads
-//! about it: `/proc` (CPU time, RSS), its eBPF programs' run statistics and its HTTP
-//! endpoints.
+//! about it: `/proc` (CPU time, RSS), its eBPF programs' run statistics, the memory of
+//! its eBPF maps and its HTTP endpoints.
 
 use std::{collections::BTreeMap, fs, path::Path, time::Duration};
 
 use anyhow::{Context as _, Result, bail};
 use node_diag_testbed::{Topology, metrics};
+use serde::Serialize;
 use serde_json::Value;
 
 use super::interrupted;
@@ -78,6 +79,11 @@ impl<'t> Agent<'t> {
         names: &BTreeMap<u32, ProgName>,
     ) -> Result<BTreeMap<String, RunStats>> {
         prog_stats(self.pid(), names)
+    }
+
+    /// The eBPF maps the agent holds, with their memory here and at [`TARGET_CPUS`].
+    pub fn maps(&self) -> Result<Vec<MapMemory>> {
+        maps(self.pid())
     }
 
     /// `GET /findings`, parsed.
@@ -255,29 +261,9 @@ fn prog_stats(pid: u32, names: &BTreeMap<u32, ProgName>) -> Result<BTreeMap<Stri
 
 /// Every eBPF program `pid` holds a descriptor of, by id, with its run statistics.
 fn held_programs(pid: u32) -> Result<BTreeMap<u64, RunStats>> {
-    let fd_dir = format!("/proc/{pid}/fd");
     let mut by_id = BTreeMap::new();
-    for entry in fs::read_dir(&fd_dir).with_context(|| format!("cannot list {fd_dir}"))? {
-        let entry = entry?;
-        let Ok(target) = fs::read_link(entry.path()) else {
-            continue; // Closed since listed.
-        };
-        if target != Path::new("anon_inode:bpf-prog") {
-            continue;
-        }
-        let fdinfo = format!("/proc/{pid}/fdinfo/{}", entry.file_name().to_string_lossy());
-        let Ok(info) = fs::read_to_string(&fdinfo) else {
-            continue;
-        };
-        let field = |name: &str| {
-            info.lines().find_map(|line| {
-                line.strip_prefix(name)?
-                    .strip_prefix(':')?
-                    .trim()
-                    .parse::<u64>()
-                    .ok()
-            })
-        };
+    for (fdinfo, info) in bpf_fdinfos(pid, "anon_inode:bpf-prog")? {
+        let field = |name: &str| fdinfo_field(&info, name);
         let (Some(id), Some(run_time_ns), Some(run_cnt)) =
             (field("prog_id"), field("run_time_ns"), field("run_cnt"))
         else {
@@ -292,6 +278,180 @@ fn held_programs(pid: u32) -> Result<BTreeMap<u64, RunStats>> {
         );
     }
     Ok(by_id)
+}
+
+/// `(fdinfo path, its text)` of each descriptor of `pid` whose link target is `target`
+/// (`anon_inode:bpf-prog`, `anon_inode:bpf-map`).
+fn bpf_fdinfos(pid: u32, target: &str) -> Result<Vec<(String, String)>> {
+    let fd_dir = format!("/proc/{pid}/fd");
+    let mut out = Vec::new();
+    for entry in fs::read_dir(&fd_dir).with_context(|| format!("cannot list {fd_dir}"))? {
+        let entry = entry?;
+        let Ok(link) = fs::read_link(entry.path()) else {
+            continue; // Closed since listed.
+        };
+        if link != Path::new(target) {
+            continue;
+        }
+        let fdinfo = format!("/proc/{pid}/fdinfo/{}", entry.file_name().to_string_lossy());
+        let Ok(info) = fs::read_to_string(&fdinfo) else {
+            continue;
+        };
+        out.push((fdinfo, info));
+    }
+    Ok(out)
+}
+
+/// A `name:\tvalue` line of an fdinfo file, as a number.
+fn fdinfo_field(info: &str, name: &str) -> Option<u64> {
+    info.lines().find_map(|line| {
+        line.strip_prefix(name)?
+            .strip_prefix(':')?
+            .trim()
+            .parse::<u64>()
+            .ok()
+    })
+}
+
+/// The node size the map memory is also computed for.
+pub const TARGET_CPUS: u32 = 128;
+
+/// One eBPF map the agent holds: `/proc/PID/fdinfo` of its descriptor, named by
+/// `bpftool map show -j`.
+#[derive(Debug, Clone, Serialize)]
+pub struct MapMemory {
+    pub id: u64,
+    pub name: String,
+    /// bpftool's name of the map type (`percpu_hash`...).
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub map_type: u32,
+    pub key_size: u32,
+    pub value_size: u32,
+    pub max_entries: u32,
+    /// What the kernel charges for the map on this machine (fdinfo `memlock`).
+    pub memlock_bytes: u64,
+    /// The same on a node with [`TARGET_CPUS`] CPUs (see [`memlock_at_cpus`]).
+    pub memlock_at_target_cpus_bytes: u64,
+}
+
+/// The fields of a bpf-map descriptor's fdinfo the bench uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct MapFdinfo {
+    id: u64,
+    map_type: u32,
+    key_size: u32,
+    value_size: u32,
+    max_entries: u32,
+    memlock: u64,
+}
+
+fn parse_map_fdinfo(info: &str) -> Option<MapFdinfo> {
+    let small = |name: &str| u32::try_from(fdinfo_field(info, name)?).ok();
+    Some(MapFdinfo {
+        id: fdinfo_field(info, "map_id")?,
+        map_type: small("map_type")?,
+        key_size: small("key_size")?,
+        value_size: small("value_size")?,
+        max_entries: small("max_entries")?,
+        memlock: fdinfo_field(info, "memlock")?,
+    })
+}
+
+/// Map types whose values the kernel allocates once per possible CPU:
+/// `BPF_MAP_TYPE_PERCPU_HASH`, `PERCPU_ARRAY`, `LRU_PERCPU_HASH`, `PERCPU_CGROUP_STORAGE`.
+fn is_per_cpu(map_type: u32) -> bool {
+    matches!(map_type, 5 | 6 | 10 | 15)
+}
+
+/// A map's memlock on a machine of `target` CPUs, from its memlock on this one of `cpus`:
+/// a per-CPU map holds one value (rounded up to 8 bytes) per entry per CPU more or less;
+/// the other maps do not depend on the CPU count (their small per-CPU bookkeeping aside).
+fn memlock_at_cpus(map: &MapFdinfo, cpus: u32, target: u32) -> u64 {
+    if !is_per_cpu(map.map_type) {
+        return map.memlock;
+    }
+    let per_cpu = u64::from(map.max_entries) * u64::from(map.value_size).next_multiple_of(8);
+    if target >= cpus {
+        map.memlock + per_cpu * u64::from(target - cpus)
+    } else {
+        map.memlock
+            .saturating_sub(per_cpu * u64::from(cpus - target))
+    }
+}
+
+/// CPUs the kernel sizes per-CPU maps for: the possible CPUs
+/// (`/sys/devices/system/cpu/possible`), else the CPUs this process may use.
+pub fn possible_cpus() -> u32 {
+    fs::read_to_string("/sys/devices/system/cpu/possible")
+        .ok()
+        .and_then(|list| count_cpu_list(&list))
+        .unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map_or(1, |n| u32::try_from(n.get()).unwrap_or(u32::MAX))
+        })
+}
+
+/// How many CPUs a kernel CPU list (`0-3,8-11`, `0`) names.
+fn count_cpu_list(list: &str) -> Option<u32> {
+    let mut count = 0;
+    for part in list.trim().split(',') {
+        count += match part.split_once('-') {
+            Some((first, last)) => {
+                let (first, last): (u32, u32) = (first.parse().ok()?, last.parse().ok()?);
+                last.checked_sub(first)? + 1
+            }
+            None => {
+                part.parse::<u32>().ok()?;
+                1
+            }
+        };
+    }
+    Some(count)
+}
+
+/// The eBPF maps `pid` holds, by id, with names and types from `bpftool map show -j`.
+fn maps(pid: u32) -> Result<Vec<MapMemory>> {
+    let json = cmd::output(cmd::command("bpftool").args(["map", "show", "-j"]))?;
+    let listed: Vec<Value> =
+        serde_json::from_str(&json).context("`bpftool map show -j`: not a JSON array")?;
+    let names: BTreeMap<u64, (String, String)> = listed
+        .iter()
+        .filter_map(|map| {
+            let id = map["id"].as_u64()?;
+            let name = map["name"].as_str().unwrap_or("?").to_owned();
+            let kind = map["type"].as_str().unwrap_or("?").to_owned();
+            Some((id, (name, kind)))
+        })
+        .collect();
+    let cpus = possible_cpus();
+    let mut by_id = BTreeMap::new();
+    for (fdinfo, info) in bpf_fdinfos(pid, "anon_inode:bpf-map")? {
+        let map = parse_map_fdinfo(&info).with_context(|| {
+            format!(
+                "{fdinfo} lacks map_id/map_type/key_size/value_size/max_entries/memlock:\n{info}"
+            )
+        })?;
+        // Several descriptors of one map count once.
+        by_id.entry(map.id).or_insert_with(|| {
+            let (name, kind) = names
+                .get(&map.id)
+                .cloned()
+                .unwrap_or_else(|| ("?".to_owned(), map.map_type.to_string()));
+            MapMemory {
+                id: map.id,
+                name,
+                kind,
+                map_type: map.map_type,
+                key_size: map.key_size,
+                value_size: map.value_size,
+                max_entries: map.max_entries,
+                memlock_bytes: map.memlock,
+                memlock_at_target_cpus_bytes: memlock_at_cpus(&map, cpus, TARGET_CPUS),
+            }
+        });
+    }
+    Ok(by_id.into_values().collect())
 }
 
 #[cfg(test)]
@@ -310,5 +470,61 @@ mod tests {
         assert_eq!(status_kib(status, "VmHWM"), Some(20_480));
         assert_eq!(status_kib(status, "VmRSS"), Some(18_000));
         assert_eq!(status_kib(status, "VmSwap"), None);
+    }
+
+    const PERCPU_HASH_FDINFO: &str = "pos:\t0\nflags:\t02000002\nmnt_id:\t16\nino:\t1057\n\
+        map_type:\t5\nkey_size:\t12\nvalue_size:\t8\nmax_entries:\t4096\n\
+        map_flags:\t0x0\nmap_extra:\t0x0\nmemlock:\t361088\nmap_id:\t42\nfrozen:\t0\n";
+
+    #[test]
+    fn map_fdinfo_fields() {
+        assert_eq!(
+            parse_map_fdinfo(PERCPU_HASH_FDINFO),
+            Some(MapFdinfo {
+                id: 42,
+                map_type: 5,
+                key_size: 12,
+                value_size: 8,
+                max_entries: 4096,
+                memlock: 361_088,
+            })
+        );
+        // A program's fdinfo is not a map's.
+        assert_eq!(parse_map_fdinfo("prog_type:\t3\nprog_id:\t7\n"), None);
+    }
+
+    #[test]
+    fn per_cpu_maps_grow_with_the_cpus() {
+        let Some(percpu) = parse_map_fdinfo(PERCPU_HASH_FDINFO) else {
+            panic!("fdinfo not parsed");
+        };
+        // 4096 entries × 8 bytes × (128 − 2) more CPUs.
+        assert_eq!(memlock_at_cpus(&percpu, 2, 128), 361_088 + 4096 * 8 * 126);
+        // Values round up to 8 bytes per CPU.
+        let odd = MapFdinfo {
+            value_size: 12,
+            max_entries: 10,
+            map_type: 6,
+            ..percpu
+        };
+        assert_eq!(memlock_at_cpus(&odd, 2, 128), 361_088 + 10 * 16 * 126);
+        // Fewer CPUs than here: smaller, never below zero.
+        assert_eq!(memlock_at_cpus(&odd, 130, 128), 361_088 - 10 * 16 * 2);
+        // Shared maps do not grow.
+        let lru = MapFdinfo {
+            map_type: 9,
+            ..percpu
+        };
+        assert_eq!(memlock_at_cpus(&lru, 2, 128), 361_088);
+    }
+
+    #[test]
+    fn cpu_lists() {
+        assert_eq!(count_cpu_list("0-1\n"), Some(2));
+        assert_eq!(count_cpu_list("0"), Some(1));
+        assert_eq!(count_cpu_list("0-3,8-11"), Some(8));
+        assert_eq!(count_cpu_list("0,2,4-5"), Some(4));
+        assert_eq!(count_cpu_list("3-1"), None);
+        assert_eq!(count_cpu_list(""), None);
     }
 }

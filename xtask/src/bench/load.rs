@@ -1,10 +1,11 @@
-//! The workloads: iperf3 bulk transfers, a paced short-connection load generator with
-//! its echo server, and a storm of refused connects. The in-process ones run on threads
-//! that entered the pods' namespaces, so they need no external tool.
+//! The workloads: iperf3 bulk transfers, a short-connection load generator (paced, or
+//! closed loop) with its echo server, a storm of refused connects, and a flood of UDP
+//! datagrams into an nftables drop rule ([`DropRule`]). The in-process ones run on
+//! threads that entered the pods' namespaces, so they need no external tool.
 
 use std::{
     io::{self, ErrorKind, Read as _, Write as _},
-    net::{SocketAddr, TcpListener, TcpStream},
+    net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket},
     os::fd::AsRawFd as _,
     process::{Child, Output, Stdio},
     sync::{
@@ -19,7 +20,12 @@ use anyhow::{Context as _, Result, bail};
 use serde::Serialize;
 use socket2::{Domain, Socket, Type};
 
-use node_diag_testbed::{cmd::exec_in, in_netns, netns::enter_netns, process::die_with_parent};
+use node_diag_testbed::{
+    cmd::{exec_in, run_in},
+    in_netns,
+    netns::enter_netns,
+    process::die_with_parent,
+};
 
 use super::interrupted;
 use crate::cmd;
@@ -144,7 +150,7 @@ fn output_within(command: &mut std::process::Command, timeout: Duration) -> Resu
     })
 }
 
-/// A TCP echo server for [`conn_rate`]: each connection gets its request echoed and is
+/// A TCP echo server for [`short_connections`]: each connection gets its request echoed and is
 /// closed by the server (so the TIME_WAIT state stays on the server side). Stops on drop.
 pub struct EchoServer {
     stop: Arc<AtomicBool>,
@@ -241,29 +247,35 @@ pub struct ConnStats {
 /// Lag behind the schedule after which the generator skips ahead instead of bursting.
 const MAX_LAG: Duration = Duration::from_millis(100);
 
-/// From `netns`, opens `rate` short connections per second to `server` for `duration`
-/// (connect, send 64 bytes, read the echo, read the server's close, close), spread over
-/// `threads` paced threads.
-pub fn conn_rate(
+/// From `netns`, short connections to `server` for `duration` (connect, send 64 bytes,
+/// read the echo, read the server's close, close) on `threads` threads: paced to offer
+/// `rate` per second in total, or, without a rate, each thread opening its next
+/// connection as soon as the previous one is done (closed loop), so the figure is what
+/// the machine can complete.
+pub fn short_connections(
     netns: &str,
     server: SocketAddr,
-    rate: u32,
+    rate: Option<u32>,
     duration: Duration,
     threads: u32,
 ) -> Result<ConnStats> {
-    let interval = Duration::from_secs_f64(f64::from(threads) / f64::from(rate.max(1)));
+    let interval =
+        rate.map(|rate| Duration::from_secs_f64(f64::from(threads) / f64::from(rate.max(1))));
     let start = Instant::now() + Duration::from_millis(100);
     let end = start + duration;
     let workers = (0..threads)
         .map(|i| {
             let netns = netns.to_owned();
-            // Threads start staggered within one interval.
-            let first = start + interval.mul_f64(f64::from(i) / f64::from(threads));
+            // Paced threads start staggered within one interval.
+            let first = start
+                + interval.map_or(Duration::ZERO, |interval| {
+                    interval.mul_f64(f64::from(i) / f64::from(threads))
+                });
             thread::Builder::new()
                 .name(format!("conn-{i}"))
                 .spawn(move || {
                     enter_netns(&netns)?;
-                    Ok(paced_connections(server, first, interval, end))
+                    Ok(connections(server, first, interval, end))
                 })
                 .context("cannot spawn a load thread")
         })
@@ -305,10 +317,12 @@ struct Worker {
     first_error: Option<String>,
 }
 
-fn paced_connections(
+/// One thread's connections from `first` until `end`: one every `interval`, or back to
+/// back without one.
+fn connections(
     server: SocketAddr,
     first: Instant,
-    interval: Duration,
+    interval: Option<Duration>,
     end: Instant,
 ) -> Worker {
     let mut worker = Worker::default();
@@ -317,7 +331,9 @@ fn paced_connections(
         let now = Instant::now();
         if now < next {
             thread::sleep(next - now);
-        } else if now - next > MAX_LAG {
+        } else if let Some(interval) = interval
+            && now - next > MAX_LAG
+        {
             // Behind schedule: skip the missed slots rather than burst to catch up.
             let missed = ((now - next).as_secs_f64() / interval.as_secs_f64()) as u64;
             worker.skipped += missed;
@@ -337,7 +353,10 @@ fn paced_connections(
                 worker.first_error.get_or_insert_with(|| err.to_string());
             }
         }
-        next += interval;
+        next = match interval {
+            Some(interval) => next + interval,
+            None => Instant::now(),
+        };
     }
     worker
 }
@@ -452,6 +471,188 @@ pub fn refused_storm(
     Ok(total_stats)
 }
 
+/// The nftables table of the drop flood's rule (family `inet`).
+const DROP_TABLE: &str = "ndbench";
+/// Bytes of each flood datagram: small, so the figure is packets, not bytes.
+const FLOOD_PAYLOAD: usize = 16;
+/// Sends between two looks at the clock and the stop flag.
+const FLOOD_BATCH: u32 = 64;
+
+/// An nftables rule in `netns`'s forward hook that counts and drops UDP to one port
+/// (table `inet ndbench`, chain `flood`). Every packet it drops is freed through
+/// `kfree_skb` with reason `NETFILTER_DROP`. Dropping the guard deletes the table: the
+/// other workloads must not pay for a forward hook, and a failed bench must not leave
+/// the rule behind.
+pub struct DropRule {
+    netns: String,
+}
+
+impl DropRule {
+    pub fn install(netns: &str, port: u16) -> Result<Self> {
+        run_in(netns, &["nft", &format!("add table inet {DROP_TABLE}")])?;
+        // The guard exists from here on, so a failure below still deletes the table.
+        let rule = Self {
+            netns: netns.to_owned(),
+        };
+        run_in(
+            netns,
+            &[
+                "nft",
+                &format!(
+                    "add chain inet {DROP_TABLE} flood \
+                     {{ type filter hook forward priority 0; policy accept; }}"
+                ),
+            ],
+        )?;
+        run_in(
+            netns,
+            &[
+                "nft",
+                &format!("add rule inet {DROP_TABLE} flood udp dport {port} counter drop"),
+            ],
+        )?;
+        Ok(rule)
+    }
+
+    /// Packets the rule has dropped so far (its counter).
+    pub fn dropped(&self) -> Result<u64> {
+        let json = run_in(
+            &self.netns,
+            &["nft", "-j", "list", "table", "inet", DROP_TABLE],
+        )?;
+        rule_counter_packets(&json)
+            .with_context(|| format!("`nft -j list table inet {DROP_TABLE}` in {}", self.netns))
+    }
+}
+
+impl Drop for DropRule {
+    fn drop(&mut self) {
+        let delete = format!("delete table inet {DROP_TABLE}");
+        if let Err(err) = run_in(&self.netns, &["nft", &delete]) {
+            // Never panic in drop: it may run while unwinding from a failure. The table
+            // goes with the namespace at the latest.
+            eprintln!(
+                "[bench] warning: cannot delete nftables table inet {DROP_TABLE} in {}: {err}",
+                self.netns
+            );
+        }
+    }
+}
+
+/// The sum of the `counter` packets of every rule in `nft -j list table` output.
+fn rule_counter_packets(json: &str) -> Result<u64> {
+    let doc: serde_json::Value = serde_json::from_str(json).context("not JSON")?;
+    let items = doc["nftables"].as_array().context("no `nftables` array")?;
+    let counters: Vec<u64> = items
+        .iter()
+        .filter_map(|item| item["rule"]["expr"].as_array())
+        .flatten()
+        .filter_map(|expr| expr["counter"]["packets"].as_u64())
+        .collect();
+    if counters.is_empty() {
+        bail!("no rule with a counter");
+    }
+    Ok(counters.iter().sum())
+}
+
+/// What the drop flood saw.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct FloodStats {
+    /// Datagrams the senders' `send` accepted.
+    pub sent: u64,
+    /// Sends that failed.
+    pub failed: u64,
+    /// Packets the drop rule counted during the flood: what reached the drop, which is
+    /// less than `sent` when the kernel dropped some earlier (a full backlog).
+    pub dropped: u64,
+    pub elapsed_s: f64,
+    /// `sent` per second.
+    pub sent_rate: f64,
+    /// `dropped` per second: the workload's figure.
+    pub drop_rate: f64,
+    pub first_error: Option<String>,
+}
+
+/// From `netns`, `threads` threads send small UDP datagrams to `target` back to back for
+/// `duration`; `rule` drops them on the way and counts what reached it.
+pub fn drop_flood(
+    netns: &str,
+    target: SocketAddr,
+    duration: Duration,
+    threads: u32,
+    rule: &DropRule,
+) -> Result<FloodStats> {
+    let dropped_before = rule.dropped()?;
+    let start = Instant::now() + Duration::from_millis(100);
+    let end = start + duration;
+    let workers = (0..threads)
+        .map(|i| {
+            let netns = netns.to_owned();
+            thread::Builder::new()
+                .name(format!("flood-{i}"))
+                .spawn(move || -> Result<FloodStats> {
+                    enter_netns(&netns)?;
+                    let socket = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?;
+                    socket.connect(target)?;
+                    socket.set_write_timeout(Some(IO_TIMEOUT))?;
+                    Ok(flood(&socket, start, end))
+                })
+                .context("cannot spawn a flood thread")
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut total = FloodStats::default();
+    for worker in workers {
+        let stats = worker
+            .join()
+            .unwrap_or_else(|payload| std::panic::resume_unwind(payload))
+            .with_context(|| format!("flood sender in {netns}"))?;
+        total.sent += stats.sent;
+        total.failed += stats.failed;
+        total.first_error = total.first_error.or(stats.first_error);
+    }
+    if interrupted() {
+        bail!("interrupted");
+    }
+    total.dropped = rule.dropped()?.saturating_sub(dropped_before);
+    total.elapsed_s = duration.as_secs_f64();
+    total.sent_rate = total.sent as f64 / total.elapsed_s;
+    total.drop_rate = total.dropped as f64 / total.elapsed_s;
+    if total.dropped == 0 {
+        bail!(
+            "no datagram to {target} reached the drop rule ({} sent, {} failed{})",
+            total.sent,
+            total.failed,
+            total
+                .first_error
+                .as_deref()
+                .map_or_else(String::new, |err| format!(", first error: {err}"))
+        );
+    }
+    Ok(total)
+}
+
+/// One sender: datagrams back to back from `start` until `end`.
+fn flood(socket: &UdpSocket, start: Instant, end: Instant) -> FloodStats {
+    let payload = [0u8; FLOOD_PAYLOAD];
+    let mut stats = FloodStats::default();
+    let now = Instant::now();
+    if now < start {
+        thread::sleep(start - now);
+    }
+    while Instant::now() < end && !interrupted() {
+        for _ in 0..FLOOD_BATCH {
+            match socket.send(&payload) {
+                Ok(_) => stats.sent += 1,
+                Err(err) => {
+                    stats.failed += 1;
+                    stats.first_error.get_or_insert_with(|| err.to_string());
+                }
+            }
+        }
+    }
+    stats
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -462,5 +663,22 @@ mod tests {
         assert_eq!(percentile(&samples, 0.5), 51.0);
         assert_eq!(percentile(&samples, 0.99), 99.0);
         assert_eq!(percentile(&[], 0.5), 0.0);
+    }
+
+    #[test]
+    fn drop_rule_counters_from_nft_json() {
+        let json = r#"{"nftables": [{"metainfo": {"version": "1.0.6", "json_schema_version": 1}},
+            {"table": {"family": "inet", "name": "ndbench", "handle": 1}},
+            {"chain": {"family": "inet", "table": "ndbench", "name": "flood", "handle": 1,
+                       "type": "filter", "hook": "forward", "prio": 0, "policy": "accept"}},
+            {"rule": {"family": "inet", "table": "ndbench", "chain": "flood", "handle": 2,
+                      "expr": [{"match": {"op": "==", "left": {"payload": {"protocol": "udp",
+                               "field": "dport"}}, "right": 7998}},
+                               {"counter": {"packets": 123456, "bytes": 5432064}},
+                               {"drop": null}]}}]}"#;
+        assert_eq!(rule_counter_packets(json).unwrap(), 123_456);
+        let no_counter = r#"{"nftables": [{"table": {"family": "inet", "name": "ndbench"}}]}"#;
+        assert!(rule_counter_packets(no_counter).is_err());
+        assert!(rule_counter_packets("table inet ndbench {}").is_err());
     }
 }

@@ -1,20 +1,44 @@
-//! The bench's results: medians, a markdown table judged against the targets, a JSON file.
+//! The bench's results: medians and spreads of the pair ratios, a markdown table judged
+//! against the targets (with the per-program cost per workload and the eBPF maps below
+//! it), a JSON file.
 
 use std::{collections::BTreeMap, fmt::Write as _, fs, path::Path, time::Duration};
 
 use anyhow::{Context as _, Result};
 use serde::Serialize;
 
-use super::{Mode, Sample, Settings, Workload};
+use super::{
+    CONN_THREADS, FLOOD_PORT, FLOOD_THREADS, Mode, Sample, Settings, Workload,
+    agent::{self, MapMemory},
+};
 
-/// Targets from issue 5.
-const THROUGHPUT_RATIO: f64 = 0.98;
-const CONN_RATE_RATIO: f64 = 0.95;
-const PROGRAM_NS: f64 = 100.0;
-const RSS_MIB: f64 = 64.0;
-const CPU_PCT_AT_10K: f64 = 5.0;
+/// Targets from the performance issue. Ratios are medians of the pair ratios.
+const THROUGHPUT_RATIO: f64 = 0.99;
+const CLOSED_LOOP_RATIO: f64 = 0.97;
+const FLOOD_RATIO: f64 = 0.95;
+const STORM_RATE_RATIO: f64 = 0.90;
+/// Agent CPU during the refused storm, in % of one core.
+const STORM_CPU_PCT: f64 = 5.0;
+const RSS_MIB: f64 = 40.0;
+/// Memory of the agent's eBPF maps on a node of [`agent::TARGET_CPUS`] CPUs.
+const MAP_MIB: f64 = 24.0;
 /// "Findings aggregate": at most this many findings and stdout lines for a whole storm.
 const STORM_LINES: u64 = 10;
+
+/// The average run time budget of a program, by how often its hook fires: per packet,
+/// per connection (state changes, resets, retransmits, ICMP errors sent), or per failed
+/// connect (the error report path, which builds an event). `None` for a program without
+/// a budget (a new one: it is shown, not judged).
+fn program_budget(name: &str) -> Option<(f64, &'static str)> {
+    match name {
+        "nd_tc_ingress" | "nd_kfree_skb" => Some((60.0, "per packet")),
+        "nd_set_state" | "nd_rcv_reset" | "nd_snd_reset" | "nd_retransmit" | "nd_icmp_send" => {
+            Some((150.0, "per connection"))
+        }
+        "nd_err_report" => Some((400.0, "error report")),
+        _ => None,
+    }
+}
 
 /// The machine the bench ran on.
 #[derive(Debug, Clone, Serialize)]
@@ -93,11 +117,52 @@ pub struct Row {
     pub agent: Option<f64>,
     /// The figure judged against the target (a ratio, ns, MiB, %...).
     pub value: Option<f64>,
-    /// How the table shows the row: baseline, with agent, value.
+    /// For a ratio: the smallest and largest of the pair ratios `value` is the median of.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ratio_min: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ratio_max: Option<f64>,
+    /// How the table shows the row: baseline, with agent, value, spread.
     #[serde(skip)]
-    cells: [String; 3],
+    cells: [String; 4],
     pub target: String,
     pub verdict: Verdict,
+}
+
+impl Row {
+    /// A row without a target; `cells` are baseline, with agent, value.
+    fn new(
+        metric: impl Into<String>,
+        [baseline, agent, value]: [Option<f64>; 3],
+        [b, a, v]: [String; 3],
+    ) -> Self {
+        Self {
+            metric: metric.into(),
+            baseline,
+            agent,
+            value,
+            ratio_min: None,
+            ratio_max: None,
+            cells: [b, a, v, "—".to_owned()],
+            target: "—".to_owned(),
+            verdict: Verdict::Info,
+        }
+    }
+
+    /// Judged against `target`: pass or fail.
+    fn target(mut self, target: impl Into<String>, pass: bool) -> Self {
+        self.target = target.into();
+        self.verdict = Verdict::of(pass);
+        self
+    }
+
+    /// Shows the spread of the pair ratios behind a ratio.
+    fn spread(mut self, ratios: &[f64]) -> Self {
+        self.ratio_min = ratios.iter().copied().reduce(f64::min);
+        self.ratio_max = ratios.iter().copied().reduce(f64::max);
+        self.cells[3] = spread(ratios);
+        self
+    }
 }
 
 /// Per-program figures over every workload of every run.
@@ -108,8 +173,40 @@ pub struct ProgramSummary {
     pub run_cnt: u64,
     pub run_time_ns: u64,
     pub avg_ns: Option<f64>,
+    /// The budget `avg_ns` is judged against.
+    pub budget_ns: Option<f64>,
     /// Average ns per run in each workload.
     pub avg_ns_by_workload: BTreeMap<Workload, Option<f64>>,
+    /// Runs in each workload.
+    pub run_cnt_by_workload: BTreeMap<Workload, u64>,
+}
+
+/// The agent's eBPF maps, from the measurement whose total at [`agent::TARGET_CPUS`] was
+/// the largest.
+#[derive(Debug, Clone, Serialize)]
+pub struct MapReport {
+    /// CPUs the kernel sizes per-CPU maps for on this machine (possible CPUs).
+    pub cpus: u32,
+    pub target_cpus: u32,
+    pub memlock_bytes: u64,
+    pub memlock_at_target_cpus_bytes: u64,
+    pub maps: Vec<MapMemory>,
+}
+
+impl MapReport {
+    fn new(samples: &[Sample]) -> Option<Self> {
+        let usage = samples
+            .iter()
+            .filter_map(|s| s.agent.as_ref())
+            .max_by_key(|usage| usage.map_memlock_at_target_cpus_bytes)?;
+        Some(Self {
+            cpus: agent::possible_cpus(),
+            target_cpus: agent::TARGET_CPUS,
+            memlock_bytes: usage.map_memlock_bytes,
+            memlock_at_target_cpus_bytes: usage.map_memlock_at_target_cpus_bytes,
+            maps: usage.maps.clone(),
+        })
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -120,6 +217,7 @@ pub struct Report {
     pub elapsed_s: f64,
     pub rows: Vec<Row>,
     pub programs: BTreeMap<String, ProgramSummary>,
+    pub maps: Option<MapReport>,
     pub samples: Vec<Sample>,
 }
 
@@ -133,7 +231,8 @@ impl Report {
     ) -> Self {
         machine.loadavg_end = loadavg();
         let programs = programs(&samples);
-        let rows = rows(&settings, &samples, &programs);
+        let maps = MapReport::new(&samples);
+        let rows = rows(&settings, &samples, &programs, maps.as_ref());
         Self {
             command,
             settings,
@@ -141,6 +240,7 @@ impl Report {
             elapsed_s: elapsed.as_secs_f64(),
             rows,
             programs,
+            maps,
             samples,
         }
     }
@@ -166,22 +266,109 @@ impl Report {
         let _ = writeln!(out, "{}\n", self.contention());
         let _ = writeln!(
             out,
-            "| metric | baseline | with agent | ratio / value | target | pass/fail |"
+            "| metric | baseline | with agent | ratio / value | spread (pair ratios) | target | pass/fail |"
         );
-        let _ = writeln!(out, "| --- | ---: | ---: | ---: | --- | --- |");
+        let _ = writeln!(out, "| --- | ---: | ---: | ---: | ---: | --- | --- |");
         for row in &self.rows {
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} |",
                 row.metric,
                 row.cells[0],
                 row.cells[1],
                 row.cells[2],
+                row.cells[3],
                 row.target,
                 row.verdict.label()
             );
         }
+        self.programs_by_workload(&mut out);
+        self.map_table(&mut out);
         out
+    }
+
+    /// Each program's average run time in each workload, with its runs: which workload
+    /// makes a hook expensive (the drop flood for `nd_kfree_skb`...).
+    fn programs_by_workload(&self, out: &mut String) {
+        if self.programs.is_empty() {
+            return;
+        }
+        let workloads: Vec<Workload> = Workload::ALL
+            .into_iter()
+            .filter(|w| {
+                self.programs
+                    .values()
+                    .any(|p| p.avg_ns_by_workload.contains_key(w))
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "\nAverage run time per program and workload: ns per run (runs), \
+             Σ run_time_ns ÷ Σ run_cnt over the runs; — where it did not run.\n"
+        );
+        let mut header = "| program | budget |".to_owned();
+        let mut rule = "| --- | --- |".to_owned();
+        for workload in &workloads {
+            let _ = write!(header, " {} |", workload.label());
+            rule.push_str(" ---: |");
+        }
+        let _ = writeln!(out, "{header}\n{rule}");
+        for (name, program) in &self.programs {
+            let budget = program
+                .budget_ns
+                .map_or_else(|| "—".to_owned(), |ns| format!("≤ {ns:.0} ns"));
+            let mut line = format!("| `{name}` | {budget} |");
+            for workload in &workloads {
+                let avg = program.avg_ns_by_workload.get(workload).copied().flatten();
+                let runs = program
+                    .run_cnt_by_workload
+                    .get(workload)
+                    .copied()
+                    .unwrap_or(0);
+                let cell = avg.map_or_else(
+                    || "—".to_owned(),
+                    |ns| format!("{ns:.0} ({})", compact_count(runs)),
+                );
+                let _ = write!(line, " {cell} |");
+            }
+            let _ = writeln!(out, "{line}");
+        }
+    }
+
+    /// The agent's eBPF maps, largest at the target CPU count first.
+    fn map_table(&self, out: &mut String) {
+        let Some(maps) = &self.maps else { return };
+        let _ = writeln!(
+            out,
+            "\neBPF maps the agent holds (`memlock` of `/proc/PID/fdinfo`, here with {} CPUs; \
+             at {} CPUs a per-CPU map adds max_entries × value_size rounded up to 8 per CPU):\n",
+            maps.cpus, maps.target_cpus
+        );
+        let _ = writeln!(
+            out,
+            "| map | type | key / value size | max entries | memlock | at {} CPUs |",
+            maps.target_cpus
+        );
+        let _ = writeln!(out, "| --- | --- | ---: | ---: | ---: | ---: |");
+        let mut sorted: Vec<&MapMemory> = maps.maps.iter().collect();
+        sorted.sort_by(|a, b| {
+            b.memlock_at_target_cpus_bytes
+                .cmp(&a.memlock_at_target_cpus_bytes)
+                .then_with(|| a.name.cmp(&b.name))
+        });
+        for map in sorted {
+            let _ = writeln!(
+                out,
+                "| `{}` | {} | {} / {} B | {} | {} | {} |",
+                map.name,
+                map.kind,
+                map.key_size,
+                map.value_size,
+                map.max_entries,
+                bytes(map.memlock_bytes),
+                bytes(map.memlock_at_target_cpus_bytes)
+            );
+        }
     }
 
     /// Whether another node-diag agent's programs ran during the measurements.
@@ -218,14 +405,24 @@ impl Report {
 pub fn progress_line(sample: &Sample) -> String {
     let figure = match sample.workload {
         Workload::IperfOverlay | Workload::IperfVeth => format!("{:.2} Gbit/s", sample.value / 1e9),
-        Workload::ConnRate => {
+        Workload::ConnRate | Workload::ConnClosedLoop => {
             let failed = sample.conn.as_ref().map_or(0, |c| c.failed);
             format!("{:.0} conn/s ({failed} failed)", sample.value)
+        }
+        Workload::DropFlood => {
+            let (sent, failed) = sample
+                .flood
+                .as_ref()
+                .map_or((0.0, 0), |f| (f.sent_rate, f.failed));
+            format!(
+                "{:.0} dropped/s at the rule ({sent:.0} sent/s, {failed} failed sends)",
+                sample.value
+            )
         }
         Workload::Storm => format!("{:.0} refused/s", sample.value),
     };
     let mut line = format!(
-        "run {} {:<15} {:<8} {figure}",
+        "run {} {:<23} {:<8} {figure}",
         sample.run + 1,
         sample.workload.label(),
         match sample.mode {
@@ -259,6 +456,36 @@ fn mib(kib: u64) -> f64 {
     kib as f64 / 1024.0
 }
 
+/// Bytes as KiB or MiB, for the map table.
+fn bytes(bytes: u64) -> String {
+    let kib = bytes as f64 / 1024.0;
+    if kib < 1024.0 {
+        format!("{kib:.1} KiB")
+    } else {
+        format!("{:.2} MiB", kib / 1024.0)
+    }
+}
+
+/// A run count in a few characters: 950, 12.3k, 4.5M.
+fn compact_count(n: u64) -> String {
+    match n {
+        0..1_000 => n.to_string(),
+        1_000..1_000_000 => format!("{:.1}k", n as f64 / 1e3),
+        _ => format!("{:.1}M", n as f64 / 1e6),
+    }
+}
+
+/// The spread of the pair ratios: `min–max`, or the one ratio of a single pair.
+fn spread(ratios: &[f64]) -> String {
+    let min = ratios.iter().copied().reduce(f64::min);
+    let max = ratios.iter().copied().reduce(f64::max);
+    match (min, max, ratios.len()) {
+        (Some(only), _, 1) => format!("{only:.3} (1 pair)"),
+        (Some(min), Some(max), _) => format!("{min:.3}–{max:.3}"),
+        _ => "n/a".to_owned(),
+    }
+}
+
 pub fn median(values: &mut [f64]) -> Option<f64> {
     if values.is_empty() {
         return None;
@@ -279,27 +506,69 @@ fn of(samples: &[Sample], workload: Workload, mode: Mode) -> impl Iterator<Item 
         .filter(move |s| s.workload == workload && s.mode == mode)
 }
 
-/// Median baseline, median with agent, and the median of the per-run ratios
-/// (agent / baseline of the same run, measured back to back).
-fn paired(
-    samples: &[Sample],
-    workload: Workload,
-    figure: impl Fn(&Sample) -> Option<f64>,
-) -> (Option<f64>, Option<f64>, Option<f64>) {
-    let mut base: Vec<f64> = of(samples, workload, Mode::Baseline)
-        .filter_map(&figure)
-        .collect();
-    let mut with: Vec<f64> = of(samples, workload, Mode::Agent)
-        .filter_map(&figure)
-        .collect();
-    let mut ratios: Vec<f64> = of(samples, workload, Mode::Agent)
-        .filter_map(|a| {
-            let b = of(samples, workload, Mode::Baseline).find(|b| b.run == a.run)?;
-            let (a, b) = (figure(a)?, figure(b)?);
-            (b > 0.0).then(|| a / b)
-        })
-        .collect();
-    (median(&mut base), median(&mut with), median(&mut ratios))
+/// A figure of one workload with and without the agent.
+#[derive(Debug, Clone, PartialEq)]
+struct Paired {
+    /// Medians.
+    baseline: Option<f64>,
+    agent: Option<f64>,
+    /// Agent ÷ baseline of each pair (the same run, measured back to back).
+    ratios: Vec<f64>,
+}
+
+impl Paired {
+    fn of(samples: &[Sample], workload: Workload, figure: impl Fn(&Sample) -> Option<f64>) -> Self {
+        let mut base: Vec<f64> = of(samples, workload, Mode::Baseline)
+            .filter_map(&figure)
+            .collect();
+        let mut with: Vec<f64> = of(samples, workload, Mode::Agent)
+            .filter_map(&figure)
+            .collect();
+        let ratios: Vec<f64> = of(samples, workload, Mode::Agent)
+            .filter_map(|a| {
+                let b = of(samples, workload, Mode::Baseline).find(|b| b.run == a.run)?;
+                let (a, b) = (figure(a)?, figure(b)?);
+                (b > 0.0).then(|| a / b)
+            })
+            .collect();
+        Self {
+            baseline: median(&mut base),
+            agent: median(&mut with),
+            ratios,
+        }
+    }
+
+    /// The median of the pair ratios.
+    fn ratio(&self) -> Option<f64> {
+        median(&mut self.ratios.clone())
+    }
+
+    /// A row of the two medians (shown by `show`), the median ratio and its spread.
+    fn row(&self, metric: impl Into<String>, show: impl Fn(f64) -> String) -> Row {
+        let ratio = self.ratio();
+        Row::new(
+            metric,
+            [self.baseline, self.agent, ratio],
+            [
+                fmt(self.baseline, &show),
+                fmt(self.agent, &show),
+                fmt(ratio, |r| format!("{r:.3}")),
+            ],
+        )
+        .spread(&self.ratios)
+    }
+
+    /// The row judged: the median ratio at least `target`.
+    fn row_at_least(
+        &self,
+        metric: impl Into<String>,
+        show: impl Fn(f64) -> String,
+        target: f64,
+    ) -> Row {
+        let pass = self.ratio().is_some_and(|r| r >= target);
+        self.row(metric, show)
+            .target(format!("≥ {target:.2}"), pass)
+    }
 }
 
 fn fmt(value: Option<f64>, f: impl Fn(f64) -> String) -> String {
@@ -317,7 +586,9 @@ fn programs(samples: &[Sample]) -> BTreeMap<String, ProgramSummary> {
                 run_cnt: 0,
                 run_time_ns: 0,
                 avg_ns: None,
+                budget_ns: program_budget(name).map(|(ns, _)| ns),
                 avg_ns_by_workload: BTreeMap::new(),
+                run_cnt_by_workload: BTreeMap::new(),
             });
             entry.run_cnt += runs.run_cnt;
             entry.run_time_ns += runs.run_time_ns;
@@ -332,6 +603,7 @@ fn programs(samples: &[Sample]) -> BTreeMap<String, ProgramSummary> {
     for ((name, workload), (cnt, ns)) in by_workload {
         if let Some(entry) = out.get_mut(&name) {
             entry.avg_ns_by_workload.insert(workload, avg(cnt, ns));
+            entry.run_cnt_by_workload.insert(workload, cnt);
         }
     }
     for entry in out.values_mut() {
@@ -344,100 +616,143 @@ fn rows(
     settings: &Settings,
     samples: &[Sample],
     programs: &BTreeMap<String, ProgramSummary>,
+    maps: Option<&MapReport>,
 ) -> Vec<Row> {
     let mut rows = Vec::new();
     let gbit = |v: f64| format!("{:.2} Gbit/s", v / 1e9);
-    let ratio = |v: f64| format!("{v:.3}");
-
-    // Throughput and connection rate: ratios against the baseline.
-    for (workload, metric) in [
-        (
-            Workload::IperfOverlay,
-            "throughput pod A → pod B, vxlan overlay (iperf3)",
-        ),
-        (
-            Workload::IperfVeth,
-            "throughput node B → node A, underlay veth (iperf3)",
-        ),
-    ] {
-        let (b, a, r) = paired(samples, workload, |s| Some(s.value));
-        rows.push(Row {
-            metric: metric.to_owned(),
-            baseline: b,
-            agent: a,
-            value: r,
-            cells: [fmt(b, gbit), fmt(a, gbit), fmt(r, ratio)],
-            target: format!("≥ {THROUGHPUT_RATIO}"),
-            verdict: Verdict::of(r.is_some_and(|r| r >= THROUGHPUT_RATIO)),
-        });
-    }
     let per_s = |v: f64| format!("{v:.0}/s");
-    let (b, a, r) = paired(samples, Workload::ConnRate, |s| Some(s.value));
-    rows.push(Row {
-        metric: format!(
-            "short connections pod A → pod B, {} offered/s (completed/s)",
+    let value = |s: &Sample| Some(s.value);
+
+    // Throughput, connections and the drop flood: ratios against the baseline.
+    rows.push(
+        Paired::of(samples, Workload::IperfOverlay, value).row_at_least(
+            "throughput pod A → pod B, vxlan overlay (iperf3)",
+            gbit,
+            THROUGHPUT_RATIO,
+        ),
+    );
+    rows.push(
+        Paired::of(samples, Workload::IperfVeth, value).row_at_least(
+            "throughput node B → node A, underlay veth (iperf3)",
+            gbit,
+            THROUGHPUT_RATIO,
+        ),
+    );
+    rows.push(
+        Paired::of(samples, Workload::ConnClosedLoop, value).row_at_least(
+            format!(
+                "short connections pod A → pod B, closed loop, {CONN_THREADS} threads (completed/s)"
+            ),
+            per_s,
+            CLOSED_LOOP_RATIO,
+        ),
+    );
+    rows.push(Paired::of(samples, Workload::ConnRate, value).row(
+        format!(
+            "short connections pod A → pod B, paced, {} offered/s (completed/s)",
             settings.conn_rate
         ),
-        baseline: b,
-        agent: a,
-        value: r,
-        cells: [fmt(b, per_s), fmt(a, per_s), fmt(r, ratio)],
-        target: format!("≥ {CONN_RATE_RATIO}"),
-        verdict: Verdict::of(r.is_some_and(|r| r >= CONN_RATE_RATIO)),
-    });
+        per_s,
+    ));
     let micros = |v: f64| format!("{v:.0} µs");
-    for (metric, figure) in [
-        (
-            "connection latency p50",
-            (|s: &Sample| s.conn.as_ref().map(|c| c.latency_p50_us)) as fn(&Sample) -> Option<f64>,
-        ),
-        ("connection latency p99", |s: &Sample| {
+    rows.push(
+        Paired::of(samples, Workload::ConnRate, |s| {
+            s.conn.as_ref().map(|c| c.latency_p50_us)
+        })
+        .row("paced connection latency p50", micros),
+    );
+    rows.push(
+        Paired::of(samples, Workload::ConnRate, |s| {
             s.conn.as_ref().map(|c| c.latency_p99_us)
-        }),
-    ] {
-        let (b, a, r) = paired(samples, Workload::ConnRate, figure);
-        rows.push(Row {
-            metric: metric.to_owned(),
-            baseline: b,
-            agent: a,
-            value: r,
-            cells: [fmt(b, micros), fmt(a, micros), fmt(r, ratio)],
-            target: "—".to_owned(),
-            verdict: Verdict::Info,
+        })
+        .row("paced connection latency p99", micros),
+    );
+    rows.push(
+        Paired::of(samples, Workload::DropFlood, value).row_at_least(
+            format!(
+                "drop flood: UDP pod A → :{FLOOD_PORT}, dropped in node A's forward hook, \
+                 {FLOOD_THREADS} threads (drops/s at the rule)"
+            ),
+            per_s,
+            FLOOD_RATIO,
+        ),
+    );
+    rows.push(
+        Paired::of(samples, Workload::DropFlood, |s| {
+            s.flood.as_ref().map(|f| f.sent_rate)
+        })
+        .row(
+            "drop flood: datagrams sent/s (the senders' successful sends)",
+            per_s,
+        ),
+    );
+
+    // Per-program cost, against the budget of its hook.
+    for (name, program) in programs {
+        let avg = program.avg_ns;
+        let row = Row::new(
+            format!("avg run time `{name}` ({})", program.kind),
+            [None, None, avg],
+            [
+                "—".to_owned(),
+                format!("{} runs", program.run_cnt),
+                fmt(avg, |ns| format!("{ns:.0} ns")),
+            ],
+        );
+        rows.push(match (program_budget(name), avg) {
+            (Some((budget, hook)), Some(ns)) => {
+                row.target(format!("≤ {budget:.0} ns ({hook})"), ns <= budget)
+            }
+            (Some((budget, hook)), None) => Row {
+                target: format!("≤ {budget:.0} ns ({hook})"),
+                ..row
+            },
+            (None, _) => row,
         });
     }
 
-    // Per-program cost.
-    for (name, program) in programs {
-        let value = program.avg_ns;
-        rows.push(Row {
-            metric: format!("avg run time `{name}` ({})", program.kind),
-            baseline: None,
-            agent: None,
-            value,
-            cells: [
-                "—".to_owned(),
-                format!("{} runs", program.run_cnt),
-                fmt(value, |ns| format!("{ns:.0} ns")),
-            ],
-            target: format!("≤ {PROGRAM_NS:.0} ns"),
-            verdict: value.map_or(Verdict::Info, |ns| Verdict::of(ns <= PROGRAM_NS)),
-        });
+    // The eBPF maps' memory.
+    if let Some(maps) = maps {
+        let (here, there) = (
+            maps.memlock_bytes as f64 / (1024.0 * 1024.0),
+            maps.memlock_at_target_cpus_bytes as f64 / (1024.0 * 1024.0),
+        );
+        rows.push(
+            Row::new(
+                format!(
+                    "eBPF map memory (memlock of the agent's {} maps), here and at {} CPUs",
+                    maps.maps.len(),
+                    maps.target_cpus
+                ),
+                [None, Some(here), Some(there)],
+                [
+                    "—".to_owned(),
+                    format!("{here:.1} MiB ({} CPUs)", maps.cpus),
+                    format!("{there:.1} MiB"),
+                ],
+            )
+            .target(
+                format!("≤ {MAP_MIB:.0} MiB at {} CPUs", maps.target_cpus),
+                there <= MAP_MIB,
+            ),
+        );
     }
 
     // Agent resources: start-up, then per workload.
-    let rss_row = |metric: String, peak: Option<f64>| Row {
-        metric,
-        baseline: None,
-        agent: peak,
-        value: peak,
-        cells: [
-            "—".to_owned(),
-            "—".to_owned(),
-            fmt(peak, |v| format!("{v:.1} MiB")),
-        ],
-        target: format!("≤ {RSS_MIB:.0} MiB"),
-        verdict: Verdict::of(peak.is_some_and(|v| v <= RSS_MIB)),
+    let rss_row = |metric: String, peak: Option<f64>| {
+        Row::new(
+            metric,
+            [None, peak, peak],
+            [
+                "—".to_owned(),
+                "—".to_owned(),
+                fmt(peak, |v| format!("{v:.1} MiB")),
+            ],
+        )
+        .target(
+            format!("≤ {RSS_MIB:.0} MiB"),
+            peak.is_some_and(|v| v <= RSS_MIB),
+        )
     };
     let startup = samples
         .iter()
@@ -448,6 +763,7 @@ fn rows(
         "agent peak RSS (VmHWM), start-up (loading the programs)".to_owned(),
         startup,
     ));
+    let pct = |v: f64| format!("{v:.2} %");
     for workload in Workload::ALL {
         let peak = of(samples, workload, Mode::Agent)
             .filter_map(|s| Some(s.agent.as_ref()?.peak_rss_kib))
@@ -461,35 +777,41 @@ fn rows(
             .filter_map(|s| Some(s.agent.as_ref()?.cpu_pct))
             .collect();
         let cpu = median(&mut cpu);
-        let pct = |v: f64| format!("{v:.2} %");
-        if workload == Workload::ConnRate {
-            // The target is at 10k conn/s: scale by the rate actually reached.
-            let (_, rate, _) = paired(samples, workload, |s| Some(s.value));
-            let at_10k = cpu
-                .zip(rate)
-                .and_then(|(cpu, rate)| (rate > 0.0).then(|| cpu * 10_000.0 / rate));
-            rows.push(Row {
-                metric: format!(
-                    "agent CPU (% of one core), connection rate (at the {} completed/s reached; scaled to 10k/s)",
-                    fmt(rate, |r| format!("{r:.0}"))
-                ),
-                baseline: None,
-                agent: cpu,
-                value: at_10k,
-                cells: ["—".to_owned(), fmt(cpu, pct), fmt(at_10k, pct)],
-                target: format!("≤ {CPU_PCT_AT_10K:.0} % at 10k/s"),
-                verdict: Verdict::of(at_10k.is_some_and(|v| v <= CPU_PCT_AT_10K)),
-            });
-        } else {
-            rows.push(Row {
-                metric: format!("agent CPU (% of one core), {}", workload.label()),
-                baseline: None,
-                agent: cpu,
-                value: cpu,
-                cells: ["—".to_owned(), fmt(cpu, pct), fmt(cpu, pct)],
-                target: "—".to_owned(),
-                verdict: Verdict::Info,
-            });
+        match workload {
+            Workload::ConnRate => {
+                // Scaled by the rate actually reached, for comparison with 10k conn/s.
+                let rate = Paired::of(samples, workload, value).agent;
+                let at_10k = cpu
+                    .zip(rate)
+                    .and_then(|(cpu, rate)| (rate > 0.0).then(|| cpu * 10_000.0 / rate));
+                rows.push(Row::new(
+                    format!(
+                        "agent CPU (% of one core), connection rate (at the {} completed/s reached; scaled to 10k/s)",
+                        fmt(rate, |r| format!("{r:.0}"))
+                    ),
+                    [None, cpu, at_10k],
+                    ["—".to_owned(), fmt(cpu, pct), fmt(at_10k, pct)],
+                ));
+            }
+            Workload::Storm => {
+                // Until the agent has accounted for the storm (see `account`).
+                rows.push(
+                    Row::new(
+                        format!("agent CPU (% of one core), {}", workload.label()),
+                        [None, cpu, cpu],
+                        ["—".to_owned(), fmt(cpu, pct), fmt(cpu, pct)],
+                    )
+                    .target(
+                        format!("≤ {STORM_CPU_PCT:.0} %"),
+                        cpu.is_some_and(|v| v <= STORM_CPU_PCT),
+                    ),
+                );
+            }
+            _ => rows.push(Row::new(
+                format!("agent CPU (% of one core), {}", workload.label()),
+                [None, cpu, cpu],
+                ["—".to_owned(), fmt(cpu, pct), fmt(cpu, pct)],
+            )),
         }
     }
 
@@ -498,23 +820,16 @@ fn rows(
 }
 
 fn storm_rows(settings: &Settings, samples: &[Sample], rows: &mut Vec<Row>) {
-    let (b, a, r) = paired(samples, Workload::Storm, |s| Some(s.value));
-    rows.push(Row {
-        metric: format!(
-            "storm: {} refused connects, rate (refused/s)",
-            settings.storm_connects
+    rows.push(
+        Paired::of(samples, Workload::Storm, |s| Some(s.value)).row_at_least(
+            format!(
+                "storm: {} refused connects, rate (refused/s)",
+                settings.storm_connects
+            ),
+            |v| format!("{v:.0}/s"),
+            STORM_RATE_RATIO,
         ),
-        baseline: b,
-        agent: a,
-        value: r,
-        cells: [
-            fmt(b, |v| format!("{v:.0}/s")),
-            fmt(a, |v| format!("{v:.0}/s")),
-            fmt(r, |v| format!("{v:.3}")),
-        ],
-        target: "—".to_owned(),
-        verdict: Verdict::Info,
-    });
+    );
     let mut per_connect = Vec::new();
     let mut cpu_ms = Vec::new();
     for usage in of(samples, Workload::Storm, Mode::Agent).filter_map(|s| s.agent.as_ref()) {
@@ -524,21 +839,17 @@ fn storm_rows(settings: &Settings, samples: &[Sample], rows: &mut Vec<Row>) {
         }
     }
     let (per_connect, cpu_ms) = (median(&mut per_connect), median(&mut cpu_ms));
-    rows.push(Row {
-        // /proc/PID/stat counts CPU time in clock ticks (10 ms): the total shows how
-        // precise the figure is.
-        metric: "storm: agent CPU time per refused connect (total, in 10 ms ticks)".to_owned(),
-        baseline: None,
-        agent: cpu_ms,
-        value: per_connect,
-        cells: [
+    // /proc/PID/stat counts CPU time in clock ticks (10 ms): the total shows how precise
+    // the figure is.
+    rows.push(Row::new(
+        "storm: agent CPU time per refused connect (total, in 10 ms ticks)",
+        [None, cpu_ms, per_connect],
+        [
             "—".to_owned(),
             fmt(cpu_ms, |v| format!("{v:.0} ms")),
             fmt(per_connect, |v| format!("{v:.2} µs")),
         ],
-        target: "—".to_owned(),
-        verdict: Verdict::Info,
-    });
+    ));
     // The run that accounts worst (largest difference) stands for all.
     let worst = of(samples, Workload::Storm, Mode::Agent)
         .filter_map(|s| Some((s.agent.as_ref()?, s.agent.as_ref()?.accounting.as_ref()?)))
@@ -547,49 +858,55 @@ fn storm_rows(settings: &Settings, samples: &[Sample], rows: &mut Vec<Row>) {
         return;
     };
     let accounted = acc.findings_count + acc.events_lost;
-    rows.push(Row {
-        metric: "storm: refused seen by client vs. tcp_refused counts + events lost".to_owned(),
-        baseline: Some(acc.refused as f64),
-        agent: Some(accounted as f64),
-        value: Some(acc.difference as f64),
-        cells: [
-            format!("{} refused", acc.refused),
-            format!("{} + {} lost", acc.findings_count, acc.events_lost),
-            format!("difference {:+}", acc.difference),
-        ],
-        target: "difference 0".to_owned(),
-        verdict: Verdict::of(acc.difference == 0),
-    });
-    rows.push(Row {
-        metric: "storm: findings aggregate (tcp_refused findings / agent stdout lines)".to_owned(),
-        baseline: None,
-        agent: Some(usage.stdout_lines as f64),
-        value: Some(acc.refused_findings as f64),
-        cells: [
-            "—".to_owned(),
-            format!("{} line(s)", usage.stdout_lines),
-            format!("{} finding(s)", acc.refused_findings),
-        ],
-        target: format!("≤ {STORM_LINES} each"),
-        verdict: Verdict::of(
+    rows.push(
+        Row::new(
+            "storm: refused seen by client vs. tcp_refused counts + events lost",
+            [
+                Some(acc.refused as f64),
+                Some(accounted as f64),
+                Some(acc.difference as f64),
+            ],
+            [
+                format!("{} refused", acc.refused),
+                format!("{} + {} lost", acc.findings_count, acc.events_lost),
+                format!("difference {:+}", acc.difference),
+            ],
+        )
+        .target("difference 0", acc.difference == 0),
+    );
+    rows.push(
+        Row::new(
+            "storm: findings aggregate (tcp_refused findings / agent stdout lines)",
+            [
+                None,
+                Some(usage.stdout_lines as f64),
+                Some(acc.refused_findings as f64),
+            ],
+            [
+                "—".to_owned(),
+                format!("{} line(s)", usage.stdout_lines),
+                format!("{} finding(s)", acc.refused_findings),
+            ],
+        )
+        .target(
+            format!("≤ {STORM_LINES} each"),
             acc.refused_findings <= STORM_LINES && usage.stdout_lines <= STORM_LINES,
         ),
-    });
+    );
     let (before, after) = (mib(usage.rss_before_kib), mib(usage.rss_after_kib));
     let peak = mib(usage.peak_rss_kib);
-    rows.push(Row {
-        metric: "storm: agent RSS before → after (peak)".to_owned(),
-        baseline: Some(before),
-        agent: Some(after),
-        value: Some(peak),
-        cells: [
-            format!("{before:.1} MiB"),
-            format!("{after:.1} MiB"),
-            format!("peak {peak:.1} MiB"),
-        ],
-        target: format!("bounded, ≤ {RSS_MIB:.0} MiB"),
-        verdict: Verdict::of(peak <= RSS_MIB),
-    });
+    rows.push(
+        Row::new(
+            "storm: agent RSS before → after (peak)",
+            [Some(before), Some(after), Some(peak)],
+            [
+                format!("{before:.1} MiB"),
+                format!("{after:.1} MiB"),
+                format!("peak {peak:.1} MiB"),
+            ],
+        )
+        .target(format!("bounded, ≤ {RSS_MIB:.0} MiB"), peak <= RSS_MIB),
+    );
 }
 
 #[cfg(test)]
@@ -610,6 +927,7 @@ mod tests {
             mode,
             value,
             conn: None,
+            flood: None,
             storm: None,
             agent: None,
             foreign_nd_programs: 0,
@@ -626,7 +944,43 @@ mod tests {
             sample(2, Mode::Baseline, 10.0),
             sample(2, Mode::Agent, 10.0),
         ];
-        let (b, a, r) = paired(&samples, Workload::IperfOverlay, |s| Some(s.value));
-        assert_eq!((b, a, r), (Some(10.0), Some(10.0), Some(1.0)));
+        let paired = Paired::of(&samples, Workload::IperfOverlay, |s| Some(s.value));
+        assert_eq!(
+            (paired.baseline, paired.agent, paired.ratio()),
+            (Some(10.0), Some(10.0), Some(1.0))
+        );
+        assert_eq!(paired.ratios, [0.9, 1.0, 1.0]);
+        let row = paired.row("overlay", |v| format!("{v}"));
+        assert_eq!((row.ratio_min, row.ratio_max), (Some(0.9), Some(1.0)));
+        assert_eq!(row.cells[3], "0.900–1.000");
+    }
+
+    #[test]
+    fn spreads_of_pair_ratios() {
+        assert_eq!(spread(&[]), "n/a");
+        assert_eq!(spread(&[0.984]), "0.984 (1 pair)");
+        assert_eq!(spread(&[1.02, 0.968, 0.99]), "0.968–1.020");
+    }
+
+    #[test]
+    fn budgets_by_hook() {
+        assert_eq!(program_budget("nd_kfree_skb"), Some((60.0, "per packet")));
+        assert_eq!(program_budget("nd_tc_ingress"), Some((60.0, "per packet")));
+        assert_eq!(
+            program_budget("nd_icmp_send"),
+            Some((150.0, "per connection"))
+        );
+        assert_eq!(
+            program_budget("nd_err_report"),
+            Some((400.0, "error report"))
+        );
+        assert_eq!(program_budget("nd_new_hook"), None);
+    }
+
+    #[test]
+    fn compact_counts() {
+        assert_eq!(compact_count(999), "999");
+        assert_eq!(compact_count(12_345), "12.3k");
+        assert_eq!(compact_count(4_541_191), "4.5M");
     }
 }
