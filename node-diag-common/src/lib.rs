@@ -67,12 +67,18 @@ pub const MAP_VERDICT_AGG: &str = "VERDICT_AGG";
 /// Read-only global holding [`Config`].
 pub const GLOBAL_CONFIG: &str = "CONFIG";
 
-/// Capacity of the flow-keyed LRU maps.
-pub const FLOW_MAP_ENTRIES: u32 = 16384;
+/// Capacity of the flow-keyed LRU maps. Their entries are evidence about flows in trouble
+/// (and connects in flight), read within seconds of being written; under more than this
+/// many at once the oldest go first. Nine maps of this size are most of the agent's map
+/// memory (about 1.2 MiB each).
+pub const FLOW_MAP_ENTRIES: u32 = 8192;
 /// Capacity of the netns scope map (one entry per pod on the node, plus the host).
 pub const SCOPE_MAP_ENTRIES: u32 = 4096;
-/// Capacity of the drop aggregation map.
+/// Capacity of the drop aggregation map (reason × namespace × device). Per-CPU, so its
+/// memory grows with the node's CPUs: 4 MiB at 128.
 pub const DROP_MAP_ENTRIES: u32 = 4096;
+/// Capacity of the per-device oversize drop counters (one per egress device), per-CPU.
+pub const DEV_MAP_ENTRIES: u32 = 1024;
 /// Capacity of the verdict aggregation map.
 pub const VERDICT_MAP_ENTRIES: u32 = 4096;
 /// Default [`Config::verdict_window_ns`]: at most one event per second per verdict key.

@@ -29,6 +29,16 @@ pub fn kread<T>(base: u64, offset: u32) -> Option<T> {
     unsafe { bpf_probe_read_kernel((base + offset as u64) as *const T) }.ok()
 }
 
+/// A `T` at `base + offset`, where `base` is a pointer whose BTF type the verifier knows
+/// (a BTF tracepoint's argument, or a struct pointer read from one through this). A plain
+/// load, which the kernel turns into one guarded against faults (`BPF_PROBE_MEM`): no
+/// helper call. The verifier checks `offset` (a read-only constant) against the type.
+#[inline(always)]
+pub fn btf_read<T: Copy>(base: u64, offset: u32) -> T {
+    // SAFETY: see above; a fault reads zeros instead of crashing.
+    unsafe { core::ptr::read_volatile((base + offset as u64) as *const T) }
+}
+
 /// Reads `dst.len()` bytes at kernel address `base + offset` straight into `dst`
 /// (no stack copy).
 #[inline(always)]
@@ -114,6 +124,40 @@ pub fn sock_tuple(sk: u64) -> Option<FlowKey> {
     Some(key)
 }
 
+/// [`sock_tuple`] for a socket the verifier knows as a `struct sock *` (a BTF
+/// tracepoint's argument): `sock_common`'s fields by plain loads. The local port is
+/// `inet_sock`'s, beyond `struct sock`, and IPv6 addresses are arrays the verifier will
+/// not load 8 bytes at a time: those two stay probe reads.
+#[inline(always)]
+pub fn sock_tuple_btf(sk: u64) -> Option<FlowKey> {
+    let mut key = FlowKey {
+        saddr: [0; 16],
+        daddr: [0; 16],
+        sport: u16::from_be(kread::<u16>(sk, config!(inet_sport))?),
+        dport: u16::from_be(btf_read::<u16>(sk, config!(sk_dport))),
+        family: btf_read::<u16>(sk, config!(sk_family)),
+        _pad: 0,
+    };
+    if key.family == AF_INET {
+        // Loaded as the u32 fields they are; the bytes stay in network order.
+        set_v4(
+            &mut key.saddr,
+            btf_read::<u32>(sk, config!(sk_saddr)).to_ne_bytes(),
+        );
+        set_v4(
+            &mut key.daddr,
+            btf_read::<u32>(sk, config!(sk_daddr)).to_ne_bytes(),
+        );
+    } else if key.family == AF_INET6 && config!(sk_v6_daddr) != 0 {
+        key.saddr = kread::<[u8; 16]>(sk, config!(sk_v6_saddr))?;
+        key.daddr = kread::<[u8; 16]>(sk, config!(sk_v6_daddr))?;
+        unmap_v4(&mut key);
+    } else {
+        return None;
+    }
+    Some(key)
+}
+
 /// Network namespace inode of a `struct net *`.
 #[inline(always)]
 fn net_inum(net: u64) -> u32 {
@@ -127,6 +171,26 @@ pub fn sock_netns(sk: u64) -> u32 {
         return 0;
     }
     kread::<u64>(sk, config!(sk_net)).map_or(0, net_inum)
+}
+
+/// [`skb_dev`] for an skb the verifier knows as a `struct sk_buff *` (a BTF tracepoint's
+/// argument): direct loads through the device and its namespace.
+#[inline(always)]
+pub fn skb_dev_btf(skb: u64) -> (u32, u32) {
+    let dev: u64 = btf_read(skb, config!(skb_dev));
+    if dev == 0 {
+        // Rare (a packet dropped before it got a device): the route's device, by probe
+        // reads.
+        return skb_dev(skb);
+    }
+    let ifindex: u32 = btf_read(dev, config!(dev_ifindex));
+    let net: u64 = btf_read(dev, config!(dev_net));
+    let netns: u32 = if net == 0 {
+        0
+    } else {
+        btf_read(net, config!(net_inum))
+    };
+    (netns, ifindex)
 }
 
 /// `(netns inode, ifindex)` of the device an skb is on, zeros when unknown. A locally

@@ -8,8 +8,8 @@ use aya_ebpf::{
     maps::{HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
 use node_diag_common::{
-    DROP_MAP_ENTRIES, DropInfo, DropKey, EVENTS_BYTES, FLOW_MAP_ENTRIES, FlowKey, FlowState,
-    IcmpInfo, NatInfo, RetransState, SCOPE_MAP_ENTRIES, VERDICT_MAP_ENTRIES, VerdictAgg,
+    DEV_MAP_ENTRIES, DROP_MAP_ENTRIES, DropInfo, DropKey, EVENTS_BYTES, FLOW_MAP_ENTRIES, FlowKey,
+    FlowState, IcmpInfo, NatInfo, RetransState, SCOPE_MAP_ENTRIES, VERDICT_MAP_ENTRIES, VerdictAgg,
     VerdictKey, counter,
 };
 
@@ -28,7 +28,7 @@ pub static DROPS: PerCpuHashMap<DropKey, u64> =
     PerCpuHashMap::with_max_entries(DROP_MAP_ENTRIES, 0);
 #[map]
 pub static OVERSIZE_BY_DEV: PerCpuHashMap<DropKey, u64> =
-    PerCpuHashMap::with_max_entries(DROP_MAP_ENTRIES, 0);
+    PerCpuHashMap::with_max_entries(DEV_MAP_ENTRIES, 0);
 #[map]
 pub static OVERSIZE: LruHashMap<FlowKey, DropInfo> =
     LruHashMap::with_max_entries(FLOW_MAP_ENTRIES, 0);

@@ -58,13 +58,14 @@ pub fn skb_flow(skb: u64, protocol: u16, p: &mut Packet) -> Option<()> {
     if nh == 0xffff {
         return None;
     }
-    ip_flow(head + nh as u64, protocol, p)
+    ip_flow(head + nh as u64, protocol, p, true)
 }
 
 /// Parses an IPv4/IPv6 header at kernel address `ip` into `p`. Each header is read in
-/// one probe read (a helper call costs far more than the bytes it copies).
+/// one probe read (a helper call costs far more than the bytes it copies). `udp_ports`:
+/// whether a UDP packet's ports are wanted (TCP's always are).
 #[inline(always)]
-pub fn ip_flow(ip: u64, protocol: u16, p: &mut Packet) -> Option<()> {
+pub fn ip_flow(ip: u64, protocol: u16, p: &mut Packet, udp_ports: bool) -> Option<()> {
     let flow = &mut p.flow;
     let (l4, l4proto) = if protocol == ETH_P_IP {
         let mut h = [0u8; 20];
@@ -84,7 +85,7 @@ pub fn ip_flow(ip: u64, protocol: u16, p: &mut Packet) -> Option<()> {
     } else {
         return None;
     };
-    if l4proto == IPPROTO_TCP || l4proto == IPPROTO_UDP {
+    if l4proto == IPPROTO_TCP || (l4proto == IPPROTO_UDP && udp_ports) {
         // Ports, and for TCP the flags at byte 13.
         let mut t = [0u8; 14];
         if l4proto == IPPROTO_TCP {

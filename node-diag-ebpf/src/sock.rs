@@ -1,13 +1,17 @@
-//! Socket hooks, both raw tracepoints: `inet_sock_set_state` tracks connecting sockets
-//! (raw, so the state that decides whether anything is to be done is read straight from
-//! the arguments: most transitions leave after one load), and `inet_sk_error_report`
-//! (raw, because the regular record carries no socket pointer) judges the socket error.
+//! Socket hooks: the raw tracepoint `inet_sock_set_state` tracks connecting sockets (raw,
+//! so the state that decides whether anything is to be done is read straight from the
+//! arguments: most transitions leave after one load), and the BTF tracepoint
+//! `inet_sk_error_report` (the regular record carries no socket pointer; BTF-typed, so
+//! the socket's fields are plain loads) judges the socket error.
 //!
 //! The error is read from the socket itself: `sk_err`, or `sk_err_soft` when an ICMP error
 //! arrived while the connecting thread held the socket lock (the kernel then reports with
 //! `sk_err` still 0). Each verdict is reported once per connecting socket.
 
-use aya_ebpf::{macros::raw_tracepoint, programs::RawTracePointContext};
+use aya_ebpf::{
+    macros::{btf_tracepoint, raw_tracepoint},
+    programs::{BtfTracePointContext, RawTracePointContext},
+};
 use node_diag_common::{
     FlowState, IPPROTO_TCP, counter, event_flag, event_kind, flow_flag, tcp_state,
 };
@@ -15,7 +19,7 @@ use node_diag_common::{
 use crate::{
     config::{config, in_scope, now},
     emit::{Extra, emit, inc, syn_drop},
-    kernel::{kread, sock_netns, sock_tuple},
+    kernel::{btf_read, kread, sock_netns, sock_tuple, sock_tuple_btf},
     maps::{CONNECTS, ICMP_SENT, RETRANS},
 };
 
@@ -185,30 +189,29 @@ fn closed(sk: u64) -> Option<(u32, u32, u32, u32, Extra)> {
     ))
 }
 
-#[raw_tracepoint(tracepoint = "inet_sk_error_report")]
-pub fn nd_err_report(ctx: RawTracePointContext) -> i32 {
+/// A BTF tracepoint: the verifier knows `sk` as a `struct sock *`, so its fields are
+/// plain loads. It runs once per failed connect, so a refused storm runs it per connect.
+#[btf_tracepoint(function = "inet_sk_error_report")]
+pub fn nd_err_report(ctx: BtfTracePointContext) -> i32 {
     match try_err_report(&ctx) {
         Some(()) | None => 0,
     }
 }
 
-fn try_err_report(ctx: &RawTracePointContext) -> Option<()> {
+fn try_err_report(ctx: &BtfTracePointContext) -> Option<()> {
     let sk: u64 = ctx.arg(0);
-    if config!(btf_ok) == 0 {
-        return None;
-    }
-    if kread::<u16>(sk, config!(sk_protocol))? != IPPROTO_TCP {
+    if btf_read::<u16>(sk, config!(sk_protocol)) != IPPROTO_TCP {
         return None;
     }
     // Only connecting sockets (in scope by construction); resets of established
     // connections are judged at their CLOSE transition.
     let connect = CONNECTS.get_ptr_mut(&sk)?;
-    let mut key = sock_tuple(sk)?;
-    let hard = kread::<i32>(sk, config!(sk_err)).unwrap_or(0);
+    let mut key = sock_tuple_btf(sk)?;
+    let hard = btf_read::<i32>(sk, config!(sk_err));
     let mut error = if hard != 0 {
         hard
     } else {
-        kread::<i32>(sk, config!(sk_err_soft)).unwrap_or(0)
+        btf_read::<i32>(sk, config!(sk_err_soft))
     };
     if error == 0 {
         // An ICMP error that hit the socket while its owner held the lock is only stored

@@ -28,11 +28,11 @@ use crate::{agent, cmd};
 /// `#[classifier]`).
 const PROGRAMS: &[(&str, &str)] = &[
     ("nd_set_state", "raw_tp"),
-    ("nd_err_report", "raw_tp"),
+    ("nd_err_report", "tp_btf"),
     ("nd_retransmit", "tracepoint"),
     ("nd_rcv_reset", "raw_tp"),
     ("nd_snd_reset", "raw_tp"),
-    ("nd_kfree_skb", "raw_tp"),
+    ("nd_kfree_skb", "tp_btf"),
     ("nd_icmp_send", "tracepoint"),
     ("nd_tc_ingress", "classifier"),
 ];
@@ -377,7 +377,7 @@ mod tests {
         }
         assert_eq!(
             missing_programs(&moved),
-            ["program nd_err_report (in a raw_tp section)"]
+            ["program nd_err_report (in a tp_btf section)"]
         );
     }
 

@@ -35,6 +35,10 @@ pub struct Hook {
     /// Raw because the hook is busy: its program reads the arguments straight from its
     /// context, where a regular tracepoint's fields cost a probe read each.
     pub raw: bool,
+    /// A raw tracepoint attached as a BTF tracepoint (`tp_btf`): the verifier knows its
+    /// arguments' types, so the program reads the structs they point to with plain loads.
+    /// Loading it needs the kernel's BTF.
+    pub btf: bool,
     /// A raw tracepoint's leading argument types as its program reads them (see
     /// [`super::btf::Btf::trace_args`]); checked against this kernel's BTF before attaching.
     pub args: &'static [&'static str],
@@ -53,6 +57,7 @@ pub const HOOKS: &[Hook] = &[
         name: "inet_sock_set_state",
         feature: "connect tracking (refused/timeout/unreachable verdicts)",
         raw: true,
+        btf: false,
         args: &["*sock", "int", "int"],
     },
     Hook {
@@ -61,6 +66,7 @@ pub const HOOKS: &[Hook] = &[
         name: "inet_sk_error_report",
         feature: "refused/unreachable/reset verdicts",
         raw: true,
+        btf: true,
         args: &["*sock"],
     },
     Hook {
@@ -69,6 +75,7 @@ pub const HOOKS: &[Hook] = &[
         name: "tcp_retransmit_skb",
         feature: "connect timeout verdicts",
         raw: false,
+        btf: false,
         args: &[],
     },
     Hook {
@@ -77,6 +84,7 @@ pub const HOOKS: &[Hook] = &[
         name: "tcp_receive_reset",
         feature: "received reset counts",
         raw: true,
+        btf: false,
         args: &["*sock"],
     },
     Hook {
@@ -85,6 +93,7 @@ pub const HOOKS: &[Hook] = &[
         name: "tcp_send_reset",
         feature: "sent reset counts",
         raw: true,
+        btf: false,
         args: &["*sock", "*sk_buff"],
     },
     Hook {
@@ -93,6 +102,7 @@ pub const HOOKS: &[Hook] = &[
         name: "kfree_skb",
         feature: "drop counts and firewall/routing evidence",
         raw: true,
+        btf: true,
         args: &["*sk_buff", "*void", "skb_drop_reason"],
     },
     Hook {
@@ -101,6 +111,7 @@ pub const HOOKS: &[Hook] = &[
         name: "icmp_send",
         feature: "ICMP unreachable evidence",
         raw: false,
+        btf: false,
         args: &[],
     },
 ];

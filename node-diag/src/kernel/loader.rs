@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use aya::{
     Ebpf, EbpfLoader,
-    programs::{ProgramError, RawTracePoint, SchedClassifier, TracePoint},
+    programs::{BtfTracePoint, ProgramError, RawTracePoint, SchedClassifier, TracePoint},
 };
 use node_diag_common::{Config, GLOBAL_CONFIG, TupleOffsets};
 use tracing::{info, warn};
@@ -66,6 +66,8 @@ pub struct Options {
 /// kernel yet), with what configuring it found.
 struct Prepared {
     ebpf: Ebpf,
+    /// The kernel's BTF as aya reads it (relocations, BTF tracepoints); `None` without.
+    kernel_btf: Option<aya::Btf>,
     tracefs: PathBuf,
     mounted_tracefs: bool,
     usable: Vec<&'static Hook>,
@@ -127,12 +129,16 @@ fn prepare(opts: &Options) -> Result<Prepared, LoadError> {
             false
         }
     };
+    // Parsed once, for the loader's relocations and the BTF tracepoints alike.
+    let kernel_btf = aya::Btf::from_sys_fs().ok();
     let ebpf = EbpfLoader::new()
+        .btf(kernel_btf.as_ref())
         .override_global(GLOBAL_CONFIG, &config, true)
         .override_global(aya_log::LEVEL, &opts.ebpf_log.global(), true)
         .load(EBPF_OBJECT)?;
     Ok(Prepared {
         ebpf,
+        kernel_btf,
         tracefs: root,
         mounted_tracefs: mounted,
         usable,
@@ -154,7 +160,17 @@ pub fn verify(opts: &Options) -> Result<Vec<Verdict>, LoadError> {
         let Some(program) = prepared.ebpf.program_mut(hook.program) else {
             return Err(LoadError::MissingProgram(hook.program));
         };
-        let result = if hook.raw {
+        let result = if hook.btf {
+            match &prepared.kernel_btf {
+                Some(btf) => {
+                    <&mut BtfTracePoint>::try_from(program).and_then(|p| p.load(hook.name, btf))
+                }
+                None => {
+                    results.push((hook.program, Err("needs kernel BTF".to_owned())));
+                    continue;
+                }
+            }
+        } else if hook.raw {
             <&mut RawTracePoint>::try_from(program).and_then(|p| p.load())
         } else {
             <&mut TracePoint>::try_from(program).and_then(|p| p.load())
@@ -198,6 +214,7 @@ fn verifier_error(e: &ProgramError) -> String {
 pub fn load(opts: &Options) -> Result<Loaded, LoadError> {
     let Prepared {
         mut ebpf,
+        kernel_btf,
         tracefs: root,
         mounted_tracefs: mounted,
         usable,
@@ -216,7 +233,7 @@ pub fn load(opts: &Options) -> Result<Loaded, LoadError> {
             degraded.push((hook.label(), "needs kernel BTF".to_string()));
             continue;
         }
-        match attach(&mut ebpf, hook)? {
+        match attach(&mut ebpf, hook, kernel_btf.as_ref())? {
             Ok(()) => attached.push(hook.program),
             Err(e) => {
                 warn!(program = hook.program, error = %e, lost = hook.feature, "attach failed; feature disabled");
@@ -241,7 +258,11 @@ pub fn load(opts: &Options) -> Result<Loaded, LoadError> {
 
 /// Loads and attaches one hook. The outer error means the object itself is broken; the
 /// inner one that this kernel refused the attachment (the feature degrades).
-fn attach(ebpf: &mut Ebpf, hook: &Hook) -> Result<Result<(), ProgramError>, LoadError> {
+fn attach(
+    ebpf: &mut Ebpf,
+    hook: &Hook,
+    btf: Option<&aya::Btf>,
+) -> Result<Result<(), ProgramError>, LoadError> {
     let program = ebpf
         .program_mut(hook.program)
         .ok_or(LoadError::MissingProgram(hook.program))?;
@@ -249,7 +270,17 @@ fn attach(ebpf: &mut Ebpf, hook: &Hook) -> Result<Result<(), ProgramError>, Load
         program: hook.program,
         source,
     };
-    if hook.raw {
+    if hook.btf {
+        let program: &mut BtfTracePoint = program.try_into().map_err(wrap)?;
+        let Some(btf) = btf else {
+            return Ok(Err(ProgramError::IOError(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "no kernel BTF to load a BTF tracepoint against",
+            ))));
+        };
+        program.load(hook.name, btf).map_err(wrap)?;
+        Ok(program.attach().map(drop))
+    } else if hook.raw {
         let program: &mut RawTracePoint = program.try_into().map_err(wrap)?;
         program.load().map_err(wrap)?;
         Ok(program.attach(hook.name).map(drop))
