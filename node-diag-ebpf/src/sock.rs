@@ -203,16 +203,16 @@ fn try_err_report(ctx: &BtfTracePointContext) -> Option<()> {
     if btf_read::<u16>(sk, config!(sk_protocol)) != IPPROTO_TCP {
         return None;
     }
+    // Everything read through `sk` is read before it serves as a map key: a pointer
+    // spilled to the stack and handed to a helper as key memory is a plain number to the
+    // verifier afterwards (Linux 6.12 at least), and can no longer be dereferenced.
+    let mut key = sock_tuple_btf(sk)?;
+    let hard = btf_read::<i32>(sk, config!(sk_err));
+    let soft = btf_read::<i32>(sk, config!(sk_err_soft));
     // Only connecting sockets (in scope by construction); resets of established
     // connections are judged at their CLOSE transition.
     let connect = CONNECTS.get_ptr_mut(&sk)?;
-    let mut key = sock_tuple_btf(sk)?;
-    let hard = btf_read::<i32>(sk, config!(sk_err));
-    let mut error = if hard != 0 {
-        hard
-    } else {
-        btf_read::<i32>(sk, config!(sk_err_soft))
-    };
+    let mut error = if hard != 0 { hard } else { soft };
     if error == 0 {
         // An ICMP error that hit the socket while its owner held the lock is only stored
         // in sk_err_soft after this report; the ICMP this kernel generated names it.

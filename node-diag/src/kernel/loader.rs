@@ -236,8 +236,10 @@ pub fn load(opts: &Options) -> Result<Loaded, LoadError> {
         match attach(&mut ebpf, hook, kernel_btf.as_ref())? {
             Ok(()) => attached.push(hook.program),
             Err(e) => {
-                warn!(program = hook.program, error = %e, lost = hook.feature, "attach failed; feature disabled");
-                degraded.push((hook.label(), e.to_string()));
+                // A verifier's refusal is its last words, not the whole log.
+                let e = verifier_error(&e);
+                warn!(program = hook.program, error = %e, lost = hook.feature, "load or attach failed; feature disabled");
+                degraded.push((hook.label(), e));
             }
         }
     }
@@ -257,7 +259,8 @@ pub fn load(opts: &Options) -> Result<Loaded, LoadError> {
 }
 
 /// Loads and attaches one hook. The outer error means the object itself is broken; the
-/// inner one that this kernel refused the attachment (the feature degrades).
+/// inner one that this kernel refused the program (its verifier) or the attachment: that
+/// feature degrades, the agent runs on.
 fn attach(
     ebpf: &mut Ebpf,
     hook: &Hook,
@@ -278,15 +281,21 @@ fn attach(
                 "no kernel BTF to load a BTF tracepoint against",
             ))));
         };
-        program.load(hook.name, btf).map_err(wrap)?;
+        if let Err(e) = program.load(hook.name, btf) {
+            return Ok(Err(e));
+        }
         Ok(program.attach().map(drop))
     } else if hook.raw {
         let program: &mut RawTracePoint = program.try_into().map_err(wrap)?;
-        program.load().map_err(wrap)?;
+        if let Err(e) = program.load() {
+            return Ok(Err(e));
+        }
         Ok(program.attach(hook.name).map(drop))
     } else {
         let program: &mut TracePoint = program.try_into().map_err(wrap)?;
-        program.load().map_err(wrap)?;
+        if let Err(e) = program.load() {
+            return Ok(Err(e));
+        }
         Ok(program.attach(hook.category, hook.name).map(drop))
     }
 }
