@@ -419,21 +419,6 @@ pub struct Event {
 }
 const _: () = assert!(core::mem::size_of::<Event>() == 256);
 
-/// Offsets of the flow tuple inside a tracepoint record, read from its tracefs `format`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct TupleOffsets {
-    pub sport: u16,
-    pub dport: u16,
-    pub family: u16,
-    pub saddr: u16,
-    pub daddr: u16,
-    pub saddr_v6: u16,
-    pub daddr_v6: u16,
-    pub _pad: u16,
-}
-const _: () = assert!(core::mem::size_of::<TupleOffsets>() == 16);
-
 /// Load-time settings, written by the agent into the read-only global [`GLOBAL_CONFIG`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -441,13 +426,10 @@ pub struct Config {
     /// Bit `r` set: a SYN dropped with `skb_drop_reason` `r` is recorded per flow.
     pub flow_reasons: [u64; 4],
 
-    /// Record offsets of the two regular tracepoints, `tcp:tcp_retransmit_skb` and
-    /// `icmp:icmp_send`. The busy hooks are raw tracepoints: they read their arguments
-    /// (positions checked in BTF by the agent) and kernel structs at the offsets below.
-    pub retrans: TupleOffsets,
-
-    pub retrans_skaddr: u16,
-    pub retrans_state: u16,
+    /// Record offsets of the one regular tracepoint, `icmp:icmp_send` (its record has the
+    /// ICMP type and code, which its arguments do not). The other hooks are raw or BTF
+    /// tracepoints: they read their arguments (positions checked in BTF by the agent) and
+    /// kernel structs at the offsets below.
     pub icmp_skbaddr: u16,
     pub icmp_type: u16,
     pub icmp_code: u16,
@@ -455,10 +437,6 @@ pub struct Config {
     pub icmp_daddr: u16,
     pub icmp_sport: u16,
     pub icmp_dport: u16,
-    pub retrans_skbaddr: u16,
-    /// `tcp_retransmit_skb`'s `err` (the transmit's result), `u16::MAX` on kernels whose
-    /// record lacks it.
-    pub retrans_err: u16,
     pub _pad0: u16,
 
     /// Kernel struct offsets from BTF; all zero (and `btf_ok == 0`) when BTF is missing,
@@ -510,6 +488,11 @@ pub struct Config {
     pub skb_cb: u32,
     /// `struct sk_buff` -> `protocol` (network order u16).
     pub skb_protocol: u32,
+    /// `struct sock` -> `__sk_common.skc_state` (u8).
+    pub sk_state: u32,
+    /// Non-zero when `tcp_retransmit_skb` passes the transmit's result (`err`) as its
+    /// third argument (newer kernels, which also trace failed retransmits).
+    pub retrans_err_arg: u32,
     /// `struct inet_sock` -> `inet_sport` (local port, network order u16): unlike
     /// `skc_num`, still set when the closing socket's port has been released.
     pub inet_sport: u32,
@@ -545,7 +528,7 @@ pub struct Config {
     /// between are only counted in [`MAP_VERDICT_AGG`].
     pub verdict_window_ns: u64,
 }
-const _: () = assert!(core::mem::size_of::<Config>() == 32 + 16 + 24 + 120 + 24 + 8);
+const _: () = assert!(core::mem::size_of::<Config>() == 32 + 16 + 128 + 24 + 8);
 
 impl FlowKey {
     pub const fn is_v4(&self) -> bool {
@@ -567,6 +550,5 @@ mod user {
     unsafe impl aya::Pod for NatInfo {}
     unsafe impl aya::Pod for VerdictKey {}
     unsafe impl aya::Pod for VerdictAgg {}
-    unsafe impl aya::Pod for TupleOffsets {}
     unsafe impl aya::Pod for Config {}
 }

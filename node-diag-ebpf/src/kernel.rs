@@ -7,7 +7,7 @@ use aya_ebpf::{
     helpers::{bpf_probe_read_kernel, bpf_probe_read_kernel_buf},
     programs::TracePointContext,
 };
-use node_diag_common::{AF_INET, AF_INET6, FlowKey, TupleOffsets};
+use node_diag_common::{AF_INET, AF_INET6, FlowKey};
 
 use crate::{config::config, packet::set_v4};
 
@@ -49,32 +49,6 @@ pub fn kread_into(dst: &mut [u8], base: u64, offset: u32) -> Option<()> {
     // SAFETY: bpf_probe_read_kernel_buf checks the source address and fails instead of
     // faulting; `dst` is a valid buffer of its length.
     unsafe { bpf_probe_read_kernel_buf((base + offset as u64) as *const u8, dst) }.ok()
-}
-
-/// The flow tuple of a sock-based tracepoint record (local end first).
-#[inline(always)]
-pub fn read_tuple(ctx: &TracePointContext, o: TupleOffsets) -> Option<FlowKey> {
-    let mut key = FlowKey {
-        saddr: [0; 16],
-        daddr: [0; 16],
-        sport: field(ctx, o.sport)?,
-        dport: field(ctx, o.dport)?,
-        family: field(ctx, o.family)?,
-        _pad: 0,
-    };
-    if key.family == AF_INET {
-        let s: [u8; 4] = field(ctx, o.saddr)?;
-        let d: [u8; 4] = field(ctx, o.daddr)?;
-        set_v4(&mut key.saddr, s);
-        set_v4(&mut key.daddr, d);
-    } else if key.family == AF_INET6 {
-        key.saddr = field(ctx, o.saddr_v6)?;
-        key.daddr = field(ctx, o.daddr_v6)?;
-        unmap_v4(&mut key);
-    } else {
-        return None;
-    }
-    Some(key)
 }
 
 /// An IPv6 socket talking IPv4 (dual-stack, Java's default) holds `::ffff:a.b.c.d`

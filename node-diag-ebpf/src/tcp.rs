@@ -1,10 +1,11 @@
-//! TCP hooks: `tcp:tcp_retransmit_skb` counts SYN retransmits (timeout verdicts) and
-//! repeated data retransmits (stalls, PMTUD black holes); the raw tracepoints
-//! `tcp_receive_reset` and `tcp_send_reset` count resets and mark a connect that got one.
+//! TCP hooks: the BTF tracepoint `tcp_retransmit_skb` counts SYN retransmits (timeout
+//! verdicts) and repeated data retransmits (stalls, PMTUD black holes); the raw
+//! tracepoints `tcp_receive_reset` and `tcp_send_reset` count resets and mark a connect
+//! that got one.
 
 use aya_ebpf::{
-    macros::{raw_tracepoint, tracepoint},
-    programs::{RawTracePointContext, TracePointContext},
+    macros::{btf_tracepoint, raw_tracepoint},
+    programs::{BtfTracePointContext, RawTracePointContext},
 };
 use node_diag_common::{
     FlowKey, FlowState, RETRANS_REPORTED_PMTUD, RETRANS_REPORTED_STALL, RetransState, counter,
@@ -14,7 +15,7 @@ use node_diag_common::{
 use crate::{
     config::{config, in_scope, now},
     emit::{Extra, emit, inc, recent_drop, recent_icmp, syn_drop},
-    kernel::{field, kread, read_tuple, skb_dev, sock_netns},
+    kernel::{btf_read, kread, skb_dev, sock_netns, sock_tuple},
     maps::{CONNECTS, FRAG_DROPPED, ICMP_RCVD, ICMP_SENT, OVERSIZE, RETRANS},
     packet::{IPPROTO_ICMP, is_frag_needed},
 };
@@ -24,16 +25,19 @@ use crate::{
 /// transmission, one RTO before its first retransmit.
 const STALL_EVIDENCE_NS: u64 = 10_000_000_000;
 
-#[tracepoint]
-pub fn nd_retransmit(ctx: TracePointContext) -> u32 {
+/// A BTF tracepoint, `tcp_retransmit_skb(sk, skb[, err])` (positions checked in BTF by
+/// the agent): the socket's state and the segment's length, which decide whether there is
+/// anything to do, are plain loads.
+#[btf_tracepoint(function = "tcp_retransmit_skb")]
+pub fn nd_retransmit(ctx: BtfTracePointContext) -> i32 {
     match try_retransmit(&ctx) {
         Some(()) | None => 0,
     }
 }
 
-fn try_retransmit(ctx: &TracePointContext) -> Option<()> {
-    let state = field::<i32>(ctx, config!(retrans_state))? as u32;
-    let sk = field::<u64>(ctx, config!(retrans_skaddr))?;
+fn try_retransmit(ctx: &BtfTracePointContext) -> Option<()> {
+    let sk: u64 = ctx.arg(0);
+    let state = btf_read::<u8>(sk, config!(sk_state)) as u32;
     if state != tcp_state::SYN_SENT {
         return data_retransmit(ctx, sk);
     }
@@ -72,7 +76,8 @@ fn try_retransmit(ctx: &TracePointContext) -> Option<()> {
     };
     if fire {
         inc(counter::CONNECT_TIMEOUT);
-        let key = read_tuple(ctx, config!(retrans))?;
+        // Probe reads: `sk` has served as a map key (see `sock::try_err_report`).
+        let key = sock_tuple(sk)?;
         emit(
             ctx,
             event_kind::CONNECT_TIMEOUT,
@@ -95,18 +100,14 @@ fn try_retransmit(ctx: &TracePointContext) -> Option<()> {
 /// evidence exists for the flow. Any other repeat is a plain stall: the head segment of a
 /// peer that went silent is often shorter than the MSS (the tail of a partial write),
 /// and a black hole passes short segments.
-fn data_retransmit(ctx: &TracePointContext, sk: u64) -> Option<()> {
-    if config!(btf_ok) == 0 {
-        return None;
-    }
-    let skb = field::<u64>(ctx, config!(retrans_skbaddr))?;
+fn data_retransmit(ctx: &BtfTracePointContext, sk: u64) -> Option<()> {
+    let skb: u64 = ctx.arg(1);
     // The write-queue skb holds payload only, possibly several MSS when segmentation is
     // offloaded; at least one MSS is a full-size segment.
-    let len = kread::<u32>(skb, config!(skb_len))?;
+    let len: u32 = btf_read(skb, config!(skb_len));
     // A retransmit the local stack could not send (queue full, TSQ) is retried as is
-    // and says nothing about the path.
-    let err_off = config!(retrans_err);
-    if err_off != u16::MAX && field::<i32>(ctx, err_off)? != 0 {
+    // and says nothing about the path. Kernels without the argument trace only sent ones.
+    if config!(retrans_err_arg) != 0 && ctx.arg::<u64>(2) as i32 != 0 {
         return None;
     }
     let mss = kread::<u32>(sk, config!(tcp_mss_cache))?;
@@ -129,7 +130,8 @@ fn data_retransmit(ctx: &TracePointContext, sk: u64) -> Option<()> {
         let entry = RetransState {
             first_ns: now,
             last_ns: now,
-            flow: read_tuple(ctx, config!(retrans))?,
+            // Probe reads: `sk` has served as a map key (see `sock::try_err_report`).
+            flow: sock_tuple(sk)?,
             repeats: 1,
             reported: 0,
             netns,

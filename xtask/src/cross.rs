@@ -29,7 +29,7 @@ use crate::{agent, cmd};
 const PROGRAMS: &[(&str, &str)] = &[
     ("nd_set_state", "raw_tp"),
     ("nd_err_report", "tp_btf"),
-    ("nd_retransmit", "tracepoint"),
+    ("nd_retransmit", "tp_btf"),
     ("nd_rcv_reset", "raw_tp"),
     ("nd_snd_reset", "raw_tp"),
     ("nd_kfree_skb", "tp_btf"),

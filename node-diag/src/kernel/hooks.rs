@@ -74,9 +74,9 @@ pub const HOOKS: &[Hook] = &[
         category: "tcp",
         name: "tcp_retransmit_skb",
         feature: "connect timeout verdicts",
-        raw: false,
-        btf: false,
-        args: &[],
+        raw: true,
+        btf: true,
+        args: &["*sock", "*sk_buff"],
     },
     Hook {
         program: "nd_rcv_reset",

@@ -9,7 +9,7 @@ use aya::{
     Ebpf, EbpfLoader,
     programs::{BtfTracePoint, ProgramError, RawTracePoint, SchedClassifier, TracePoint},
 };
-use node_diag_common::{Config, GLOBAL_CONFIG, TupleOffsets};
+use node_diag_common::{Config, GLOBAL_CONFIG};
 use tracing::{info, warn};
 
 use super::{
@@ -300,19 +300,6 @@ fn attach(
     }
 }
 
-fn tuple(fmt: &Format) -> Result<TupleOffsets, TracefsError> {
-    Ok(TupleOffsets {
-        sport: fmt.offset("sport")?,
-        dport: fmt.offset("dport")?,
-        family: fmt.offset("family")?,
-        saddr: fmt.offset("saddr")?,
-        daddr: fmt.offset("daddr")?,
-        saddr_v6: fmt.offset("saddr_v6")?,
-        daddr_v6: fmt.offset("daddr_v6")?,
-        _pad: 0,
-    })
-}
-
 fn fill_config(
     c: &mut Config,
     hook: &Hook,
@@ -322,14 +309,7 @@ fn fill_config(
     match hook.program {
         // Raw tracepoints: they read their arguments and the kernel structs at BTF
         // offsets, not the record; the format only shows the tracepoint exists.
-        "nd_set_state" | "nd_err_report" | "nd_rcv_reset" | "nd_snd_reset" => {}
-        "nd_retransmit" => {
-            c.retrans = tuple(fmt)?;
-            c.retrans_skaddr = fmt.offset("skaddr")?;
-            c.retrans_skbaddr = fmt.offset("skbaddr")?;
-            c.retrans_err = fmt.offset("err").unwrap_or(u16::MAX);
-            c.retrans_state = fmt.offset("state")?;
-        }
+        "nd_set_state" | "nd_err_report" | "nd_retransmit" | "nd_rcv_reset" | "nd_snd_reset" => {}
         "nd_kfree_skb" => *reasons = DropReasons::from_format(fmt),
         "nd_icmp_send" => {
             c.icmp_skbaddr = fmt.offset("skbaddr")?;
@@ -375,6 +355,12 @@ fn fill_btf(c: &mut Config, btf: &Btf) -> Result<(), super::btf::BtfError> {
     c.skb_cb = btf.member_offset("sk_buff", "cb")? + btf.member_offset("tcp_skb_cb", "seq")?;
     c.skb_protocol = btf.member_offset("sk_buff", "protocol")?;
     c.inet_sport = btf.member_offset("inet_sock", "inet_sport")?;
+    c.sk_state = btf.path_offset("sock", "__sk_common.skc_state")?;
+    // Newer kernels also trace failed retransmits, with their error as a third argument.
+    c.retrans_err_arg = btf
+        .trace_args("tcp_retransmit_skb")
+        .is_ok_and(|args| args.get(2).is_some_and(|a| a == "int"))
+        .into();
     c.btf_ok = 1;
     fill_conntrack(c, btf);
     Ok(())
