@@ -88,14 +88,25 @@ pub fn sock_tuple(sk: u64) -> Option<FlowKey> {
     if key.family == AF_INET {
         set_v4(&mut key.saddr, kread::<[u8; 4]>(sk, config!(sk_saddr))?);
         set_v4(&mut key.daddr, kread::<[u8; 4]>(sk, config!(sk_daddr))?);
-    } else if key.family == AF_INET6 && config!(sk_v6_daddr) != 0 {
-        key.saddr = kread::<[u8; 16]>(sk, config!(sk_v6_saddr))?;
-        key.daddr = kread::<[u8; 16]>(sk, config!(sk_v6_daddr))?;
-        unmap_v4(&mut key);
     } else {
-        return None;
+        sock_v6_addrs(sk, &mut key)?;
     }
     Some(key)
+}
+
+/// The IPv6 addresses of a socket into `key` (unmapped when it talks IPv4), by probe
+/// reads: [`sock_tuple`] and [`sock_tuple_btf`] alike, as the verifier will not load a
+/// 16-byte array member 8 bytes at a time. `None` for another family or a kernel without
+/// IPv6.
+#[inline(always)]
+fn sock_v6_addrs(sk: u64, key: &mut FlowKey) -> Option<()> {
+    if key.family != AF_INET6 || config!(sk_v6_daddr) == 0 {
+        return None;
+    }
+    key.saddr = kread::<[u8; 16]>(sk, config!(sk_v6_saddr))?;
+    key.daddr = kread::<[u8; 16]>(sk, config!(sk_v6_daddr))?;
+    unmap_v4(key);
+    Some(())
 }
 
 /// [`sock_tuple`] for a socket the verifier knows as a `struct sock *` (a BTF
@@ -122,12 +133,8 @@ pub fn sock_tuple_btf(sk: u64) -> Option<FlowKey> {
             &mut key.daddr,
             btf_read::<u32>(sk, config!(sk_daddr)).to_ne_bytes(),
         );
-    } else if key.family == AF_INET6 && config!(sk_v6_daddr) != 0 {
-        key.saddr = kread::<[u8; 16]>(sk, config!(sk_v6_saddr))?;
-        key.daddr = kread::<[u8; 16]>(sk, config!(sk_v6_daddr))?;
-        unmap_v4(&mut key);
     } else {
-        return None;
+        sock_v6_addrs(sk, &mut key)?;
     }
     Some(key)
 }
