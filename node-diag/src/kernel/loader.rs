@@ -436,3 +436,49 @@ pub fn check_format(hook: &Hook, fmt: &Format) -> Result<(), TracefsError> {
         &mut DropReasons::default(),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::btf::tests::blob;
+
+    fn hook(raw: bool, args: &'static [&'static str]) -> Hook {
+        Hook {
+            program: "nd_demo",
+            category: "demo",
+            name: "demo",
+            feature: "a demonstration",
+            raw,
+            btf: false,
+            args,
+        }
+    }
+
+    #[test]
+    fn accepts_a_raw_tracepoint_whose_leading_arguments_match() {
+        let btf = Btf::parse(&blob()).unwrap();
+        assert_eq!(check_args(&hook(true, &["*outer", "int"]), &btf), Ok(()));
+        // The program may read fewer arguments than the kernel passes.
+        assert_eq!(check_args(&hook(true, &["*outer"]), &btf), Ok(()));
+    }
+
+    #[test]
+    fn refuses_arguments_this_kernel_passes_differently() {
+        let btf = Btf::parse(&blob()).unwrap();
+        let err = check_args(&hook(true, &["*sock", "int"]), &btf).unwrap_err();
+        assert!(err.contains("takes (*outer, int)"), "{err}");
+        assert!(err.contains("reads (*sock, int"), "{err}");
+        // More arguments than this kernel's tracepoint has.
+        assert!(check_args(&hook(true, &["*outer", "int", "int"]), &btf).is_err());
+        // A tracepoint this kernel does not have.
+        let mut missing = hook(true, &["*outer"]);
+        missing.name = "nope";
+        assert!(check_args(&missing, &btf).is_err());
+    }
+
+    #[test]
+    fn leaves_regular_tracepoints_to_their_format() {
+        let btf = Btf::parse(&blob()).unwrap();
+        assert_eq!(check_args(&hook(false, &["*sock"]), &btf), Ok(()));
+    }
+}
