@@ -18,7 +18,7 @@ use node_diag_common::{
 
 use crate::{
     config::{config, in_scope, now},
-    emit::{Extra, emit, inc, syn_drop},
+    emit::{Extra, connect_evidence, emit, evidence_gen, inc, syn_drop},
     kernel::{btf_read, kread, sock_netns, sock_tuple, sock_tuple_btf},
     maps::{CONNECTS, ICMP_SENT, RETRANS},
 };
@@ -66,6 +66,8 @@ fn try_set_state(ctx: &RawTracePointContext) -> Option<()> {
             let _ = CONNECTS.remove(&sk);
             return None;
         }
+        // The generation first: evidence recorded from here on moves it.
+        let evidence_gen = evidence_gen();
         let state = FlowState {
             start_ns: now(),
             netns,
@@ -73,6 +75,7 @@ fn try_set_state(ctx: &RawTracePointContext) -> Option<()> {
             flags: 0,
             syn_retrans: 0,
             reported: 0,
+            evidence_gen,
         };
         return CONNECTS.insert(&sk, &state, 0).ok();
     }
@@ -229,7 +232,7 @@ fn try_err_report(ctx: &BtfTracePointContext) -> Option<()> {
         ETIMEDOUT => (event_kind::CONNECT_GAVE_UP, u32::MAX),
         _ => return None,
     };
-    let (netns, syn_retrans, since, flags) = unsafe {
+    let (netns, syn_retrans, since, flags, generation) = unsafe {
         let bit = 1 << kind;
         if (*connect).reported & bit != 0 {
             return None;
@@ -243,6 +246,7 @@ fn try_err_report(ctx: &BtfTracePointContext) -> Option<()> {
             (*connect).syn_retrans,
             (*connect).start_ns,
             (*connect).flags,
+            (*connect).evidence_gen,
         )
     };
     if counter != u32::MAX {
@@ -261,7 +265,7 @@ fn try_err_report(ctx: &BtfTracePointContext) -> Option<()> {
             } else {
                 0
             },
-            ..syn_drop(&key, since)
+            ..connect_evidence(&key, since, generation)
         },
     );
     if hard != 0 {
