@@ -554,11 +554,21 @@ pub struct Config {
     pub ct_dst_port: u16,
     pub ct_protonum: u16,
 
+    /// `struct sock` -> `sk_error_queue`, and `struct sk_buff_head` -> `prev` (its tail):
+    /// where an ICMP error reported through the error queue (`IP_RECVERR`) is read back.
+    /// 0 when this kernel's BTF lacks them, which leaves the error queue unread.
+    pub sk_error_queue: u32,
+    pub queue_prev: u32,
+    /// `struct sk_buff` -> `cb` + `struct sock_exterr_skb` -> `ee` (the UAPI
+    /// `struct sock_extended_err`: errno, origin, ICMP type and code); 0 when unknown.
+    pub skb_ee: u32,
+    pub _pad1: u32,
+
     /// At most one event per verdict key per this many nanoseconds; the verdicts in
     /// between are only counted in [`MAP_VERDICT_AGG`].
     pub verdict_window_ns: u64,
 }
-const _: () = assert!(core::mem::size_of::<Config>() == 32 + 16 + 128 + 24 + 8);
+const _: () = assert!(core::mem::size_of::<Config>() == 32 + 16 + 128 + 24 + 16 + 8);
 
 impl FlowKey {
     pub const fn is_v4(&self) -> bool {

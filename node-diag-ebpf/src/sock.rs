@@ -212,14 +212,21 @@ fn try_err_report(ctx: &BtfTracePointContext) -> Option<()> {
     let mut key = sock_tuple_btf(sk)?;
     let hard = btf_read::<i32>(sk, config!(sk_err));
     let soft = btf_read::<i32>(sk, config!(sk_err_soft));
+    let queued = if hard == 0 && soft == 0 {
+        queued_icmp_errno(sk)
+    } else {
+        None
+    };
     // Only connecting sockets (in scope by construction); resets of established
     // connections are judged at their CLOSE transition.
     let connect = CONNECTS.get_ptr_mut(&sk)?;
     let mut error = if hard != 0 { hard } else { soft };
     if error == 0 {
         // An ICMP error that hit the socket while its owner held the lock is only stored
-        // in sk_err_soft after this report; the ICMP this kernel generated names it.
-        error = icmp_sent_errno(&key).unwrap_or(0);
+        // in sk_err_soft after this report. With IP_RECVERR it was queued on the socket,
+        // which says exactly what it was; otherwise the ICMP this kernel generated for
+        // the flow names it (not when NAT changed the flow on the way: its key differs).
+        error = queued.or_else(|| icmp_sent_errno(&key)).unwrap_or(0);
     }
     let (kind, counter) = match error {
         ECONNREFUSED => (event_kind::CONNECT_REFUSED, counter::CONNECT_REFUSED),
@@ -275,6 +282,34 @@ fn try_err_report(ctx: &BtfTracePointContext) -> Option<()> {
         let _ = CONNECTS.remove(&sk);
     }
     Some(())
+}
+
+const SO_EE_ORIGIN_ICMP: u8 = 2;
+const SO_EE_ORIGIN_ICMP6: u8 = 3;
+
+/// The errno of the ICMP error this report is about, when it was queued on the socket's
+/// error queue (`ip_icmp_error` queues it and reports before `tcp_v4_err` stores it in
+/// `sk_err_soft`): the queue's tail, just added. Read through `sk` as a BTF pointer, so
+/// before `sk` serves as a map key.
+#[inline(always)]
+fn queued_icmp_errno(sk: u64) -> Option<i32> {
+    let (queue, ee) = (config!(sk_error_queue), config!(skb_ee));
+    if queue == 0 || ee == 0 {
+        return None;
+    }
+    let head = sk + queue as u64;
+    let tail: u64 = btf_read(sk, queue + config!(queue_prev));
+    // An empty queue's tail is its head.
+    if tail == 0 || tail == head {
+        return None;
+    }
+    // `struct sock_extended_err`: ee_errno (u32), ee_origin, ee_type, ee_code (u8 each).
+    let err = kread::<[u8; 8]>(tail, ee)?;
+    let errno = i32::from_ne_bytes([err[0], err[1], err[2], err[3]]);
+    if (err[4] != SO_EE_ORIGIN_ICMP && err[4] != SO_EE_ORIGIN_ICMP6) || errno == 0 {
+        return None;
+    }
+    Some(errno)
 }
 
 /// The errno the kernel derives from an ICMP destination-unreachable code

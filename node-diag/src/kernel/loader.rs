@@ -361,6 +361,19 @@ fn fill_btf(c: &mut Config, btf: &Btf) -> Result<(), super::btf::BtfError> {
         .trace_args("tcp_retransmit_skb")
         .is_ok_and(|args| args.get(2).is_some_and(|a| a == "int"))
         .into();
+    // An ICMP error that reached a socket with IP_RECVERR while its owner held the lock
+    // is reported through the error queue, with sk_err still 0: read back from there.
+    // Optional: without these, such a report falls back to the ICMP this node sent.
+    if let (Ok(queue), Ok(prev), Ok(cb), Ok(ee)) = (
+        btf.member_offset("sock", "sk_error_queue"),
+        btf.member_offset("sk_buff_head", "prev"),
+        btf.member_offset("sk_buff", "cb"),
+        btf.member_offset("sock_exterr_skb", "ee"),
+    ) {
+        c.sk_error_queue = queue;
+        c.queue_prev = prev;
+        c.skb_ee = cb + ee;
+    }
     c.btf_ok = 1;
     fill_conntrack(c, btf);
     Ok(())
