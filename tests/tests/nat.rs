@@ -277,18 +277,24 @@ fn service_dropped_on_this_node_is_the_firewall_naming_service_and_backend() {
     ));
 }
 
-/// A Service with a listening endpoint, and this node's firewall answering the
-/// translated SYN with a RST (`reject with tcp reset`): to the client exactly the
-/// refused connect of a closed backend port, yet no listener refused anything. The
-/// firewall, with the Service and the backend named; never the listener.
-#[test]
-fn service_rejected_on_this_node_is_the_firewall_not_the_listener() {
+/// A Service with one listening endpoint (pod B, `port`), whose translated SYN `reject`
+/// answers on node A, or on node B when `beyond`: the client is refused, though no
+/// listener refused anything. The finding is the firewall's, names the Service, and
+/// passes `check` (given the finding, the backend and the connect's flow).
+fn service_rejected(
+    beyond: bool,
+    reject: Reject,
+    name: &str,
+    port: u16,
+    check: impl Fn(&Agent, &Value, SocketAddrV4, (Ipv4Addr, Ipv4Addr, u16)),
+) {
     let topo = Topology::new();
-    let server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(9315), ServerMode::Echo);
-    let backend = SocketAddrV4::new(topo.pod_b_ip, 9315);
-    let ip = Ipv4Addr::new(10, 96, 0, 15);
-    install(&topo, Mode::Nftables, &service("payments", ip, &[backend]));
-    topo.reject_forwarded_tcp(&topo.node_a, 9315, Reject::TcpReset);
+    let server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(port), ServerMode::Echo);
+    let backend = SocketAddrV4::new(topo.pod_b_ip, port);
+    let ip = Ipv4Addr::new(10, 96, 0, (port % 100) as u8);
+    install(&topo, Mode::Nftables, &service(name, ip, &[backend]));
+    let node = if beyond { &topo.node_b } else { &topo.node_a };
+    topo.reject_forwarded_tcp(node, port, reject);
     let agent = Agent::start_ready(&topo);
 
     let outcome = tcp_connect(&topo.pod_a, SocketAddrV4::new(ip, 80).into(), STEP);
@@ -299,14 +305,30 @@ fn service_rejected_on_this_node_is_the_firewall_not_the_listener() {
     );
     assert_shape(&f);
     assert_eq!(field(&f, "layer"), "firewall", "{f:#}");
-    assert_eq!(field(&f, "service"), "shop/payments:http", "{f:#}");
-    assert_backend(&f, backend);
-    assert_eq!(f["evidence"]["drop_reason"], "NETFILTER_DROP", "{f:#}");
-    agent.expect_no_finding(
-        on_flow("tcp_refused", "listener", (topo.pod_a_ip, ip, 80)),
-        Duration::from_millis(500),
-    );
+    assert_eq!(field(&f, "service"), format!("shop/{name}:http"), "{f:#}");
+    check(&agent, &f, backend, (topo.pod_a_ip, ip, 80));
     assert_eq!(server.accepted(), 0, "the SYN must never reach the backend");
+}
+
+/// This node's firewall answers the translated SYN with a RST (`reject with tcp
+/// reset`): to the client exactly the refused connect of a closed backend port. The
+/// firewall, with the backend named and the drop as evidence; never the listener.
+#[test]
+fn service_rejected_on_this_node_is_the_firewall_not_the_listener() {
+    service_rejected(
+        false,
+        Reject::TcpReset,
+        "payments",
+        9315,
+        |agent, f, backend, flow| {
+            assert_backend(f, backend);
+            assert_eq!(f["evidence"]["drop_reason"], "NETFILTER_DROP", "{f:#}");
+            agent.expect_no_finding(
+                on_flow("tcp_refused", "listener", flow),
+                Duration::from_millis(500),
+            );
+        },
+    );
 }
 
 /// The backend's node rejects the translated SYN with an ICMP port unreachable: the
@@ -315,25 +337,15 @@ fn service_rejected_on_this_node_is_the_firewall_not_the_listener() {
 /// the wire but comes from this node): a firewall.
 #[test]
 fn service_rejected_by_icmp_beyond_this_node_is_a_firewall_not_the_service() {
-    let topo = Topology::new();
-    let server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(9316), ServerMode::Echo);
-    let backend = SocketAddrV4::new(topo.pod_b_ip, 9316);
-    let ip = Ipv4Addr::new(10, 96, 0, 16);
-    install(&topo, Mode::Nftables, &service("ledger", ip, &[backend]));
-    topo.reject_forwarded_tcp(&topo.node_b, 9316, Reject::IcmpPortUnreachable);
-    let agent = Agent::start_ready(&topo);
-
-    let outcome = tcp_connect(&topo.pod_a, SocketAddrV4::new(ip, 80).into(), STEP);
-    assert!(matches!(outcome, ConnectOutcome::Refused), "{outcome:?}");
-    let f = agent.wait_finding(
-        |f| field(f, "kind") == "tcp_refused" && flow_is(f, topo.pod_a_ip, ip, 80),
-        STEP,
+    service_rejected(
+        true,
+        Reject::IcmpPortUnreachable,
+        "ledger",
+        9316,
+        |_, f, _, _| {
+            assert_eq!(f["evidence"]["rst_received"], false, "{f:#}");
+        },
     );
-    assert_shape(&f);
-    assert_eq!(field(&f, "layer"), "firewall", "{f:#}");
-    assert_eq!(field(&f, "service"), "shop/ledger:http", "{f:#}");
-    assert_eq!(f["evidence"]["rst_received"], false, "{f:#}");
-    assert_eq!(server.accepted(), 0, "the SYN must never reach the backend");
 }
 
 /// A Service fronts pod B's port, but the client connects to pod B's address itself,
