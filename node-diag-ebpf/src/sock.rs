@@ -13,14 +13,14 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, RawTracePointContext},
 };
 use node_diag_common::{
-    FlowState, IPPROTO_TCP, counter, event_flag, event_kind, flow_flag, tcp_state,
+    FlowState, IPPROTO_TCP, IcmpInfo, counter, event_flag, event_kind, flow_flag, tcp_state,
 };
 
 use crate::{
     config::{config, in_scope, now},
-    emit::{Extra, connect_evidence, emit, evidence_gen, inc, syn_drop},
+    emit::{Extra, bump_lru, connect_evidence, emit, evidence_gen, inc, note_evidence, syn_drop},
     kernel::{btf_read, kread, sock_netns, sock_tuple, sock_tuple_btf},
-    maps::{CONNECTS, ICMP_SENT, RETRANS},
+    maps::{CONNECTS, ICMP_ERR_RCVD, ICMP_SENT, RETRANS},
 };
 
 /// How recent a generated ICMP error must be to explain a connect failure.
@@ -213,7 +213,7 @@ fn try_err_report(ctx: &BtfTracePointContext) -> Option<()> {
     let hard = btf_read::<i32>(sk, config!(sk_err));
     let soft = btf_read::<i32>(sk, config!(sk_err_soft));
     let queued = if hard == 0 && soft == 0 {
-        queued_icmp_errno(sk)
+        queued_icmp_error(sk)
     } else {
         None
     };
@@ -226,7 +226,22 @@ fn try_err_report(ctx: &BtfTracePointContext) -> Option<()> {
         // in sk_err_soft after this report. With IP_RECVERR it was queued on the socket,
         // which says exactly what it was; otherwise the ICMP this kernel generated for
         // the flow names it (not when NAT changed the flow on the way: its key differs).
-        error = queued.or_else(|| icmp_sent_errno(&key)).unwrap_or(0);
+        error = match queued {
+            Some((errno, mut info)) => {
+                // Received evidence under the socket's own flow, where the verdict looks
+                // for it, unless TC ingress filed this error there already (with its
+                // sender): it did not when NAT changed the flow the ICMP quotes.
+                // SAFETY: the pointer comes from the map; the value is copied out at once.
+                let since = unsafe { (*connect).start_ns };
+                let filed = unsafe { ICMP_ERR_RCVD.get(&key) }.is_some_and(|i| i.last_ns >= since);
+                if !filed {
+                    note_evidence();
+                    let _ = bump_lru(&ICMP_ERR_RCVD, &key, &mut info);
+                }
+                errno
+            }
+            None => icmp_sent_errno(&key).unwrap_or(0),
+        };
     }
     let (kind, counter) = match error {
         ECONNREFUSED => (event_kind::CONNECT_REFUSED, counter::CONNECT_REFUSED),
@@ -287,12 +302,14 @@ fn try_err_report(ctx: &BtfTracePointContext) -> Option<()> {
 const SO_EE_ORIGIN_ICMP: u8 = 2;
 const SO_EE_ORIGIN_ICMP6: u8 = 3;
 
-/// The errno of the ICMP error this report is about, when it was queued on the socket's
-/// error queue (`ip_icmp_error` queues it and reports before `tcp_v4_err` stores it in
-/// `sk_err_soft`): the queue's tail, just added. Read through `sk` as a BTF pointer, so
-/// before `sk` serves as a map key.
+/// The ICMP error this report is about, when it was queued on the socket's error queue
+/// (`ip_icmp_error` queues it and reports before `tcp_v4_err` stores it in
+/// `sk_err_soft`): the queue's tail, just added. Its errno, and its type and code as
+/// received evidence (which TC ingress files under the quoted flow: another key when NAT
+/// changed the flow). Read through `sk` as a BTF pointer, so before `sk` serves as a map
+/// key.
 #[inline(always)]
-fn queued_icmp_errno(sk: u64) -> Option<i32> {
+fn queued_icmp_error(sk: u64) -> Option<(i32, IcmpInfo)> {
     let (queue, ee) = (config!(sk_error_queue), config!(skb_ee));
     if queue == 0 || ee == 0 {
         return None;
@@ -309,7 +326,15 @@ fn queued_icmp_errno(sk: u64) -> Option<i32> {
     if (err[4] != SO_EE_ORIGIN_ICMP && err[4] != SO_EE_ORIGIN_ICMP6) || errno == 0 {
         return None;
     }
-    Some(errno)
+    // No sender: the outer source reaching the socket is the one NAT on this node may
+    // have rewritten (to the Service address, for an error about a DNATed flow).
+    let info = IcmpInfo {
+        last_ns: now(),
+        icmp_type: err[5] as u32,
+        icmp_code: err[6] as u32,
+        ..IcmpInfo::default()
+    };
+    Some((errno, info))
 }
 
 /// The errno the kernel derives from an ICMP destination-unreachable code

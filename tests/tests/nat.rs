@@ -344,6 +344,13 @@ fn service_rejected_by_icmp_beyond_this_node_is_a_firewall_not_the_service() {
         9316,
         |_, f, _, _| {
             assert_eq!(f["evidence"]["rst_received"], false, "{f:#}");
+            // The ICMP quotes the translated flow; the socket's own error says what it
+            // was. Its sender reached the socket rewritten by this node's NAT (the
+            // Service address): no sender is named rather than a wrong one.
+            let ev = &f["evidence"];
+            assert_eq!(ev["icmp_received_type"], 3, "{f:#}");
+            assert_eq!(ev["icmp_received_code"], 3, "{f:#}");
+            assert!(ev.get("icmp_received_from").is_none(), "{f:#}");
         },
     );
 }
