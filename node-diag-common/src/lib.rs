@@ -29,8 +29,21 @@ pub const MAP_CONNECTS: &str = "CONNECTS";
 pub const MAP_SYN_DROPS: &str = "SYN_DROPS";
 /// LRU map [`FlowKey`] -> [`IcmpInfo`]: the last ICMP error this kernel generated for a flow.
 pub const MAP_ICMP_SENT: &str = "ICMP_SENT";
-/// Per-CPU hash map [`DropKey`] -> `u64`: every `kfree_skb` aggregated by reason/netns/device.
+/// Per-CPU array of [`DropSlot`], indexed by drop reason below [`DROP_REASON_SLOTS`]:
+/// every in-scope `kfree_skb` counted by reason. An array, so that a drop costs an index
+/// and no hash; each slot also caches the scope decision of the last namespace it counted.
+pub const MAP_DROP_REASONS: &str = "DROP_REASONS";
+/// Per-CPU hash map [`DropKey`] (reason only) -> `u64`: drops whose reason is beyond
+/// [`DROP_REASON_SLOTS`] (the subsystem-encoded reasons, `reason >> 16` != 0).
 pub const MAP_DROPS: &str = "DROPS";
+/// Array of one `u64` the agent increments whenever it writes [`MAP_SCOPE`]: a
+/// [`DropSlot`]'s cached scope decision holds only while the generation it was taken
+/// under is current.
+pub const MAP_SCOPE_GEN: &str = "SCOPE_GEN";
+/// Array of one `u64` the programs increment (atomically) before they record evidence
+/// a connect verdict reads ([`MAP_SYN_DROPS`], [`MAP_ICMP_SENT`], [`MAP_ICMP_ERR_RCVD`]).
+/// A connect whose [`FlowState::evidence_gen`] is still current has none to look up.
+pub const MAP_EVIDENCE_GEN: &str = "EVIDENCE_GEN";
 /// Per-CPU hash map [`DropKey`] (reason 0, egress netns/device) -> `u64`: DF packets
 /// dropped for exceeding that device's MTU.
 pub const MAP_OVERSIZE_BY_DEV: &str = "OVERSIZE_BY_DEV";
@@ -74,9 +87,11 @@ pub const GLOBAL_CONFIG: &str = "CONFIG";
 pub const FLOW_MAP_ENTRIES: u32 = 8192;
 /// Capacity of the netns scope map (one entry per pod on the node, plus the host).
 pub const SCOPE_MAP_ENTRIES: u32 = 4096;
-/// Capacity of the drop aggregation map (reason × namespace × device). Per-CPU, so its
-/// memory grows with the node's CPUs: 4 MiB at 128.
-pub const DROP_MAP_ENTRIES: u32 = 4096;
+/// Drop reasons counted in [`MAP_DROP_REASONS`]'s array; the core `enum skb_drop_reason`
+/// has about 130 values in Linux 6.18.
+pub const DROP_REASON_SLOTS: u32 = 256;
+/// Capacity of the fallback drop map ([`MAP_DROPS`]), one entry per subsystem reason.
+pub const DROP_MAP_ENTRIES: u32 = 256;
 /// Capacity of the per-device oversize drop counters (one per egress device), per-CPU.
 pub const DEV_MAP_ENTRIES: u32 = 1024;
 /// Capacity of the verdict aggregation map.
@@ -288,8 +303,23 @@ pub struct FlowState {
     pub syn_retrans: u32,
     /// Bit set of [`event_kind`] values already reported for this flow (bit = 1 << kind).
     pub reported: u32,
+    /// [`MAP_EVIDENCE_GEN`] when the attempt began.
+    pub evidence_gen: u64,
 }
-const _: () = assert!(core::mem::size_of::<FlowState>() == 24);
+const _: () = assert!(core::mem::size_of::<FlowState>() == 32);
+
+/// One drop reason's counter on one CPU ([`MAP_DROP_REASONS`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DropSlot {
+    pub count: u64,
+    /// The [`MAP_SCOPE_GEN`] under which `in_scope` was decided for `netns`.
+    pub scope_gen: u64,
+    pub netns: u32,
+    /// Non-zero: `netns` was in scope.
+    pub in_scope: u32,
+}
+const _: () = assert!(core::mem::size_of::<DropSlot>() == 24);
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -524,11 +554,21 @@ pub struct Config {
     pub ct_dst_port: u16,
     pub ct_protonum: u16,
 
+    /// `struct sock` -> `sk_error_queue`, and `struct sk_buff_head` -> `prev` (its tail):
+    /// where an ICMP error reported through the error queue (`IP_RECVERR`) is read back.
+    /// 0 when this kernel's BTF lacks them, which leaves the error queue unread.
+    pub sk_error_queue: u32,
+    pub queue_prev: u32,
+    /// `struct sk_buff` -> `cb` + `struct sock_exterr_skb` -> `ee` (the UAPI
+    /// `struct sock_extended_err`: errno, origin, ICMP type and code); 0 when unknown.
+    pub skb_ee: u32,
+    pub _pad1: u32,
+
     /// At most one event per verdict key per this many nanoseconds; the verdicts in
     /// between are only counted in [`MAP_VERDICT_AGG`].
     pub verdict_window_ns: u64,
 }
-const _: () = assert!(core::mem::size_of::<Config>() == 32 + 16 + 128 + 24 + 8);
+const _: () = assert!(core::mem::size_of::<Config>() == 32 + 16 + 128 + 24 + 16 + 8);
 
 impl FlowKey {
     pub const fn is_v4(&self) -> bool {
@@ -542,6 +582,7 @@ mod user {
     // SAFETY: all types are repr(C), integer-only, with explicit padding.
     unsafe impl aya::Pod for FlowKey {}
     unsafe impl aya::Pod for FlowState {}
+    unsafe impl aya::Pod for DropSlot {}
     unsafe impl aya::Pod for DropInfo {}
     unsafe impl aya::Pod for IcmpInfo {}
     unsafe impl aya::Pod for DropKey {}

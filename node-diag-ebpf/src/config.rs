@@ -3,9 +3,9 @@
 //! [`config!`], the clock, and the namespace scope check every hook applies.
 
 use aya_ebpf::{Global, helpers::bpf_ktime_get_ns};
-use node_diag_common::Config;
+use node_diag_common::{Config, DropSlot};
 
-use crate::maps::SCOPE;
+use crate::maps::{SCOPE, SCOPE_GEN};
 
 // Named by `node_diag_common::GLOBAL_CONFIG`; read-only, so the verifier sees constants.
 #[unsafe(no_mangle)]
@@ -36,4 +36,34 @@ pub fn now() -> u64 {
 #[inline(always)]
 pub fn in_scope(netns: u32) -> bool {
     netns == 0 || config!(scope_enabled) == 0 || SCOPE.get_ptr(&netns).is_some()
+}
+
+/// [`in_scope`] for a drop counted in `slot`, which remembers the decision for the last
+/// namespace it counted, under the scope generation it was taken in: a flood of drops
+/// from one namespace looks the scope up once per agent refresh, not once per drop.
+///
+/// The generation is read before the scope map, and the agent bumps it after writing the
+/// map, so a decision taken from a map being rewritten is stored under the old
+/// generation and retaken at the next drop.
+#[inline(always)]
+pub fn in_scope_cached(slot: *mut DropSlot, netns: u32) -> bool {
+    if netns == 0 || config!(scope_enabled) == 0 {
+        return true;
+    }
+    let Some(gen_ptr) = SCOPE_GEN.get_ptr(0) else {
+        return in_scope(netns);
+    };
+    // SAFETY: pointers from the maps; the slot is this CPU's, so no other writer; the
+    // generation is written by the agent only, and read once.
+    unsafe {
+        let generation = core::ptr::read_volatile(gen_ptr);
+        if (*slot).netns == netns && (*slot).scope_gen == generation {
+            return (*slot).in_scope != 0;
+        }
+        let inside = SCOPE.get_ptr(&netns).is_some();
+        (*slot).netns = netns;
+        (*slot).scope_gen = generation;
+        (*slot).in_scope = inside as u32;
+        inside
+    }
 }

@@ -24,7 +24,8 @@ use node_diag_common::{
 use crate::{
     config::{config, now},
     maps::{
-        COUNTERS, EVENTS, FRAG_DROPPED, ICMP_ERR_RCVD, ICMP_RCVD, ICMP_SENT, SYN_DROPS, VERDICT_AGG,
+        COUNTERS, EVENTS, EVIDENCE_GEN, FRAG_DROPPED, ICMP_ERR_RCVD, ICMP_RCVD, ICMP_SENT,
+        SYN_DROPS, VERDICT_AGG,
     },
 };
 
@@ -45,6 +46,34 @@ pub fn bump(map: &PerCpuHashMap<DropKey, u64>, key: &DropKey) {
         Some(count) => unsafe { *count += 1 },
         None => {
             let _ = map.insert(key, &1, 0);
+        }
+    }
+}
+
+/// The current evidence generation (see [`note_evidence`]).
+#[inline(always)]
+pub fn evidence_gen() -> u64 {
+    match EVIDENCE_GEN.get_ptr(0) {
+        // SAFETY: the pointer comes from the map; one aligned load.
+        Some(p) => unsafe { core::ptr::read_volatile(p) },
+        None => 0,
+    }
+}
+
+/// Announces evidence a connect verdict reads (a SYN drop, an ICMP error sent or
+/// received), before it is written: a connect that began under the generation still
+/// current when its verdict is given has none of its own, and skips the lookups (the
+/// refused storm's path). Called only where such evidence is recorded, which is rare
+/// next to connects.
+#[inline(always)]
+pub fn note_evidence() {
+    if let Some(p) = EVIDENCE_GEN.get_ptr_mut(0) {
+        // SAFETY: the pointer comes from the map, 8-aligned; every CPU adds atomically
+        // (see `count_one`).
+        unsafe {
+            core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(
+                p, 1,
+            );
         }
     }
 }
@@ -95,6 +124,9 @@ pub struct Extra {
     /// Evidence last seen before this `bpf_ktime_get_ns` belongs to an earlier attempt
     /// (a reused port, a rule since removed) and is left out of the event.
     pub since: u64,
+    /// No connect evidence was recorded since `since` (the evidence generation did not
+    /// move): the ICMP lookups are skipped.
+    pub quiet: bool,
 }
 
 /// What [`aggregate`] decided for a verdict.
@@ -188,13 +220,18 @@ pub fn emit<C: EbpfContext>(
     let mut class = 0u16;
     let mut icmp = 0u32;
     let mut agg = Aggregated::Plain;
+    let quiet = extra.quiet && !mtu_verdict;
     if aggregated_kind(kind) {
         // SAFETY: only the timestamps, types and codes are read, at once.
-        let (sent, rcvd) = unsafe {
-            (
-                recent_kind(ICMP_SENT.get(key), since),
-                recent_kind(received.get(key), since),
-            )
+        let (sent, rcvd) = if quiet {
+            ((0, 0, false), (0, 0, false))
+        } else {
+            unsafe {
+                (
+                    recent_kind(ICMP_SENT.get(key), since),
+                    recent_kind(received.get(key), since),
+                )
+            }
         };
         icmp = icmp_key(sent.0, sent.1, rcvd.0, rcvd.1);
         if extra.flags & event_flag::RST_RECEIVED != 0 {
@@ -257,8 +294,13 @@ pub fn emit<C: EbpfContext>(
         (*ev).netns = netns;
         (*ev).retrans = retrans;
         (*ev).drop = extra.drop;
-        (*ev).icmp = recent_icmp(ICMP_SENT.get(key), since);
-        (*ev).icmp_rcvd = recent_icmp(received.get(key), since);
+        if quiet {
+            (*ev).icmp = IcmpInfo::default();
+            (*ev).icmp_rcvd = IcmpInfo::default();
+        } else {
+            (*ev).icmp = recent_icmp(ICMP_SENT.get(key), since);
+            (*ev).icmp_rcvd = recent_icmp(received.get(key), since);
+        }
         (*ev).frag_dropped = if mtu_verdict {
             recent_drop(FRAG_DROPPED.get(key), since)
         } else {
@@ -316,6 +358,20 @@ pub fn syn_drop(key: &FlowKey, since: u64) -> Extra {
         since,
         ..Extra::default()
     }
+}
+
+/// [`syn_drop`] for a connect that began at `since` under evidence generation
+/// `generation`: when no evidence was recorded since, nothing is looked up.
+#[inline(always)]
+pub fn connect_evidence(key: &FlowKey, since: u64, generation: u64) -> Extra {
+    if evidence_gen() == generation {
+        return Extra {
+            since,
+            quiet: true,
+            ..Extra::default()
+        };
+    }
+    syn_drop(key, since)
 }
 
 /// `info` when it was last seen at or after `since`, else nothing.

@@ -8,7 +8,7 @@ use node_diag_common::{IcmpInfo, counter};
 
 use crate::{
     config::{config, in_scope, now},
-    emit::{bump_lru, inc},
+    emit::{bump_lru, inc, note_evidence},
     kernel::{field, kread, skb_dev},
     maps::ICMP_SENT,
     nat::nat_join,
@@ -53,6 +53,7 @@ fn try_icmp_send(ctx: &TracePointContext) -> Option<()> {
     }
     // Not scoped: the entry is evidence about a flow, consulted only for this node's own
     // sockets.
+    note_evidence();
     let mut info = IcmpInfo {
         last_ns: now(),
         icmp_type: icmp_type as u32,

@@ -5,12 +5,12 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
 use node_diag_common::{
-    DEV_MAP_ENTRIES, DROP_MAP_ENTRIES, DropInfo, DropKey, EVENTS_BYTES, FLOW_MAP_ENTRIES, FlowKey,
-    FlowState, IcmpInfo, NatInfo, RetransState, SCOPE_MAP_ENTRIES, VERDICT_MAP_ENTRIES, VerdictAgg,
-    VerdictKey, counter,
+    DEV_MAP_ENTRIES, DROP_MAP_ENTRIES, DROP_REASON_SLOTS, DropInfo, DropKey, DropSlot,
+    EVENTS_BYTES, FLOW_MAP_ENTRIES, FlowKey, FlowState, IcmpInfo, NatInfo, RetransState,
+    SCOPE_MAP_ENTRIES, VERDICT_MAP_ENTRIES, VerdictAgg, VerdictKey, counter,
 };
 
 #[map]
@@ -24,8 +24,15 @@ pub static SYN_DROPS: LruHashMap<FlowKey, DropInfo> =
 pub static ICMP_SENT: LruHashMap<FlowKey, IcmpInfo> =
     LruHashMap::with_max_entries(FLOW_MAP_ENTRIES, 0);
 #[map]
+pub static DROP_REASONS: PerCpuArray<DropSlot> =
+    PerCpuArray::with_max_entries(DROP_REASON_SLOTS, 0);
+#[map]
 pub static DROPS: PerCpuHashMap<DropKey, u64> =
     PerCpuHashMap::with_max_entries(DROP_MAP_ENTRIES, 0);
+#[map]
+pub static SCOPE_GEN: Array<u64> = Array::with_max_entries(1, 0);
+#[map]
+pub static EVIDENCE_GEN: Array<u64> = Array::with_max_entries(1, 0);
 #[map]
 pub static OVERSIZE_BY_DEV: PerCpuHashMap<DropKey, u64> =
     PerCpuHashMap::with_max_entries(DEV_MAP_ENTRIES, 0);

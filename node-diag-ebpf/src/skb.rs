@@ -3,13 +3,13 @@
 //! packets too big for their route and frag-needed dropped by netfilter as MTU evidence.
 
 use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
-use node_diag_common::{DropInfo, DropKey, counter, drop_flag, event_kind};
+use node_diag_common::{DROP_REASON_SLOTS, DropInfo, DropKey, counter, drop_flag, event_kind};
 
 use crate::{
-    config::{config, in_scope, now},
-    emit::{Extra, bump, bump_lru, emit, inc},
+    config::{config, in_scope, in_scope_cached, now},
+    emit::{Extra, bump, bump_lru, emit, inc, note_evidence},
     kernel::{btf_read, kread, skb_dev_btf},
-    maps::{DROPS, FRAG_DROPPED, OVERSIZE, OVERSIZE_BY_DEV, SYN_DROPS},
+    maps::{DROP_REASONS, DROPS, FRAG_DROPPED, OVERSIZE, OVERSIZE_BY_DEV, SYN_DROPS},
     nat::nat_join,
     packet::{IPPROTO_TCP, Packet, TCP_FLAG_ACK, TCP_FLAG_SYN, ip_flow, is_frag_needed, reverse},
 };
@@ -18,7 +18,8 @@ use crate::{
 /// positions checked in BTF by the agent) are read straight from the context, and the
 /// verifier knows `skb` as a `struct sk_buff *`, so the skb, its device and namespace are
 /// read with plain loads instead of a helper call each. A drop whose reason asks for
-/// nothing more costs those loads and two map lookups.
+/// nothing more costs those loads and one array lookup (its reason's counter, which also
+/// caches the scope decision).
 #[btf_tracepoint(function = "kfree_skb")]
 pub fn nd_kfree_skb(ctx: BtfTracePointContext) -> i32 {
     match try_kfree_skb(&ctx) {
@@ -30,16 +31,25 @@ fn try_kfree_skb(ctx: &BtfTracePointContext) -> Option<()> {
     let skb: u64 = ctx.arg(0);
     let reason = ctx.arg::<u64>(2) as u32;
     let (netns, ifindex) = skb_dev_btf(skb);
-    if !in_scope(netns) {
-        return None;
+    if reason < DROP_REASON_SLOTS {
+        let slot = DROP_REASONS.get_ptr_mut(reason)?;
+        if !in_scope_cached(slot, netns) {
+            return None;
+        }
+        // SAFETY: this CPU's slot, from the map.
+        unsafe { (*slot).count += 1 };
+    } else {
+        if !in_scope(netns) {
+            return None;
+        }
+        let key = DropKey {
+            reason,
+            netns: 0,
+            ifindex: 0,
+            _pad: 0,
+        };
+        bump(&DROPS, &key);
     }
-    let key = DropKey {
-        reason,
-        netns,
-        ifindex,
-        _pad: 0,
-    };
-    bump(&DROPS, &key);
     if reason == config!(reason_pkt_too_big)
         || reason == config!(reason_netfilter_drop)
         || flow_reason(reason)
@@ -106,6 +116,7 @@ fn syn_dropped(skb: u64, p: &mut Packet, reason: u32, netns: u32, ifindex: u32) 
     };
     // Dropped after this node's NAT: filed under the flow the socket connected to.
     let _ = nat_join(skb, &mut p.flow, netns, syn_ack);
+    note_evidence();
     let mut info = DropInfo {
         last_ns: now(),
         reason,

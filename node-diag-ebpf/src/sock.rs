@@ -13,14 +13,14 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, RawTracePointContext},
 };
 use node_diag_common::{
-    FlowState, IPPROTO_TCP, counter, event_flag, event_kind, flow_flag, tcp_state,
+    FlowState, IPPROTO_TCP, IcmpInfo, counter, event_flag, event_kind, flow_flag, tcp_state,
 };
 
 use crate::{
     config::{config, in_scope, now},
-    emit::{Extra, emit, inc, syn_drop},
+    emit::{Extra, bump_lru, connect_evidence, emit, evidence_gen, inc, note_evidence, syn_drop},
     kernel::{btf_read, kread, sock_netns, sock_tuple, sock_tuple_btf},
-    maps::{CONNECTS, ICMP_SENT, RETRANS},
+    maps::{CONNECTS, ICMP_ERR_RCVD, ICMP_SENT, RETRANS},
 };
 
 /// How recent a generated ICMP error must be to explain a connect failure.
@@ -66,6 +66,8 @@ fn try_set_state(ctx: &RawTracePointContext) -> Option<()> {
             let _ = CONNECTS.remove(&sk);
             return None;
         }
+        // The generation first: evidence recorded from here on moves it.
+        let evidence_gen = evidence_gen();
         let state = FlowState {
             start_ns: now(),
             netns,
@@ -73,6 +75,7 @@ fn try_set_state(ctx: &RawTracePointContext) -> Option<()> {
             flags: 0,
             syn_retrans: 0,
             reported: 0,
+            evidence_gen,
         };
         return CONNECTS.insert(&sk, &state, 0).ok();
     }
@@ -209,14 +212,36 @@ fn try_err_report(ctx: &BtfTracePointContext) -> Option<()> {
     let mut key = sock_tuple_btf(sk)?;
     let hard = btf_read::<i32>(sk, config!(sk_err));
     let soft = btf_read::<i32>(sk, config!(sk_err_soft));
+    let queued = if hard == 0 && soft == 0 {
+        queued_icmp_error(sk)
+    } else {
+        None
+    };
     // Only connecting sockets (in scope by construction); resets of established
     // connections are judged at their CLOSE transition.
     let connect = CONNECTS.get_ptr_mut(&sk)?;
     let mut error = if hard != 0 { hard } else { soft };
     if error == 0 {
         // An ICMP error that hit the socket while its owner held the lock is only stored
-        // in sk_err_soft after this report; the ICMP this kernel generated names it.
-        error = icmp_sent_errno(&key).unwrap_or(0);
+        // in sk_err_soft after this report. With IP_RECVERR it was queued on the socket,
+        // which says exactly what it was; otherwise the ICMP this kernel generated for
+        // the flow names it (not when NAT changed the flow on the way: its key differs).
+        error = match queued {
+            Some((errno, mut info)) => {
+                // Received evidence under the socket's own flow, where the verdict looks
+                // for it, unless TC ingress filed this error there already (with its
+                // sender): it did not when NAT changed the flow the ICMP quotes.
+                // SAFETY: the pointer comes from the map; the value is copied out at once.
+                let since = unsafe { (*connect).start_ns };
+                let filed = unsafe { ICMP_ERR_RCVD.get(&key) }.is_some_and(|i| i.last_ns >= since);
+                if !filed {
+                    note_evidence();
+                    let _ = bump_lru(&ICMP_ERR_RCVD, &key, &mut info);
+                }
+                errno
+            }
+            None => icmp_sent_errno(&key).unwrap_or(0),
+        };
     }
     let (kind, counter) = match error {
         ECONNREFUSED => (event_kind::CONNECT_REFUSED, counter::CONNECT_REFUSED),
@@ -229,7 +254,7 @@ fn try_err_report(ctx: &BtfTracePointContext) -> Option<()> {
         ETIMEDOUT => (event_kind::CONNECT_GAVE_UP, u32::MAX),
         _ => return None,
     };
-    let (netns, syn_retrans, since, flags) = unsafe {
+    let (netns, syn_retrans, since, flags, generation) = unsafe {
         let bit = 1 << kind;
         if (*connect).reported & bit != 0 {
             return None;
@@ -243,6 +268,7 @@ fn try_err_report(ctx: &BtfTracePointContext) -> Option<()> {
             (*connect).syn_retrans,
             (*connect).start_ns,
             (*connect).flags,
+            (*connect).evidence_gen,
         )
     };
     if counter != u32::MAX {
@@ -261,7 +287,7 @@ fn try_err_report(ctx: &BtfTracePointContext) -> Option<()> {
             } else {
                 0
             },
-            ..syn_drop(&key, since)
+            ..connect_evidence(&key, since, generation)
         },
     );
     if hard != 0 {
@@ -271,6 +297,44 @@ fn try_err_report(ctx: &BtfTracePointContext) -> Option<()> {
         let _ = CONNECTS.remove(&sk);
     }
     Some(())
+}
+
+const SO_EE_ORIGIN_ICMP: u8 = 2;
+const SO_EE_ORIGIN_ICMP6: u8 = 3;
+
+/// The ICMP error this report is about, when it was queued on the socket's error queue
+/// (`ip_icmp_error` queues it and reports before `tcp_v4_err` stores it in
+/// `sk_err_soft`): the queue's tail, just added. Its errno, and its type and code as
+/// received evidence (which TC ingress files under the quoted flow: another key when NAT
+/// changed the flow). Read through `sk` as a BTF pointer, so before `sk` serves as a map
+/// key.
+#[inline(always)]
+fn queued_icmp_error(sk: u64) -> Option<(i32, IcmpInfo)> {
+    let (queue, ee) = (config!(sk_error_queue), config!(skb_ee));
+    if queue == 0 || ee == 0 {
+        return None;
+    }
+    let head = sk + queue as u64;
+    let tail: u64 = btf_read(sk, queue + config!(queue_prev));
+    // An empty queue's tail is its head.
+    if tail == 0 || tail == head {
+        return None;
+    }
+    // `struct sock_extended_err`: ee_errno (u32), ee_origin, ee_type, ee_code (u8 each).
+    let err = kread::<[u8; 8]>(tail, ee)?;
+    let errno = i32::from_ne_bytes([err[0], err[1], err[2], err[3]]);
+    if (err[4] != SO_EE_ORIGIN_ICMP && err[4] != SO_EE_ORIGIN_ICMP6) || errno == 0 {
+        return None;
+    }
+    // No sender: the outer source reaching the socket is the one NAT on this node may
+    // have rewritten (to the Service address, for an error about a DNATed flow).
+    let info = IcmpInfo {
+        last_ns: now(),
+        icmp_type: err[5] as u32,
+        icmp_code: err[6] as u32,
+        ..IcmpInfo::default()
+    };
+    Some((errno, info))
 }
 
 /// The errno the kernel derives from an ICMP destination-unreachable code

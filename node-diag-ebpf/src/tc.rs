@@ -17,7 +17,7 @@ use node_diag_common::{AF_INET, AF_INET6, FlowKey, IcmpInfo, counter};
 
 use crate::{
     config::now,
-    emit::{bump_lru, inc},
+    emit::{bump_lru, inc, note_evidence},
     maps::{ICMP_ERR_RCVD, ICMP_RCVD},
     packet::{
         ETH_P_IP, ETH_P_IPV6, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP, set_v4,
@@ -139,6 +139,7 @@ fn try_tc_ingress(ctx: &TcContext) -> Option<()> {
         icmp_type == ICMPV6_PKT_TOOBIG
     };
     if !frag_needed {
+        note_evidence();
         return bump_lru(&ICMP_ERR_RCVD, &flow, &mut info).map(|_new| ());
     }
     inc(counter::ICMP_FRAG_RECEIVED);

@@ -14,7 +14,7 @@ use node_diag_common::{
 
 use crate::{
     config::{config, in_scope, now},
-    emit::{Extra, emit, inc, recent_drop, recent_icmp, syn_drop},
+    emit::{Extra, emit, evidence_gen, inc, recent_drop, recent_icmp, syn_drop},
     kernel::{btf_read, kread, skb_dev, sock_netns, sock_tuple},
     maps::{CONNECTS, FRAG_DROPPED, ICMP_RCVD, ICMP_SENT, OVERSIZE, RETRANS},
     packet::{IPPROTO_ICMP, is_frag_needed},
@@ -48,6 +48,7 @@ fn try_retransmit(ctx: &BtfTracePointContext) -> Option<()> {
             return None;
         }
         inc(counter::SYN_RETRANSMITS);
+        let evidence_gen = evidence_gen();
         let state = FlowState {
             start_ns: now(),
             netns,
@@ -55,6 +56,7 @@ fn try_retransmit(ctx: &BtfTracePointContext) -> Option<()> {
             flags: 0,
             syn_retrans: 1,
             reported: 0,
+            evidence_gen,
         };
         return CONNECTS.insert(&sk, &state, 0).ok();
     };

@@ -162,6 +162,15 @@ fn kind_on_flow(kind: &'static str, flow: (Ipv4Addr, Ipv4Addr, u16)) -> impl Fn(
     move |f| field(f, "kind") == kind && flow_is(f, flow.0, flow.1, flow.2)
 }
 
+/// Connects pod A to pod B's `port`, which must time out, and returns the agent's
+/// `tcp_timeout` finding for it.
+fn timed_out_connect(topo: &Topology, agent: &Agent, port: u16) -> Value {
+    let outcome = tcp_connect(&topo.pod_a, topo.pod_b_addr(port), CONNECT);
+    assert!(matches!(outcome, ConnectOutcome::TimedOut), "{outcome:?}");
+    let flow = (topo.pod_a_ip, topo.pod_b_ip, port);
+    agent.wait_finding(kind_on_flow("tcp_timeout", flow), STEP)
+}
+
 #[track_caller]
 fn assert_layer(finding: &Value, layer: &str) {
     assert_eq!(field(finding, "layer"), layer, "layer of {finding:#}");
@@ -200,16 +209,12 @@ fn syn_dropped_by_a_full_conntrack_table_is_conntrack() {
     assert!(filled >= limit, "node A tracks {filled} < {limit} entries");
     let guard = ConntrackMaxGuard::lower_to(limit);
 
-    let outcome = tcp_connect(&topo.pod_a, topo.pod_b_addr(port), CONNECT);
-    assert!(matches!(outcome, ConnectOutcome::TimedOut), "{outcome:?}");
-    let flow = (topo.pod_a_ip, topo.pod_b_ip, port);
-    let f = agent.wait_finding(kind_on_flow("tcp_timeout", flow), STEP);
+    let f = timed_out_connect(&topo, &agent, port);
     // The agent's HTTP endpoints are in node A, whose table is full: room first.
     drop(guard);
     assert!(read_u64(MAX_PATH) > limit, "the limit is restored");
 
     assert_shape(&f);
-    eprintln!("FINDING {f:#}");
     assert_layer(&f, "conntrack");
     assert_eq!(f["evidence"]["conntrack_cause"], "table_full", "{f:#}");
     assert_eq!(f["evidence"]["drop_reason"], "NETFILTER_DROP", "{f:#}");
@@ -239,12 +244,8 @@ fn drop_rule_with_room_in_the_table_stays_firewall() {
     let agent = Agent::start_ready(&topo);
     topo.drop_forwarded_tcp(&topo.node_a, port);
 
-    let outcome = tcp_connect(&topo.pod_a, topo.pod_b_addr(port), CONNECT);
-    assert!(matches!(outcome, ConnectOutcome::TimedOut), "{outcome:?}");
-    let flow = (topo.pod_a_ip, topo.pod_b_ip, port);
-    let f = agent.wait_finding(kind_on_flow("tcp_timeout", flow), STEP);
+    let f = timed_out_connect(&topo, &agent, port);
     assert_shape(&f);
-    eprintln!("FINDING {f:#}");
     assert_layer(&f, "firewall");
     assert_eq!(f["evidence"]["drop_reason"], "NETFILTER_DROP", "{f:#}");
     assert!(f["evidence"].get("conntrack_cause").is_none(), "{f:#}");
@@ -282,12 +283,8 @@ fn syn_ack_dropped_as_invalid_is_conntrack() {
     let agent = Agent::start_ready(&topo);
     let before = agent.counter(INVALID);
 
-    let outcome = tcp_connect(&topo.pod_a, topo.pod_b_addr(port), CONNECT);
-    assert!(matches!(outcome, ConnectOutcome::TimedOut), "{outcome:?}");
-    let flow = (topo.pod_a_ip, topo.pod_b_ip, port);
-    let f = agent.wait_finding(kind_on_flow("tcp_timeout", flow), STEP);
+    let f = timed_out_connect(&topo, &agent, port);
     assert_shape(&f);
-    eprintln!("FINDING {f:#}");
     assert_layer(&f, "conntrack");
     assert_eq!(f["evidence"]["conntrack_cause"], "invalid", "{f:#}");
     assert_eq!(f["evidence"]["return_path"], true, "{f:#}");

@@ -16,6 +16,7 @@ use node_diag_tests::finding::{assert_shape, field, flow_is};
 use node_diag_tests::kube_proxy::{
     IptablesBackend, Protocol, ServiceSpec, install_iptables_service, install_nftables_service,
 };
+use node_diag_tests::topology::Reject;
 use node_diag_tests::{Agent, ConnectOutcome, ServerMode, TcpServer, Topology, tcp_connect};
 use serde_json::Value;
 
@@ -274,4 +275,112 @@ fn service_dropped_on_this_node_is_the_firewall_naming_service_and_backend() {
         client.join().expect("client"),
         ConnectOutcome::TimedOut
     ));
+}
+
+/// A Service with one listening endpoint (pod B, `port`), whose translated SYN `reject`
+/// answers on node A, or on node B when `beyond`: the client is refused, though no
+/// listener refused anything. The finding is the firewall's, names the Service, and
+/// passes `check` (given the finding, the backend and the connect's flow).
+fn service_rejected(
+    beyond: bool,
+    reject: Reject,
+    name: &str,
+    port: u16,
+    check: impl Fn(&Agent, &Value, SocketAddrV4, (Ipv4Addr, Ipv4Addr, u16)),
+) {
+    let topo = Topology::new();
+    let server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(port), ServerMode::Echo);
+    let backend = SocketAddrV4::new(topo.pod_b_ip, port);
+    let ip = Ipv4Addr::new(10, 96, 0, (port % 100) as u8);
+    install(&topo, Mode::Nftables, &service(name, ip, &[backend]));
+    let node = if beyond { &topo.node_b } else { &topo.node_a };
+    topo.reject_forwarded_tcp(node, port, reject);
+    let agent = Agent::start_ready(&topo);
+
+    let outcome = tcp_connect(&topo.pod_a, SocketAddrV4::new(ip, 80).into(), STEP);
+    assert!(matches!(outcome, ConnectOutcome::Refused), "{outcome:?}");
+    let f = agent.wait_finding(
+        |f| field(f, "kind") == "tcp_refused" && flow_is(f, topo.pod_a_ip, ip, 80),
+        STEP,
+    );
+    assert_shape(&f);
+    assert_eq!(field(&f, "layer"), "firewall", "{f:#}");
+    assert_eq!(field(&f, "service"), format!("shop/{name}:http"), "{f:#}");
+    check(&agent, &f, backend, (topo.pod_a_ip, ip, 80));
+    assert_eq!(server.accepted(), 0, "the SYN must never reach the backend");
+}
+
+/// This node's firewall answers the translated SYN with a RST (`reject with tcp
+/// reset`): to the client exactly the refused connect of a closed backend port. The
+/// firewall, with the backend named and the drop as evidence; never the listener.
+#[test]
+fn service_rejected_on_this_node_is_the_firewall_not_the_listener() {
+    service_rejected(
+        false,
+        Reject::TcpReset,
+        "payments",
+        9315,
+        |agent, f, backend, flow| {
+            assert_backend(f, backend);
+            assert_eq!(f["evidence"]["drop_reason"], "NETFILTER_DROP", "{f:#}");
+            agent.expect_no_finding(
+                on_flow("tcp_refused", "listener", flow),
+                Duration::from_millis(500),
+            );
+        },
+    );
+}
+
+/// The backend's node rejects the translated SYN with an ICMP port unreachable: the
+/// client sees `ECONNREFUSED` without a RST, after a DNAT. Neither the listener nor the
+/// Service (kube-proxy's own REJECT, for a Service without endpoints, looks the same on
+/// the wire but comes from this node): a firewall.
+#[test]
+fn service_rejected_by_icmp_beyond_this_node_is_a_firewall_not_the_service() {
+    service_rejected(
+        true,
+        Reject::IcmpPortUnreachable,
+        "ledger",
+        9316,
+        |_, f, _, _| {
+            assert_eq!(f["evidence"]["rst_received"], false, "{f:#}");
+            // The ICMP quotes the translated flow; the socket's own error says what it
+            // was. Its sender reached the socket rewritten by this node's NAT (the
+            // Service address): no sender is named rather than a wrong one.
+            let ev = &f["evidence"];
+            assert_eq!(ev["icmp_received_type"], 3, "{f:#}");
+            assert_eq!(ev["icmp_received_code"], 3, "{f:#}");
+            assert!(ev.get("icmp_received_from").is_none(), "{f:#}");
+        },
+    );
+}
+
+/// A Service fronts pod B's port, but the client connects to pod B's address itself,
+/// where nothing listens: no NAT touched the connect, so the finding is the listener's
+/// and names neither the Service nor a backend, though the address is an endpoint.
+#[test]
+fn direct_refused_connect_to_an_endpoint_names_no_service_or_backend() {
+    let topo = Topology::new();
+    let backend = SocketAddrV4::new(topo.pod_b_ip, 9317);
+    let ip = Ipv4Addr::new(10, 96, 0, 17);
+    install(&topo, Mode::Nftables, &service("search", ip, &[backend]));
+    let agent = Agent::start_ready(&topo);
+
+    let outcome = tcp_connect(&topo.pod_a, backend.into(), STEP);
+    assert!(matches!(outcome, ConnectOutcome::Refused), "{outcome:?}");
+    let f = agent.wait_finding(
+        on_flow(
+            "tcp_refused",
+            "listener",
+            (topo.pod_a_ip, topo.pod_b_ip, 9317),
+        ),
+        STEP,
+    );
+    assert_shape(&f);
+    assert!(f.get("backend").is_none(), "no NAT, no backend: {f:#}");
+    assert!(f.get("service").is_none(), "not through the Service: {f:#}");
+    assert!(
+        f["evidence"].get("candidate_backends").is_none(),
+        "no NAT, no candidates: {f:#}"
+    );
 }

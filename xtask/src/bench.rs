@@ -82,6 +82,8 @@ pub struct Options {
     pub duration: Option<u64>,
     pub conn_rate: Option<u32>,
     pub storm: Option<u64>,
+    /// Only these workloads (all when empty).
+    pub workloads: Vec<Workload>,
     pub out: Option<PathBuf>,
 }
 
@@ -95,6 +97,8 @@ pub struct Settings {
     pub conn_rate: u32,
     /// Refused connects in the storm.
     pub storm_connects: u64,
+    /// The workloads measured, in the bench's order.
+    pub workloads: Vec<Workload>,
 }
 
 impl Settings {
@@ -112,6 +116,10 @@ impl Settings {
                 .storm
                 .unwrap_or(if smoke { 2_000 } else { 50_000 })
                 .max(1),
+            workloads: Workload::ALL
+                .into_iter()
+                .filter(|w| options.workloads.is_empty() || options.workloads.contains(w))
+                .collect(),
         }
     }
 
@@ -137,6 +145,9 @@ impl Settings {
         if options.storm.is_some() {
             line.push_str(&format!(" --storm {}", self.storm_connects));
         }
+        for workload in &options.workloads {
+            line.push_str(&format!(" --workload {}", workload.name()));
+        }
         if let Some(out) = &options.out {
             line.push_str(&format!(" --out {}", out.display()));
         }
@@ -145,8 +156,9 @@ impl Settings {
 }
 
 /// One workload of the bench.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
 pub enum Workload {
     /// iperf3 pod A → pod B through the vxlan overlay.
     IperfOverlay,
@@ -171,6 +183,13 @@ impl Workload {
         Self::DropFlood,
         Self::Storm,
     ];
+
+    /// The name `--workload` takes (and the JSON uses).
+    pub fn name(self) -> String {
+        clap::ValueEnum::to_possible_value(&self)
+            .map(|v| v.get_name().to_owned())
+            .unwrap_or_default()
+    }
 
     pub fn label(self) -> &'static str {
         match self {
@@ -376,7 +395,7 @@ impl<'a> Bench<'a> {
     fn measure_all(&self) -> Result<Vec<Sample>> {
         let mut samples = Vec::new();
         for run in 0..self.settings.runs {
-            for (index, workload) in Workload::ALL.into_iter().enumerate() {
+            for (index, &workload) in self.settings.workloads.iter().enumerate() {
                 let order = if (run as usize + index).is_multiple_of(2) {
                     [Mode::Baseline, Mode::Agent]
                 } else {

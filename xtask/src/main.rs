@@ -120,6 +120,10 @@ enum Command {
         /// Refused connects in the storm (default 50000; 2000 with --smoke).
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
         storm: Option<u64>,
+        /// Measure only this workload (repeatable; default all). Rows of the workloads
+        /// left out are left out of the table.
+        #[arg(long = "workload", value_name = "NAME")]
+        workloads: Vec<bench::Workload>,
         /// Where to write the JSON results (default target/bench/bench.json).
         #[arg(long, value_name = "PATH")]
         out: Option<std::path::PathBuf>,
@@ -144,6 +148,7 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
             duration,
             conn_rate,
             storm,
+            workloads,
             out,
         } => bench::run(&bench::Options {
             smoke,
@@ -151,6 +156,7 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
             duration,
             conn_rate,
             storm,
+            workloads,
             out,
         }),
         Command::Integration {

@@ -476,11 +476,16 @@ fn connect_verdict(ev: &Event, ctx: &Context<'_>) -> Option<Finding> {
     // An ICMP error that came back from the path (TC ingress), for connect verdicts.
     let received = (ev.icmp_rcvd.count > 0).then_some(ev.icmp_rcvd);
     let v6 = flow.family != AF_INET;
-    let sender = received.map(|r| addr(flow, &r.from));
+    // No sender when only the socket's error queue told (see the eBPF `queued_icmp_error`).
+    let sender = received
+        .filter(|r| r.from != [0; 16])
+        .map(|r| addr(flow, &r.from));
     if let Some(r) = received {
         evidence.insert("icmp_received_type".into(), json!(r.icmp_type));
         evidence.insert("icmp_received_code".into(), json!(r.icmp_code));
-        evidence.insert("icmp_received_from".into(), json!(sender));
+        if let Some(sender) = sender {
+            evidence.insert("icmp_received_from".into(), json!(sender));
+        }
     }
     let from = sender.map(|a| format!(" ({a})")).unwrap_or_default();
     // The namespace's conntrack counters around a netfilter drop of the flow: evidence

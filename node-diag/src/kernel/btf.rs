@@ -284,12 +284,13 @@ impl Btf {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// Builds a BTF blob: `struct inner { int a; int b; }`,
-    /// `struct outer { long x; union { int y; struct inner in; }; }`.
-    fn blob() -> Vec<u8> {
+    /// `struct outer { long x; union { int y; struct inner in; }; }`, and a raw
+    /// tracepoint `demo(const struct outer *, int)`.
+    pub(crate) fn blob() -> Vec<u8> {
         let strings = b"\0int\0a\0b\0inner\0outer\0x\0y\0in\0btf_trace_demo\0";
         let s = |name: &str| -> u32 {
             let needle = format!("\0{name}\0");

@@ -361,6 +361,19 @@ fn fill_btf(c: &mut Config, btf: &Btf) -> Result<(), super::btf::BtfError> {
         .trace_args("tcp_retransmit_skb")
         .is_ok_and(|args| args.get(2).is_some_and(|a| a == "int"))
         .into();
+    // An ICMP error that reached a socket with IP_RECVERR while its owner held the lock
+    // is reported through the error queue, with sk_err still 0: read back from there.
+    // Optional: without these, such a report falls back to the ICMP this node sent.
+    if let (Ok(queue), Ok(prev), Ok(cb), Ok(ee)) = (
+        btf.member_offset("sock", "sk_error_queue"),
+        btf.member_offset("sk_buff_head", "prev"),
+        btf.member_offset("sk_buff", "cb"),
+        btf.member_offset("sock_exterr_skb", "ee"),
+    ) {
+        c.sk_error_queue = queue;
+        c.queue_prev = prev;
+        c.skb_ee = cb + ee;
+    }
     c.btf_ok = 1;
     fill_conntrack(c, btf);
     Ok(())
@@ -435,4 +448,50 @@ pub fn check_format(hook: &Hook, fmt: &Format) -> Result<(), TracefsError> {
         fmt,
         &mut DropReasons::default(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::btf::tests::blob;
+
+    fn hook(raw: bool, args: &'static [&'static str]) -> Hook {
+        Hook {
+            program: "nd_demo",
+            category: "demo",
+            name: "demo",
+            feature: "a demonstration",
+            raw,
+            btf: false,
+            args,
+        }
+    }
+
+    #[test]
+    fn accepts_a_raw_tracepoint_whose_leading_arguments_match() {
+        let btf = Btf::parse(&blob()).unwrap();
+        assert_eq!(check_args(&hook(true, &["*outer", "int"]), &btf), Ok(()));
+        // The program may read fewer arguments than the kernel passes.
+        assert_eq!(check_args(&hook(true, &["*outer"]), &btf), Ok(()));
+    }
+
+    #[test]
+    fn refuses_arguments_this_kernel_passes_differently() {
+        let btf = Btf::parse(&blob()).unwrap();
+        let err = check_args(&hook(true, &["*sock", "int"]), &btf).unwrap_err();
+        assert!(err.contains("takes (*outer, int)"), "{err}");
+        assert!(err.contains("reads (*sock, int"), "{err}");
+        // More arguments than this kernel's tracepoint has.
+        assert!(check_args(&hook(true, &["*outer", "int", "int"]), &btf).is_err());
+        // A tracepoint this kernel does not have.
+        let mut missing = hook(true, &["*outer"]);
+        missing.name = "nope";
+        assert!(check_args(&missing, &btf).is_err());
+    }
+
+    #[test]
+    fn leaves_regular_tracepoints_to_their_format() {
+        let btf = Btf::parse(&blob()).unwrap();
+        assert_eq!(check_args(&hook(false, &["*sock"]), &btf), Ok(()));
+    }
 }

@@ -1,7 +1,7 @@
 //! The agent's view of the kernel maps it polls: per-CPU counters and drop aggregates
 //! (summed over CPUs, still keyed by the kernel's numbers: naming them is the findings
 //! layer's job), the socket map of full-size retransmitters (which flows are black-holed
-//! now), and the maps the agent writes (netns scope, L3 header offsets).
+//! now), and the maps the agent writes (the netns scope and its generation).
 
 use std::{
     collections::{BTreeSet, HashMap, HashSet},
@@ -11,14 +11,15 @@ use std::{
 use aya::{
     Ebpf,
     maps::{
-        HashMap as BpfHashMap, IterableMap, Map, MapData, MapError, PerCpuArray, PerCpuHashMap,
-        RingBuf,
+        Array, HashMap as BpfHashMap, IterableMap, Map, MapData, MapError, PerCpuArray,
+        PerCpuHashMap, RingBuf,
     },
 };
 use node_diag_common::{
-    DropKey, FlowKey, MAP_COUNTERS, MAP_DROPS, MAP_EVENTS, MAP_NAT, MAP_OVERSIZE_BY_DEV,
-    MAP_RETRANS, MAP_SCOPE, MAP_VERDICT_AGG, NatInfo, RETRANS_REPORTED_PMTUD, RetransState,
-    VerdictAgg, VerdictKey, counter,
+    DROP_REASON_SLOTS, DropKey, DropSlot, FlowKey, MAP_COUNTERS, MAP_DROP_REASONS, MAP_DROPS,
+    MAP_EVENTS, MAP_NAT, MAP_OVERSIZE_BY_DEV, MAP_RETRANS, MAP_SCOPE, MAP_SCOPE_GEN,
+    MAP_VERDICT_AGG, NatInfo, RETRANS_REPORTED_PMTUD, RetransState, VerdictAgg, VerdictKey,
+    counter,
 };
 use tracing::warn;
 
@@ -52,12 +53,14 @@ impl KernelCounts {
 
 pub struct KernelMaps {
     counters: PerCpuArray<MapData, u64>,
+    drop_reasons: PerCpuArray<MapData, DropSlot>,
     drops: PerCpuHashMap<MapData, DropKey, u64>,
     oversize_by_dev: PerCpuHashMap<MapData, DropKey, u64>,
     retrans: BpfHashMap<MapData, u64, RetransState>,
     nat: BpfHashMap<MapData, FlowKey, NatInfo>,
     verdict_agg: BpfHashMap<MapData, VerdictKey, VerdictAgg>,
-    pub scope: BpfHashMap<MapData, u32, u32>,
+    scope: BpfHashMap<MapData, u32, u32>,
+    scope_gen: Array<MapData, u64>,
 }
 
 fn take<M>(
@@ -82,12 +85,14 @@ impl KernelMaps {
             take(ebpf, MAP_EVENTS, RingBuf::try_from)?,
             Self {
                 counters: take(ebpf, MAP_COUNTERS, PerCpuArray::try_from)?,
+                drop_reasons: take(ebpf, MAP_DROP_REASONS, PerCpuArray::try_from)?,
                 drops: take(ebpf, MAP_DROPS, PerCpuHashMap::try_from)?,
                 oversize_by_dev: take(ebpf, MAP_OVERSIZE_BY_DEV, PerCpuHashMap::try_from)?,
                 retrans: take(ebpf, MAP_RETRANS, BpfHashMap::try_from)?,
                 nat: take(ebpf, MAP_NAT, BpfHashMap::try_from)?,
                 verdict_agg: take(ebpf, MAP_VERDICT_AGG, BpfHashMap::try_from)?,
                 scope: take(ebpf, MAP_SCOPE, BpfHashMap::try_from)?,
+                scope_gen: take(ebpf, MAP_SCOPE_GEN, Array::try_from)?,
             },
         ))
     }
@@ -104,6 +109,16 @@ impl KernelMaps {
             counters: std::array::from_fn(|idx| get(idx as u32)),
             ..KernelCounts::default()
         };
+        for reason in 0..DROP_REASON_SLOTS {
+            let count: u64 = self
+                .drop_reasons
+                .get(&reason, 0)
+                .map(|slots| slots.iter().map(|slot| slot.count).sum())
+                .unwrap_or(0);
+            if count > 0 {
+                counts.drops.insert(reason, count);
+            }
+        }
         for (key, values) in self.drops.iter().flatten() {
             *counts.drops.entry(key.reason).or_default() += values.iter().sum::<u64>();
         }
@@ -199,6 +214,13 @@ impl KernelMaps {
             if let Err(e) = self.scope.insert(ns, 1, 0) {
                 warn!(netns = ns, error = %e, "scope map full; namespace not watched");
             }
+        }
+        // After the map is written: the drop counters' cached scope decisions are retaken
+        // (see the eBPF `in_scope_cached`). Every refresh, changed or not, so a decision
+        // taken in a race with a write lasts one refresh at most.
+        let generation = self.scope_gen.get(&0, 0).unwrap_or(0);
+        if let Err(e) = self.scope_gen.set(0, generation.wrapping_add(1), 0) {
+            warn!(error = %e, "cannot bump the scope generation; drop counts may use a stale scope");
         }
     }
 }

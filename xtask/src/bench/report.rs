@@ -19,7 +19,12 @@ const FLOOD_RATIO: f64 = 0.95;
 const STORM_RATE_RATIO: f64 = 0.90;
 /// Agent CPU during the refused storm, in % of one core.
 const STORM_CPU_PCT: f64 = 5.0;
+/// Steady RSS, judged per workload (VmHWM reset once the agent is ready).
 const RSS_MIB: f64 = 40.0;
+/// The start-up peak (parsing the kernel's BTF, loading the programs) is transient: it is
+/// judged against the DaemonSet's memory request (`deploy/daemonset.yaml`), which it must
+/// fit for the pod to start where the scheduler put it.
+const STARTUP_RSS_MIB: f64 = 64.0;
 /// Memory of the agent's eBPF maps on a node of [`agent::TARGET_CPUS`] CPUs.
 const MAP_MIB: f64 = 24.0;
 /// "Findings aggregate": at most this many findings and stdout lines for a whole storm.
@@ -739,7 +744,7 @@ fn rows(
     }
 
     // Agent resources: start-up, then per workload.
-    let rss_row = |metric: String, peak: Option<f64>| {
+    let rss_row = |metric: String, peak: Option<f64>, limit: f64| {
         Row::new(
             metric,
             [None, peak, peak],
@@ -750,8 +755,8 @@ fn rows(
             ],
         )
         .target(
-            format!("≤ {RSS_MIB:.0} MiB"),
-            peak.is_some_and(|v| v <= RSS_MIB),
+            format!("≤ {limit:.0} MiB"),
+            peak.is_some_and(|v| v <= limit),
         )
     };
     let startup = samples
@@ -760,8 +765,10 @@ fn rows(
         .max()
         .map(mib);
     rows.push(rss_row(
-        "agent peak RSS (VmHWM), start-up (loading the programs)".to_owned(),
+        "agent peak RSS (VmHWM), start-up (loading the programs; the DaemonSet's memory request)"
+            .to_owned(),
         startup,
+        STARTUP_RSS_MIB,
     ));
     let pct = |v: f64| format!("{v:.2} %");
     for workload in Workload::ALL {
@@ -772,6 +779,7 @@ fn rows(
         rows.push(rss_row(
             format!("agent peak RSS (VmHWM), {}", workload.label()),
             peak,
+            RSS_MIB,
         ));
         let mut cpu: Vec<f64> = of(samples, workload, Mode::Agent)
             .filter_map(|s| Some(s.agent.as_ref()?.cpu_pct))
@@ -816,6 +824,11 @@ fn rows(
     }
 
     storm_rows(settings, samples, &mut rows);
+    if settings.workloads.len() < Workload::ALL.len() {
+        // A row without a single figure is about a workload left out (`--workload`); in
+        // a full run it stays, and fails its target, because a figure went missing.
+        rows.retain(|row| row.baseline.is_some() || row.agent.is_some() || row.value.is_some());
+    }
     rows
 }
 

@@ -584,16 +584,32 @@ fn read_results(path: &Path) -> Vec<(String, i32, u64)> {
         .collect()
 }
 
-/// (verdict, TC attachment) from `node-diag doctor -o json`.
+/// Doctor checks about the node rather than its kernel: a guest has no container
+/// runtime, and the table is about kernels.
+const NODE_CHECKS: &[&str] = &["container runtime"];
+
+/// (verdict, TC attachment) from `node-diag doctor -o json`. The verdict is the kernel's:
+/// degraded only by checks not about the node (`ready (no CRI)` when a missing container
+/// runtime socket was the only shortfall).
 fn doctor_summary(json: &str) -> (String, String) {
     let Ok(value) = serde_json::from_str::<serde_json::Value>(json) else {
         return ("no report".into(), "?".into());
     };
-    let verdict = value["verdict"].as_str().unwrap_or("?").to_owned();
-    let tc = value["checks"]
-        .as_array()
-        .into_iter()
-        .flatten()
+    let checks = value["checks"].as_array().cloned().unwrap_or_default();
+    let mut verdict = value["verdict"].as_str().unwrap_or("?").to_owned();
+    let shortfalls: Vec<&str> = checks
+        .iter()
+        .filter(|c| c["status"] != "ok")
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    if verdict == "degraded"
+        && !shortfalls.is_empty()
+        && shortfalls.iter().all(|name| NODE_CHECKS.contains(name))
+    {
+        verdict = "ready (no CRI)".into();
+    }
+    let tc = checks
+        .iter()
         .find(|c| c["name"] == "tc attach")
         .and_then(|c| c["detail"].as_str())
         .map(|d| d.split([' ', ',']).next().unwrap_or(d).to_owned())
@@ -743,5 +759,13 @@ mod tests {
             ("ready".to_owned(), "netlink".to_owned())
         );
         assert_eq!(doctor_summary("").0, "no report");
+    }
+
+    #[test]
+    fn doctor_summary_leaves_a_missing_cri_socket_out_of_the_kernels_verdict() {
+        let only_cri = r#"{"checks":[{"name":"btf","status":"ok"},{"name":"container runtime","status":"warn"}],"verdict":"degraded"}"#;
+        assert_eq!(doctor_summary(only_cri).0, "ready (no CRI)");
+        let kernel_too = r#"{"checks":[{"name":"btf","status":"warn"},{"name":"container runtime","status":"warn"}],"verdict":"degraded"}"#;
+        assert_eq!(doctor_summary(kernel_too).0, "degraded");
     }
 }
