@@ -2,7 +2,7 @@
 //! `--tc-attach netlink`: a `bpf` filter (priority 20036, handle 0x4e44, `nd_tc_ingress`)
 //! under a `clsact` qdisc. Killed agents' filters are replaced, not piled up; a clean exit
 //! leaves neither filter nor qdisc of the agent; another tool's qdisc and filters are never
-//! touched; and the classifier still sees frag-needed.
+//! touched; the pods' veths get neither; and the classifier still sees frag-needed.
 //!
 //! Root, `NODE_DIAG_BIN` set (or `cargo xtask test`), one test at a time:
 //! `cargo test -p node-diag-tests --test tc_fallback -- --test-threads=1`.
@@ -13,8 +13,12 @@ use node_diag_tests::finding::field;
 use node_diag_tests::topology::{POD_HOST_IF, UNDERLAY_IF, VXLAN_IF};
 use node_diag_tests::{Agent, ServerMode, TcpServer, Topology, cmd, tcp_request};
 
-/// Node A's interfaces the agent attaches to (every one but loopback).
-const INTERFACES: [&str; 3] = [UNDERLAY_IF, VXLAN_IF, POD_HOST_IF];
+/// Node A's interfaces the agent attaches to: every one but loopback and the pods' veths.
+const INTERFACES: [&str; 2] = [UNDERLAY_IF, VXLAN_IF];
+/// Where the tests put another tool's clsact and filter: an interface the agent attaches to.
+const SHARED_IF: &str = UNDERLAY_IF;
+/// Where the agent never attaches: ICMP errors do not come from a pod's side.
+const POD_SIDE: [&str; 1] = [POD_HOST_IF];
 const NETLINK: [&str; 2] = ["--tc-attach", "netlink"];
 /// A filter of another tool: u32 and cls_bpf are what this kernel has built in.
 const FOREIGN: [&str; 11] = [
@@ -22,7 +26,7 @@ const FOREIGN: [&str; 11] = [
 ];
 
 fn foreign_filter(topo: &Topology, direction: &str) {
-    let mut argv = vec!["tc", "filter", "add", "dev", POD_HOST_IF, direction];
+    let mut argv = vec!["tc", "filter", "add", "dev", SHARED_IF, direction];
     argv.extend(FOREIGN);
     cmd::run_in(&topo.node_a, &argv);
 }
@@ -93,20 +97,20 @@ fn terminate_ok(agent: &mut Agent) {
     );
 }
 
-/// No bpf filter and no clsact left on `interfaces` of node A.
+/// No bpf filter and no clsact on `interfaces` of node A.
 fn nothing_left(topo: &Topology, interfaces: &[&str], agent: &Agent) {
     for i in interfaces {
         for direction in ["ingress", "egress"] {
             let left = filters(topo, i, direction);
             assert!(
                 !left.contains("bpf"),
-                "bpf filter left on {i} {direction} after exit:\n{left}\n{}",
+                "bpf filter on {i} {direction}:\n{left}\n{}",
                 agent.diagnostics()
             );
         }
         assert!(
             !has_clsact(topo, i),
-            "clsact qdisc left on {i} after exit:\n{}\n{}",
+            "clsact qdisc on {i}:\n{}\n{}",
             qdiscs(topo, i),
             agent.diagnostics()
         );
@@ -131,8 +135,35 @@ fn netlink_mode_sigterm_leaves_no_filter_and_no_clsact() {
             qdiscs(&topo, i)
         );
     }
+    // The pod's veth: neither filter nor clsact, from the start.
+    nothing_left(&topo, &POD_SIDE, &agent);
     terminate_ok(&mut agent);
     nothing_left(&topo, &INTERFACES, &agent);
+}
+
+/// In the default mode (TCX on this kernel, netlink filters before 6.6), the classifier
+/// goes on the underlay and the overlay, never on a pod's veth.
+#[test]
+fn default_mode_leaves_the_pods_veths_alone() {
+    let topo = Topology::new();
+    let mut agent = Agent::start_ready(&topo);
+    let log = agent.stderr();
+    for i in INTERFACES {
+        assert!(
+            log.contains(&format!("TC ingress attached interface={i} ")),
+            "no TC ingress on {i}\n{}",
+            agent.diagnostics()
+        );
+    }
+    for i in POD_SIDE {
+        assert!(
+            !log.contains(&format!("TC ingress attached interface={i} ")),
+            "TC ingress on the pod's veth {i}\n{}",
+            agent.diagnostics()
+        );
+    }
+    nothing_left(&topo, &POD_SIDE, &agent);
+    terminate_ok(&mut agent);
 }
 
 /// A crash loop: each killed agent leaves its filters (they keep running: the leak this
@@ -201,17 +232,17 @@ fn auto_mode_removes_a_killed_netlink_agents_leftovers() {
     nothing_left(&topo, &INTERFACES, &agent);
 }
 
-/// Asserts the foreign filter is on vpod0's `direction` and nothing of ours is left there.
+/// Asserts the foreign filter is on [`SHARED_IF`]'s `direction`.
 fn foreign_intact(topo: &Topology, agent: &Agent, direction: &str, when: &str) {
     assert!(
-        has_clsact(topo, POD_HOST_IF),
-        "{when}: the foreign clsact on {POD_HOST_IF} is gone\n{}",
+        has_clsact(topo, SHARED_IF),
+        "{when}: the foreign clsact on {SHARED_IF} is gone\n{}",
         agent.diagnostics()
     );
-    let shown = filters(topo, POD_HOST_IF, direction);
+    let shown = filters(topo, SHARED_IF, direction);
     assert!(
         shown.contains("pref 1 u32") && shown.contains("flowid 1:1"),
-        "{when}: the foreign u32 filter on {POD_HOST_IF} {direction} is gone:\n{shown}\n{}",
+        "{when}: the foreign u32 filter on {SHARED_IF} {direction} is gone:\n{shown}\n{}",
         agent.diagnostics()
     );
 }
@@ -221,7 +252,7 @@ fn foreign_clsact_and_filter_survive_start_and_sigterm() {
     let topo = Topology::new();
     cmd::run_in(
         &topo.node_a,
-        &["tc", "qdisc", "add", "dev", POD_HOST_IF, "clsact"],
+        &["tc", "qdisc", "add", "dev", SHARED_IF, "clsact"],
     );
     foreign_filter(&topo, "ingress");
 
@@ -231,9 +262,9 @@ fn foreign_clsact_and_filter_survive_start_and_sigterm() {
     terminate_ok(&mut agent);
 
     foreign_intact(&topo, &agent, "ingress", "after exit");
-    let left = filters(&topo, POD_HOST_IF, "ingress");
+    let left = filters(&topo, SHARED_IF, "ingress");
     assert!(!left.contains("bpf"), "bpf filter left:\n{left}");
-    nothing_left(&topo, &[UNDERLAY_IF, VXLAN_IF], &agent);
+    nothing_left(&topo, &[VXLAN_IF, POD_HOST_IF], &agent);
 }
 
 /// A killed agent's filter beside another tool's: the next agent removes only its own,
@@ -243,7 +274,7 @@ fn killed_agents_filter_beside_a_foreign_one_goes_alone() {
     let topo = Topology::new();
     cmd::run_in(
         &topo.node_a,
-        &["tc", "qdisc", "add", "dev", POD_HOST_IF, "clsact"],
+        &["tc", "qdisc", "add", "dev", SHARED_IF, "clsact"],
     );
     foreign_filter(&topo, "egress");
 
@@ -258,9 +289,9 @@ fn killed_agents_filter_beside_a_foreign_one_goes_alone() {
     terminate_ok(&mut agent);
 
     foreign_intact(&topo, &agent, "egress", "after exit");
-    let left = filters(&topo, POD_HOST_IF, "ingress");
+    let left = filters(&topo, SHARED_IF, "ingress");
     assert!(!left.contains("bpf"), "bpf filter left:\n{left}");
-    nothing_left(&topo, &[UNDERLAY_IF, VXLAN_IF], &agent);
+    nothing_left(&topo, &[VXLAN_IF, POD_HOST_IF], &agent);
 }
 
 /// A clsact the agent added but another tool started using is kept on exit, with the
@@ -274,9 +305,9 @@ fn agents_clsact_holding_a_foreign_filter_is_kept() {
     terminate_ok(&mut agent);
 
     foreign_intact(&topo, &agent, "egress", "after exit");
-    let left = filters(&topo, POD_HOST_IF, "ingress");
+    let left = filters(&topo, SHARED_IF, "ingress");
     assert!(!left.contains("bpf"), "bpf filter left:\n{left}");
-    nothing_left(&topo, &[UNDERLAY_IF, VXLAN_IF], &agent);
+    nothing_left(&topo, &[VXLAN_IF, POD_HOST_IF], &agent);
 }
 
 /// `mtu.rs`'s `frag_needed_from_beyond_this_node_is_counted_as_received` through the

@@ -354,10 +354,19 @@ async fn next_change(rx: &mut Option<tokio::sync::mpsc::Receiver<()>>) -> Option
     }
 }
 
-/// Attaches TC ingress to the agent's namespace's interfaces as they come and go.
+/// Attaches TC ingress to the agent's namespace's interfaces as they come and go, except
+/// the pods' veths: ICMP errors from outside the node arrive on the underlay and the
+/// overlay, and the ones a pod's namespace generates are seen where they are generated
+/// (`icmp_send`), so a classifier there would only cost every pod packet.
 fn sync_tc(tc: &mut TcIngress, ebpf: &mut aya::Ebpf) {
     match crate::host_network::links() {
-        Ok(links) => tc.sync(ebpf, &links),
+        Ok(links) => {
+            let pods = crate::host_network::pod_veths(&links).unwrap_or_else(|e| {
+                warn!(error = %e, "cannot tell the pods' veths; TC ingress on them too");
+                Default::default()
+            });
+            tc.sync(ebpf, &links, &pods);
+        }
         Err(e) => warn!(error = %e, "cannot list interfaces; TC attachments unchanged"),
     }
 }

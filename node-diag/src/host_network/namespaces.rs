@@ -152,33 +152,57 @@ pub fn veth_peer_namespaces(
     Ok(out)
 }
 
-/// The network namespaces this node's agent reports for (by inode): its own, and each
-/// namespace holding the peer of one of its veths, except veths a tunnel is bound to.
-pub fn local_scope() -> Result<BTreeSet<u32>, NetlinkError> {
-    let own = netns_inode(Path::new("/proc/self/ns/net")).unwrap_or(0);
-    let mut scope = BTreeSet::from([own]);
-    let mut links = links()?;
-    // A veth carrying a tunnel is an underlay to another node, not a pod's link.
+/// The pods' veths among `links` (this namespace's side), each with the namespace its
+/// peer is in: veths whose peer is in a namespace this process can see (a pod's), except
+/// veths a tunnel is bound to (an underlay to another node). A veth whose peer it cannot
+/// see (a kind node's `eth0`, whose peer is the host's) is not a pod's.
+fn pod_veth_peers(links: &[Link]) -> Result<Vec<(u32, NetnsFile)>, NetlinkError> {
     let underlays: HashSet<u32> = links
         .iter()
         .filter_map(|l| l.tunnel.as_ref()?.bound_to)
         .collect();
-    links.retain(|l| !underlays.contains(&l.index));
-    if !links
+    let veths: Vec<Link> = links
         .iter()
-        .any(|l| l.kind.as_deref() == Some("veth") && l.link_netnsid.is_some())
-    {
-        return Ok(scope);
+        .filter(|l| {
+            l.kind.as_deref() == Some("veth")
+                && l.link_netnsid.is_some()
+                && !underlays.contains(&l.index)
+        })
+        .cloned()
+        .collect();
+    if veths.is_empty() {
+        return Ok(Vec::new());
     }
+    let own = netns_inode(Path::new("/proc/self/ns/net")).unwrap_or(0);
     let files: Vec<_> = namespace_files()
         .into_iter()
         .filter(|f| f.inode != own)
         .collect();
-    scope.extend(
-        veth_peer_namespaces(&links, &files)?
-            .into_iter()
-            .map(|(_, f)| f.inode),
-    );
+    let peers = veth_peer_namespaces(&veths, &files)?;
+    Ok(veths
+        .iter()
+        .filter_map(|l| {
+            let id = l.link_netnsid?;
+            let (_, file) = peers.iter().find(|(nsid, _)| *nsid == id)?;
+            Some((l.index, file.clone()))
+        })
+        .collect())
+}
+
+/// The interface indices of the pods' veths among `links` (see [`pod_veth_peers`]).
+pub fn pod_veths(links: &[Link]) -> Result<HashSet<u32>, NetlinkError> {
+    Ok(pod_veth_peers(links)?
+        .into_iter()
+        .map(|(index, _)| index)
+        .collect())
+}
+
+/// The network namespaces this node's agent reports for (by inode): its own, and each
+/// namespace holding the peer of one of its pods' veths.
+pub fn local_scope() -> Result<BTreeSet<u32>, NetlinkError> {
+    let own = netns_inode(Path::new("/proc/self/ns/net")).unwrap_or(0);
+    let mut scope = BTreeSet::from([own]);
+    scope.extend(pod_veth_peers(&links()?)?.into_iter().map(|(_, f)| f.inode));
     Ok(scope)
 }
 

@@ -1,6 +1,6 @@
 //! TC ingress attachment on this node's interfaces (the namespace the agent runs in, which
-//! holds the underlay, the overlay and the pods' node-side veths). Interfaces are attached
-//! as they appear and forgotten as they go.
+//! holds the underlay, the overlay and the pods' node-side veths; the pods' veths are left
+//! out by the caller). Interfaces are attached as they appear and forgotten as they go.
 //!
 //! Two ways to attach, chosen by [`AttachMode`] (`node-diag run --tc-attach`):
 //!
@@ -30,7 +30,7 @@
 //! - One agent per network namespace: a second agent started in the same namespace would
 //!   take the first one's filters for leftovers.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use aya::{
     Ebpf,
@@ -123,9 +123,11 @@ impl TcIngress {
         })
     }
 
-    /// Attaches to every interface in `links` not attached yet and detaches from the
-    /// ones gone.
-    pub fn sync(&mut self, ebpf: &mut Ebpf, links: &[Link]) {
+    /// Attaches to every interface in `links` not attached yet, except those in `skip`
+    /// (the pods' veths), and detaches from the ones gone. An interface attached before it
+    /// was known to be skipped (a pod's veth whose namespace showed up later) stays
+    /// attached: detaching would leave its clsact behind.
+    pub fn sync(&mut self, ebpf: &mut Ebpf, links: &[Link], skip: &HashSet<u32>) {
         let Ok(prog) = program(ebpf) else { return };
         let present: HashMap<u32, &Link> = links
             .iter()
@@ -148,7 +150,10 @@ impl TcIngress {
         self.failed.retain(|i, _| present.contains_key(i));
         self.owned_clsact.retain(|i, _| present.contains_key(i));
         for (index, link) in present {
-            if self.attached.contains_key(&index) || self.failed.contains_key(&index) {
+            if self.attached.contains_key(&index)
+                || self.failed.contains_key(&index)
+                || skip.contains(&index)
+            {
                 continue;
             }
             if remove_leftovers(index, &link.name) {
