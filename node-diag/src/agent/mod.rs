@@ -355,9 +355,10 @@ async fn next_change(rx: &mut Option<tokio::sync::mpsc::Receiver<()>>) -> Option
 }
 
 /// Attaches TC ingress to the agent's namespace's interfaces as they come and go, except
-/// the pods' veths: ICMP errors from outside the node arrive on the underlay and the
-/// overlay, and the ones a pod's namespace generates are seen where they are generated
-/// (`icmp_send`), so a classifier there would only cost every pod packet.
+/// the pods' veths, where it would run on every packet a pod sends: ICMP errors from
+/// outside the node arrive on the underlay and the overlay, and the IPv4 ones a pod's
+/// namespace generates are seen where they are generated (`icmp_send`; an ICMPv6 error
+/// between two pods of this node goes unseen).
 fn sync_tc(tc: &mut TcIngress, ebpf: &mut aya::Ebpf) {
     match crate::host_network::links() {
         Ok(links) => {
