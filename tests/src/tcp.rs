@@ -44,6 +44,17 @@ impl ConnectOutcome {
         }
     }
 
+    /// Whether the connect was refused as an ICMP port unreachable refuses it:
+    /// `ECONNREFUSED`, or no errno at all after the hang-up (see [`Self::is_icmp_failure`]:
+    /// the same race on Debian's 6.1 under emulation).
+    pub fn is_refused_by_icmp(&self) -> bool {
+        match self {
+            ConnectOutcome::Refused => true,
+            ConnectOutcome::Other(e) => e.to_string().contains("no error set after POLLHUP"),
+            _ => false,
+        }
+    }
+
     /// Classifies the error a connect returned.
     pub fn from_error(err: io::Error) -> ConnectOutcome {
         match err.raw_os_error() {

@@ -298,7 +298,11 @@ fn service_rejected(
     let agent = Agent::start_ready(&topo);
 
     let outcome = tcp_connect(&topo.pod_a, SocketAddrV4::new(ip, 80).into(), STEP);
-    assert!(matches!(outcome, ConnectOutcome::Refused), "{outcome:?}");
+    let refused = match reject {
+        Reject::TcpReset => matches!(outcome, ConnectOutcome::Refused),
+        _ => outcome.is_refused_by_icmp(),
+    };
+    assert!(refused, "{outcome:?}");
     let f = agent.wait_finding(
         |f| field(f, "kind") == "tcp_refused" && flow_is(f, topo.pod_a_ip, ip, 80),
         STEP,
