@@ -39,8 +39,7 @@ impl ConnectOutcome {
     pub fn is_icmp_failure(&self) -> bool {
         match self {
             ConnectOutcome::Unreachable(_) => true,
-            ConnectOutcome::Other(e) => e.to_string().contains("no error set after POLLHUP"),
-            _ => false,
+            _ => self.hung_up_without_errno(),
         }
     }
 
@@ -50,9 +49,13 @@ impl ConnectOutcome {
     pub fn is_refused_by_icmp(&self) -> bool {
         match self {
             ConnectOutcome::Refused => true,
-            ConnectOutcome::Other(e) => e.to_string().contains("no error set after POLLHUP"),
-            _ => false,
+            _ => self.hung_up_without_errno(),
         }
+    }
+
+    /// std's "no error set after POLLHUP": the connect ended, its errno lost.
+    fn hung_up_without_errno(&self) -> bool {
+        matches!(self, ConnectOutcome::Other(e) if e.to_string().contains("no error set after POLLHUP"))
     }
 
     /// Classifies the error a connect returned.
