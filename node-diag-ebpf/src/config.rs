@@ -60,7 +60,7 @@ pub fn in_scope_cached(slot: *mut DropSlot, netns: u32) -> bool {
         if (*slot).netns == netns && (*slot).scope_gen == generation {
             return (*slot).in_scope != 0;
         }
-        let inside = SCOPE.get_ptr(&netns).is_some();
+        let inside = in_scope(netns);
         (*slot).netns = netns;
         (*slot).scope_gen = generation;
         (*slot).in_scope = inside as u32;
