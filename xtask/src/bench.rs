@@ -11,11 +11,17 @@
 //!   latency of one connection);
 //! - a flood of UDP datagrams from pod A into a drop rule in node A's forward hook, so
 //!   that `skb:kfree_skb` fires, in the agent's scope, on every packet;
-//! - the agent's programs' average run time (`kernel.bpf_stats_enabled`) against a
-//!   budget per hook, its RSS and CPU, and the memory of its eBPF maps (here and
-//!   computed for a 128-CPU node);
+//! - the agent's programs' average run time against a budget per hook, from one profile
+//!   measurement per workload after the pairs (`kernel.bpf_stats_enabled` on, with an
+//!   empty program on each of the agent's tracepoints for the statistics' own floor:
+//!   `floor`), its RSS and CPU, and the memory of its eBPF maps (here and computed for a
+//!   128-CPU node);
 //! - a storm of refused connects, each of which must show up in a finding's `count` or
 //!   in `node_diag_events_lost_total`.
+//!
+//! The pairs run as nodes do, with the kernel's run statistics off: with them on, the
+//! kernel reads its clock twice around every program run, which on a nested VM costs more
+//! than most of the programs themselves and would be charged to the agent.
 //!
 //! Ratios are agent ÷ baseline of each back-to-back pair; the table shows their median
 //! and their spread (min–max). The targets are judged by people reading the table: the
@@ -23,6 +29,7 @@
 //! agent fails).
 
 mod agent;
+mod floor;
 mod load;
 mod report;
 
@@ -42,6 +49,7 @@ use serde::Serialize;
 
 use self::{
     agent::{Agent, MapMemory, ProcSample, RunStats},
+    floor::EmptyPrograms,
     load::{ConnStats, DropRule, EchoServer, FloodStats, IperfServer, StormStats},
     report::Report,
 };
@@ -208,6 +216,8 @@ impl Workload {
 pub enum Mode {
     Baseline,
     Agent,
+    /// The agent with the kernel's run statistics on: per-program run times, not ratios.
+    Profile,
 }
 
 /// One measurement: a workload, once, with or without the agent.
@@ -227,6 +237,9 @@ pub struct Sample {
     pub storm: Option<StormStats>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub agent: Option<AgentUsage>,
+    /// Profile only: the empty programs' runs during the workload (see `floor`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub floor: Option<ProgramRuns>,
     /// `nd_*` programs other processes (another node-diag agent, e.g. a concurrent test)
     /// had loaded before or after the workload: they fire on its traffic too.
     pub foreign_nd_programs: usize,
@@ -342,7 +355,7 @@ pub fn run(options: &Options) -> Result<()> {
     );
     let started = Instant::now();
     let samples = (|| {
-        let _stats = BpfStats::enable()?;
+        let _stats = BpfStats::set(false)?;
         let bench = Bench::new(&binary, &settings)?;
         bench.measure_all()
     })()
@@ -391,7 +404,8 @@ impl<'a> Bench<'a> {
         })
     }
 
-    /// Every workload in every run, baseline and agent in alternating order.
+    /// Every workload in every run, baseline and agent in alternating order, then one
+    /// profile measurement of each workload.
     fn measure_all(&self) -> Result<Vec<Sample>> {
         let mut samples = Vec::new();
         for run in 0..self.settings.runs {
@@ -411,13 +425,29 @@ impl<'a> Bench<'a> {
                 }
             }
         }
+        for &workload in &self.settings.workloads {
+            check_interrupted()?;
+            let sample = self
+                .measure(self.settings.runs, workload, Mode::Profile)
+                .with_context(|| format!("profile: {}", workload.label()))?;
+            println!("[bench] {}", report::progress_line(&sample));
+            samples.push(sample);
+        }
         Ok(samples)
     }
 
     fn measure(&self, run: u32, workload: Workload, mode: Mode) -> Result<Sample> {
         let mut agent = match mode {
-            Mode::Agent => Some(Agent::start(self.binary, &self.topo, READY_TIMEOUT)?),
+            Mode::Agent | Mode::Profile => {
+                Some(Agent::start(self.binary, &self.topo, READY_TIMEOUT)?)
+            }
             Mode::Baseline => None,
+        };
+        // Statistics on, and the empty programs that measure their floor, for the profile
+        // only; off again (and detached) when the measurement ends, however it ends.
+        let profile = match mode {
+            Mode::Profile => Some((BpfStats::set(true)?, EmptyPrograms::attach()?)),
+            _ => None,
         };
         thread::sleep(SETTLE);
         let pid = agent.as_ref().map(Agent::pid);
@@ -428,6 +458,7 @@ impl<'a> Bench<'a> {
             _ => None,
         };
         let before = agent.as_ref().map(Before::take).transpose()?;
+        let floor_before = profile.as_ref().map(|(_, e)| e.stats()).transpose()?;
 
         let began = Instant::now();
         let mut sample = Sample {
@@ -439,6 +470,7 @@ impl<'a> Bench<'a> {
             flood: None,
             storm: None,
             agent: None,
+            floor: None,
             foreign_nd_programs: 0,
         };
         let duration = self.settings.duration();
@@ -489,6 +521,14 @@ impl<'a> Bench<'a> {
                 sample.storm = Some(stats);
             }
         }
+        if let (Some((_, empty)), Some(earlier)) = (&profile, floor_before) {
+            let runs = empty.stats()?.since(earlier);
+            sample.floor = Some(ProgramRuns {
+                kind: "raw_tracepoint".to_owned(),
+                run_cnt: runs.run_cnt,
+                run_time_ns: runs.run_time_ns,
+            });
+        }
         if let (Some(agent), Some(before)) = (agent.as_mut(), before) {
             agent.check_alive()?;
             // The agent handles the storm's events after the client is done: its CPU
@@ -522,6 +562,7 @@ impl<'a> Bench<'a> {
             });
         }
         sample.foreign_nd_programs = foreign_before.max(agent::foreign_programs(pid)?);
+        drop(profile);
         if let Some(agent) = agent {
             agent.stop()?;
         }
@@ -667,7 +708,7 @@ fn account(agent: &Agent, refused: u64, before: &Before) -> Result<Accounting> {
     }
 }
 
-/// `kernel.bpf_stats_enabled=1` for the bench; the previous value is restored on drop.
+/// `kernel.bpf_stats_enabled` set for a while; the previous value is restored on drop.
 struct BpfStats {
     previous: String,
 }
@@ -675,13 +716,17 @@ struct BpfStats {
 const BPF_STATS: &str = "/proc/sys/kernel/bpf_stats_enabled";
 
 impl BpfStats {
-    fn enable() -> Result<Self> {
+    fn set(on: bool) -> Result<Self> {
         let previous = fs::read_to_string(BPF_STATS)
             .with_context(|| format!("cannot read {BPF_STATS}"))?
             .trim()
             .to_owned();
-        fs::write(BPF_STATS, "1").with_context(|| format!("cannot write 1 to {BPF_STATS}"))?;
-        println!("[bench] kernel.bpf_stats_enabled: {previous} -> 1 (restored at the end)");
+        let value = if on { "1" } else { "0" };
+        fs::write(BPF_STATS, value)
+            .with_context(|| format!("cannot write {value} to {BPF_STATS}"))?;
+        if previous != value {
+            println!("[bench] kernel.bpf_stats_enabled: {previous} -> {value}");
+        }
         Ok(Self { previous })
     }
 }

@@ -303,7 +303,7 @@ fn bpf_fdinfos(pid: u32, target: &str) -> Result<Vec<(String, String)>> {
 }
 
 /// A `name:\tvalue` line of an fdinfo file, as a number.
-fn fdinfo_field(info: &str, name: &str) -> Option<u64> {
+pub(super) fn fdinfo_field(info: &str, name: &str) -> Option<u64> {
     info.lines().find_map(|line| {
         line.strip_prefix(name)?
             .strip_prefix(':')?

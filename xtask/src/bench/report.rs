@@ -7,6 +7,8 @@ use std::{collections::BTreeMap, fmt::Write as _, fs, path::Path, time::Duration
 use anyhow::{Context as _, Result};
 use serde::Serialize;
 
+#[cfg(test)]
+use super::{AgentUsage, ProgramRuns};
 use super::{
     CONN_THREADS, FLOOD_PORT, FLOOD_THREADS, Mode, Sample, Settings, Workload,
     agent::{self, MapMemory},
@@ -170,15 +172,19 @@ impl Row {
     }
 }
 
-/// Per-program figures over every workload of every run.
+/// Per-program figures over the profile measurements of every workload.
 #[derive(Debug, Clone, Serialize)]
 pub struct ProgramSummary {
     #[serde(rename = "type")]
     pub kind: String,
     pub run_cnt: u64,
     pub run_time_ns: u64,
+    /// As the kernel's statistics measured it.
     pub avg_ns: Option<f64>,
-    /// The budget `avg_ns` is judged against.
+    /// `avg_ns` less the floor (an empty program's average) of each workload, weighted by
+    /// this program's runs in it: the program's own work.
+    pub net_ns: Option<f64>,
+    /// The budget `net_ns` is judged against.
     pub budget_ns: Option<f64>,
     /// Average ns per run in each workload.
     pub avg_ns_by_workload: BTreeMap<Workload, Option<f64>>,
@@ -222,6 +228,8 @@ pub struct Report {
     pub elapsed_s: f64,
     pub rows: Vec<Row>,
     pub programs: BTreeMap<String, ProgramSummary>,
+    /// The floor of the run statistics: an empty program's average run time, per workload.
+    pub floor_ns_by_workload: BTreeMap<Workload, Option<f64>>,
     pub maps: Option<MapReport>,
     pub samples: Vec<Sample>,
 }
@@ -235,7 +243,8 @@ impl Report {
         elapsed: Duration,
     ) -> Self {
         machine.loadavg_end = loadavg();
-        let programs = programs(&samples);
+        let floors = floors(&samples);
+        let programs = programs(&samples, &floors);
         let maps = MapReport::new(&samples);
         let rows = rows(&settings, &samples, &programs, maps.as_ref());
         Self {
@@ -245,6 +254,7 @@ impl Report {
             elapsed_s: elapsed.as_secs_f64(),
             rows,
             programs,
+            floor_ns_by_workload: floors,
             maps,
             samples,
         }
@@ -257,7 +267,9 @@ impl Report {
         let _ = writeln!(
             out,
             "{} CPU(s) ({}), {:.1} GiB, kernel {}; load average {} at start, {} at end; \
-             {} run(s) of {} s per workload; medians; took {:.0} s.\n",
+             {} run(s) of {} s per workload; medians; took {:.0} s. The pairs ran with the \
+             kernel's run statistics off, as on a node; program run times come from one \
+             profile measurement per workload with them on.\n",
             m.nproc,
             m.cpu_model,
             m.memory_gib,
@@ -308,8 +320,9 @@ impl Report {
             .collect();
         let _ = writeln!(
             out,
-            "\nAverage run time per program and workload: ns per run (runs), \
-             Σ run_time_ns ÷ Σ run_cnt over the runs; — where it did not run.\n"
+            "\nAverage run time per program and workload in the profile measurements: ns per \
+             run as measured (runs), Σ run_time_ns ÷ Σ run_cnt; — where it did not run. The \
+             floor is an empty program's, on the agent's tracepoints in the same workload.\n"
         );
         let mut header = "| program | budget |".to_owned();
         let mut rule = "| --- | --- |".to_owned();
@@ -318,6 +331,12 @@ impl Report {
             rule.push_str(" ---: |");
         }
         let _ = writeln!(out, "{header}\n{rule}");
+        let mut floor = "| floor (empty program) | — |".to_owned();
+        for workload in &workloads {
+            let ns = self.floor_ns_by_workload.get(workload).copied().flatten();
+            let _ = write!(floor, " {} |", fmt(ns, |ns| format!("{ns:.0}")));
+        }
+        let _ = writeln!(out, "{floor}");
         for (name, program) in &self.programs {
             let budget = program
                 .budget_ns
@@ -384,7 +403,10 @@ impl Report {
                 .filter(|s| s.mode == mode && s.foreign_nd_programs > 0)
                 .count()
         };
-        let (baseline, agent) = (contended(Mode::Baseline), contended(Mode::Agent));
+        let (baseline, agent) = (
+            contended(Mode::Baseline),
+            contended(Mode::Agent) + contended(Mode::Profile),
+        );
         if baseline + agent == 0 {
             return "No other process had `nd_*` eBPF programs loaded during the measurements."
                 .to_owned();
@@ -426,13 +448,17 @@ pub fn progress_line(sample: &Sample) -> String {
         }
         Workload::Storm => format!("{:.0} refused/s", sample.value),
     };
+    let run = match sample.mode {
+        Mode::Profile => "profile".to_owned(),
+        _ => format!("run {}", sample.run + 1),
+    };
     let mut line = format!(
-        "run {} {:<23} {:<8} {figure}",
-        sample.run + 1,
+        "{run:<7} {:<23} {:<8} {figure}",
         sample.workload.label(),
         match sample.mode {
             Mode::Baseline => "baseline",
             Mode::Agent => "agent",
+            Mode::Profile => "profile",
         }
     );
     if let Some(agent) = &sample.agent {
@@ -580,10 +606,29 @@ fn fmt(value: Option<f64>, f: impl Fn(f64) -> String) -> String {
     value.map_or_else(|| "n/a".to_owned(), f)
 }
 
-fn programs(samples: &[Sample]) -> BTreeMap<String, ProgramSummary> {
+/// The floor of each workload's profile: the empty programs' Σ run_time_ns ÷ Σ run_cnt.
+fn floors(samples: &[Sample]) -> BTreeMap<Workload, Option<f64>> {
+    let mut sums: BTreeMap<Workload, (u64, u64)> = BTreeMap::new();
+    for sample in samples.iter().filter(|s| s.mode == Mode::Profile) {
+        if let Some(floor) = &sample.floor {
+            let sum = sums.entry(sample.workload).or_default();
+            sum.0 += floor.run_cnt;
+            sum.1 += floor.run_time_ns;
+        }
+    }
+    sums.into_iter()
+        .map(|(workload, (cnt, ns))| (workload, (cnt > 0).then(|| ns as f64 / cnt as f64)))
+        .collect()
+}
+
+fn programs(
+    samples: &[Sample],
+    floors: &BTreeMap<Workload, Option<f64>>,
+) -> BTreeMap<String, ProgramSummary> {
     let mut out: BTreeMap<String, ProgramSummary> = BTreeMap::new();
     let mut by_workload: BTreeMap<(String, Workload), (u64, u64)> = BTreeMap::new();
-    for sample in samples {
+    // Only the profile measurements ran with the statistics on.
+    for sample in samples.iter().filter(|s| s.mode == Mode::Profile) {
         let Some(agent) = &sample.agent else { continue };
         for (name, runs) in &agent.programs {
             let entry = out.entry(name.clone()).or_insert_with(|| ProgramSummary {
@@ -591,6 +636,7 @@ fn programs(samples: &[Sample]) -> BTreeMap<String, ProgramSummary> {
                 run_cnt: 0,
                 run_time_ns: 0,
                 avg_ns: None,
+                net_ns: None,
                 budget_ns: program_budget(name).map(|(ns, _)| ns),
                 avg_ns_by_workload: BTreeMap::new(),
                 run_cnt_by_workload: BTreeMap::new(),
@@ -604,15 +650,32 @@ fn programs(samples: &[Sample]) -> BTreeMap<String, ProgramSummary> {
             w.1 += runs.run_time_ns;
         }
     }
-    let avg = |cnt: u64, ns: u64| (cnt > 0).then(|| ns as f64 / cnt as f64);
+    let avg = |cnt: u64, ns: f64| (cnt > 0).then(|| ns / cnt as f64);
+    // Σ (run_time_ns − run_cnt × floor) per program; None once a workload it ran in has
+    // no floor.
+    let mut net: BTreeMap<String, Option<f64>> = BTreeMap::new();
     for ((name, workload), (cnt, ns)) in by_workload {
+        let floor = floors.get(&workload).copied().flatten();
+        let sum = net.entry(name.clone()).or_insert(Some(0.0));
+        *sum = match (*sum, floor) {
+            (Some(sum), Some(floor)) => Some(sum + ns as f64 - cnt as f64 * floor),
+            _ if cnt == 0 => *sum,
+            _ => None,
+        };
         if let Some(entry) = out.get_mut(&name) {
-            entry.avg_ns_by_workload.insert(workload, avg(cnt, ns));
+            entry
+                .avg_ns_by_workload
+                .insert(workload, avg(cnt, ns as f64));
             entry.run_cnt_by_workload.insert(workload, cnt);
         }
     }
-    for entry in out.values_mut() {
-        entry.avg_ns = avg(entry.run_cnt, entry.run_time_ns);
+    for (name, entry) in &mut out {
+        entry.avg_ns = avg(entry.run_cnt, entry.run_time_ns as f64);
+        entry.net_ns = net
+            .get(name)
+            .copied()
+            .flatten()
+            .and_then(|ns| avg(entry.run_cnt, ns));
     }
     out
 }
@@ -692,19 +755,45 @@ fn rows(
         ),
     );
 
-    // Per-program cost, against the budget of its hook.
+    // Per-program cost net of the statistics' floor, against the budget of its hook.
+    let floor_runs: u64 = samples
+        .iter()
+        .filter_map(|s| Some(s.floor.as_ref()?.run_cnt))
+        .sum();
+    let floor_ns: u64 = samples
+        .iter()
+        .filter_map(|s| Some(s.floor.as_ref()?.run_time_ns))
+        .sum();
+    let floor = (floor_runs > 0).then(|| floor_ns as f64 / floor_runs as f64);
+    rows.push(Row::new(
+        "floor: avg run time of an empty program on the agent's tracepoints (the statistics' \
+         clock reads and the call; profile)",
+        [None, None, floor],
+        [
+            "—".to_owned(),
+            format!("{floor_runs} runs"),
+            fmt(floor, |ns| format!("{ns:.0} ns")),
+        ],
+    ));
     for (name, program) in programs {
-        let avg = program.avg_ns;
+        let net = program.net_ns;
         let row = Row::new(
-            format!("avg run time `{name}` ({})", program.kind),
-            [None, None, avg],
+            format!(
+                "avg run time `{name}` ({}), net of the floor (as measured)",
+                program.kind
+            ),
+            [None, program.avg_ns, net],
             [
                 "—".to_owned(),
                 format!("{} runs", program.run_cnt),
-                fmt(avg, |ns| format!("{ns:.0} ns")),
+                format!(
+                    "{} ({})",
+                    fmt(net, |ns| format!("{ns:.0} ns")),
+                    fmt(program.avg_ns, |ns| format!("{ns:.0} ns"))
+                ),
             ],
         );
-        rows.push(match (program_budget(name), avg) {
+        rows.push(match (program_budget(name), net) {
             (Some((budget, hook)), Some(ns)) => {
                 row.target(format!("≤ {budget:.0} ns ({hook})"), ns <= budget)
             }
@@ -943,8 +1032,67 @@ mod tests {
             flood: None,
             storm: None,
             agent: None,
+            floor: None,
             foreign_nd_programs: 0,
         }
+    }
+
+    /// A profile sample of `workload` in which `nd_x` ran `runs` times for `ns`, and the
+    /// empty programs `floor_runs` times for `floor_ns`.
+    fn profiled(workload: Workload, runs: u64, ns: u64, floor_runs: u64, floor_ns: u64) -> Sample {
+        let program = ProgramRuns {
+            kind: "tracing".to_owned(),
+            run_cnt: runs,
+            run_time_ns: ns,
+        };
+        Sample {
+            workload,
+            agent: Some(AgentUsage {
+                startup_peak_rss_kib: 0,
+                peak_rss_kib: 0,
+                rss_before_kib: 0,
+                rss_after_kib: 0,
+                cpu_s: 0.0,
+                wall_s: 1.0,
+                cpu_pct: 0.0,
+                stdout_lines: 0,
+                programs: BTreeMap::from([("nd_x".to_owned(), program)]),
+                map_memlock_bytes: 0,
+                map_memlock_at_target_cpus_bytes: 0,
+                maps: Vec::new(),
+                accounting: None,
+            }),
+            floor: Some(ProgramRuns {
+                kind: "raw_tracepoint".to_owned(),
+                run_cnt: floor_runs,
+                run_time_ns: floor_ns,
+            }),
+            ..sample(0, Mode::Profile, 0.0)
+        }
+    }
+
+    #[test]
+    fn program_cost_is_net_of_each_workloads_floor() {
+        // 100 runs at 90 ns over a 50 ns floor, 300 runs at 70 ns over a 30 ns floor.
+        let mut samples = vec![
+            profiled(Workload::DropFlood, 100, 9_000, 10, 500),
+            profiled(Workload::Storm, 300, 21_000, 20, 600),
+        ];
+        // The pairs ran without statistics: their figures must not count.
+        let mut unprofiled = profiled(Workload::Storm, 1_000, 1_000_000, 0, 0);
+        unprofiled.mode = Mode::Agent;
+        samples.push(unprofiled);
+        let floors = floors(&samples);
+        assert_eq!(floors[&Workload::DropFlood], Some(50.0));
+        assert_eq!(floors[&Workload::Storm], Some(30.0));
+        let summary = programs(&samples, &floors);
+        let x = &summary["nd_x"];
+        assert_eq!((x.run_cnt, x.run_time_ns), (400, 30_000));
+        assert_eq!(x.avg_ns, Some(75.0));
+        assert_eq!(x.net_ns, Some(40.0));
+        // Without a floor for a workload the program ran in, there is no net figure.
+        let summary = programs(&samples, &BTreeMap::new());
+        assert_eq!(summary["nd_x"].net_ns, None);
     }
 
     #[test]
