@@ -102,7 +102,9 @@ enum Command {
     /// Measure the agent's overhead (root): throughput, short connections (closed loop
     /// and paced), a flood of dropped packets, per-program cost, agent RSS, CPU and eBPF
     /// map memory, and a refused-connect storm, each against a no-agent baseline in the
-    /// same run. Prints a markdown table and writes a JSON file.
+    /// same run (kernel run statistics off, as on a node), then one profile measurement
+    /// per workload with them on for the per-program cost (net of an empty program's
+    /// floor). Prints a markdown table and writes a JSON file.
     Bench {
         /// Tiny sizes (1 run, 2 s per workload, 2,000 storm connects), for CI.
         #[arg(long)]
