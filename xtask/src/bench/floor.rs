@@ -12,7 +12,7 @@
 use std::{
     ffi::CString,
     fs,
-    os::fd::{FromRawFd as _, OwnedFd, RawFd},
+    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd, RawFd},
 };
 
 use anyhow::{Context as _, Result, bail};
@@ -77,7 +77,7 @@ impl EmptyPrograms {
     pub fn stats(&self) -> Result<RunStats> {
         let mut total = RunStats::default();
         for (prog, _) in &self.attached {
-            let fd = std::os::fd::AsRawFd::as_raw_fd(prog);
+            let fd = prog.as_raw_fd();
             let path = format!("/proc/self/fdinfo/{fd}");
             let info = fs::read_to_string(&path).with_context(|| format!("cannot read {path}"))?;
             let (Some(run_time_ns), Some(run_cnt)) = (
@@ -125,7 +125,7 @@ fn open_raw_tracepoint(prog: &OwnedFd, name: &str) -> Result<OwnedFd> {
     let name = CString::new(name)?;
     let mut attr = [0u8; ATTR_SIZE];
     attr[0..8].copy_from_slice(&(name.as_ptr() as u64).to_ne_bytes());
-    let fd = std::os::fd::AsRawFd::as_raw_fd(prog) as u32;
+    let fd = prog.as_raw_fd() as u32;
     attr[8..12].copy_from_slice(&fd.to_ne_bytes());
     bpf_fd(
         BPF_RAW_TRACEPOINT_OPEN,

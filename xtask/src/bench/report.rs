@@ -247,7 +247,7 @@ impl Report {
         machine.loadavg_end = loadavg();
         let floors = floors(&samples);
         let floor = floor(&samples);
-        let programs = programs(&samples, floor);
+        let programs = programs(&samples, floor.1);
         let maps = MapReport::new(&samples);
         let rows = rows(&settings, &samples, &programs, floor, maps.as_ref());
         Self {
@@ -257,7 +257,7 @@ impl Report {
             elapsed_s: elapsed.as_secs_f64(),
             rows,
             programs,
-            floor_ns: floor,
+            floor_ns: floor.1,
             floor_ns_by_workload: floors,
             maps,
             samples,
@@ -610,22 +610,22 @@ fn fmt(value: Option<f64>, f: impl Fn(f64) -> String) -> String {
     value.map_or_else(|| "n/a".to_owned(), f)
 }
 
-/// The empty programs' Σ run_time_ns ÷ Σ run_cnt over `samples`.
-fn floor_of<'a>(samples: impl Iterator<Item = &'a Sample>) -> Option<f64> {
+/// The empty programs' runs over `samples`, and their Σ run_time_ns ÷ Σ run_cnt.
+fn floor_of<'a>(samples: impl Iterator<Item = &'a Sample>) -> (u64, Option<f64>) {
     let (cnt, ns) = samples
         .filter(|s| s.mode == Mode::Profile)
         .filter_map(|s| s.floor.as_ref())
         .fold((0u64, 0u64), |(cnt, ns), f| {
             (cnt + f.run_cnt, ns + f.run_time_ns)
         });
-    (cnt > 0).then(|| ns as f64 / cnt as f64)
+    (cnt, (cnt > 0).then(|| ns as f64 / cnt as f64))
 }
 
 /// The floor over every profile measurement. One figure, not one per workload: a
 /// workload in which the hooked tracepoints fire rarely (iperf3's few drops) measures a
 /// cold floor from a handful of runs, which says nothing about a program running hot
 /// there (the classifier on every ACK); the whole bench's is made of the hot runs.
-fn floor(samples: &[Sample]) -> Option<f64> {
+fn floor(samples: &[Sample]) -> (u64, Option<f64>) {
     floor_of(samples.iter())
 }
 
@@ -634,7 +634,7 @@ fn floors(samples: &[Sample]) -> BTreeMap<Workload, Option<f64>> {
     Workload::ALL
         .into_iter()
         .filter(|&w| samples.iter().any(|s| s.workload == w && s.floor.is_some()))
-        .map(|w| (w, floor_of(samples.iter().filter(|s| s.workload == w))))
+        .map(|w| (w, floor_of(samples.iter().filter(|s| s.workload == w)).1))
         .collect()
 }
 
@@ -683,7 +683,7 @@ fn rows(
     settings: &Settings,
     samples: &[Sample],
     programs: &BTreeMap<String, ProgramSummary>,
-    floor: Option<f64>,
+    (floor_runs, floor): (u64, Option<f64>),
     maps: Option<&MapReport>,
 ) -> Vec<Row> {
     let mut rows = Vec::new();
@@ -756,10 +756,6 @@ fn rows(
     );
 
     // Per-program cost net of the statistics' floor, against the budget of its hook.
-    let floor_runs: u64 = samples
-        .iter()
-        .filter_map(|s| Some(s.floor.as_ref()?.run_cnt))
-        .sum();
     rows.push(Row::new(
         "floor: avg run time of an empty program on the agent's tracepoints (the statistics' \
          clock reads and the call; profile)",
@@ -1082,8 +1078,8 @@ mod tests {
         assert_eq!(floors[&Workload::IperfOverlay], Some(120.0));
         assert_eq!(floors[&Workload::Storm], Some(30.0));
         // Weighted by the empty programs' runs: (1_200 + 29_700) / 1_000.
-        assert_eq!(floor(&samples), Some(30.9));
-        let summary = programs(&samples, floor(&samples));
+        assert_eq!(floor(&samples), (1_000, Some(30.9)));
+        let summary = programs(&samples, floor(&samples).1);
         let x = &summary["nd_x"];
         assert_eq!((x.run_cnt, x.run_time_ns), (400, 30_000));
         assert_eq!(x.avg_ns, Some(75.0));
