@@ -13,7 +13,8 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, RawTracePointContext},
 };
 use node_diag_common::{
-    FlowState, IPPROTO_TCP, IcmpInfo, counter, event_flag, event_kind, flow_flag, tcp_state,
+    AF_INET, AF_INET6, FlowKey, FlowState, IPPROTO_TCP, IcmpInfo, counter, event_flag, event_kind,
+    flow_flag, tcp_state,
 };
 
 use crate::{
@@ -25,6 +26,9 @@ use crate::{
 
 /// How recent a generated ICMP error must be to explain a connect failure.
 const ICMP_WINDOW_NS: u64 = 3_000_000_000;
+
+const ICMP_DEST_UNREACH: u32 = 3;
+const ICMPV6_DEST_UNREACH: u32 = 1;
 
 const EACCES: i32 = 13;
 const EPIPE: i32 = 32;
@@ -136,8 +140,14 @@ fn closed(sk: u64) -> Option<(u32, u32, u32, u32, Extra)> {
         }
         // A failed connect has its error set before it closes, and the error report
         // follows; without one, the application closed the socket itself (its connect
-        // timeout, a kubelet probe's 1 s).
-        if kread::<i32>(sk, config!(sk_err))? != 0 {
+        // timeout, a kubelet probe's 1 s). A reset is that failure even when `sk_err`
+        // reads 0: an application reading SO_ERROR at once (a non-blocking connect
+        // polled on another CPU) may have taken the error already. Checked first, as it
+        // costs no read: the refused storm's path.
+        // SAFETY: the pointer comes from the map.
+        if unsafe { (*connect).flags } & flow_flag::RST_RECEIVED != 0
+            || kread::<i32>(sk, config!(sk_err))? != 0
+        {
             return None;
         }
         // SAFETY: the pointer comes from the map.
@@ -220,19 +230,36 @@ fn try_err_report(ctx: &BtfTracePointContext) -> Option<()> {
     // Only connecting sockets (in scope by construction); resets of established
     // connections are judged at their CLOSE transition.
     let connect = CONNECTS.get_ptr_mut(&sk)?;
-    let mut error = if hard != 0 { hard } else { soft };
+    // SAFETY: the pointer comes from the map; the fields are copied out at once.
+    let (since, reset) = unsafe {
+        (
+            (*connect).start_ns,
+            (*connect).flags & flow_flag::RST_RECEIVED != 0,
+        )
+    };
+    // The kernel wakes the application before this report: one reading SO_ERROR at once
+    // (a non-blocking connect polled on another CPU, as Go's runtime does) can take
+    // `sk_err` first, and this report then reads 0. A reset that reached the connecting
+    // socket set ECONNREFUSED (tcp_reset), whatever `sk_err_soft` holds from earlier.
+    let mut error = if hard != 0 {
+        hard
+    } else if reset {
+        ECONNREFUSED
+    } else {
+        soft
+    };
     if error == 0 {
         // An ICMP error that hit the socket while its owner held the lock is only stored
         // in sk_err_soft after this report. With IP_RECVERR it was queued on the socket,
         // which says exactly what it was; otherwise the ICMP this kernel generated for
-        // the flow names it (not when NAT changed the flow on the way: its key differs).
+        // the flow names it, or the one TC ingress saw arrive for it (neither when NAT
+        // changed the flow on the way: its key differs).
         error = match queued {
             Some((errno, mut info)) => {
                 // Received evidence under the socket's own flow, where the verdict looks
                 // for it, unless TC ingress filed this error there already (with its
                 // sender): it did not when NAT changed the flow the ICMP quotes.
-                // SAFETY: the pointer comes from the map; the value is copied out at once.
-                let since = unsafe { (*connect).start_ns };
+                // SAFETY: the value is copied out at once.
                 let filed = unsafe { ICMP_ERR_RCVD.get(&key) }.is_some_and(|i| i.last_ns >= since);
                 if !filed {
                     note_evidence();
@@ -240,7 +267,9 @@ fn try_err_report(ctx: &BtfTracePointContext) -> Option<()> {
                 }
                 errno
             }
-            None => icmp_sent_errno(&key).unwrap_or(0),
+            None => icmp_sent_errno(&key)
+                .or_else(|| icmp_rcvd_errno(&key, since))
+                .unwrap_or(0),
         };
     }
     let (kind, counter) = match error {
@@ -254,7 +283,8 @@ fn try_err_report(ctx: &BtfTracePointContext) -> Option<()> {
         ETIMEDOUT => (event_kind::CONNECT_GAVE_UP, u32::MAX),
         _ => return None,
     };
-    let (netns, syn_retrans, since, flags, generation) = unsafe {
+    // SAFETY: the pointer comes from the map.
+    let (netns, syn_retrans, generation) = unsafe {
         let bit = 1 << kind;
         if (*connect).reported & bit != 0 {
             return None;
@@ -266,8 +296,6 @@ fn try_err_report(ctx: &BtfTracePointContext) -> Option<()> {
         (
             (*connect).netns,
             (*connect).syn_retrans,
-            (*connect).start_ns,
-            (*connect).flags,
             (*connect).evidence_gen,
         )
     };
@@ -282,15 +310,11 @@ fn try_err_report(ctx: &BtfTracePointContext) -> Option<()> {
         netns,
         syn_retrans,
         Extra {
-            flags: if flags & flow_flag::RST_RECEIVED != 0 {
-                event_flag::RST_RECEIVED
-            } else {
-                0
-            },
+            flags: if reset { event_flag::RST_RECEIVED } else { 0 },
             ..connect_evidence(&key, since, generation)
         },
     );
-    if hard != 0 {
+    if hard != 0 || reset {
         // A hard error ends the connect (the kernel closes the socket): nothing more
         // will be reported for this attempt, and the entry must not wait for eviction
         // where the next socket at this address could find it.
@@ -340,12 +364,44 @@ fn queued_icmp_error(sk: u64) -> Option<(i32, IcmpInfo)> {
 /// The errno the kernel derives from an ICMP destination-unreachable code
 /// (`icmp_err_convert`), for an ICMP this kernel generated for `key` just now.
 #[inline(always)]
-fn icmp_sent_errno(key: &node_diag_common::FlowKey) -> Option<i32> {
+fn icmp_sent_errno(key: &FlowKey) -> Option<i32> {
+    // SAFETY: the value is copied out at once.
     let icmp = unsafe { ICMP_SENT.get(key) }?;
     if now().saturating_sub(icmp.last_ns) > ICMP_WINDOW_NS {
         return None;
     }
-    match icmp.icmp_code {
+    unreach_errno(icmp.icmp_code)
+}
+
+/// The errno the kernel derives from the destination unreachable TC ingress saw arrive
+/// for `key` (the flow it quotes) since the attempt began at `since`, just now:
+/// `icmp_err_convert` for ICMP, `icmpv6_err_convert` for ICMPv6. Other ICMP types
+/// (time exceeded, say) end no connect.
+#[inline(always)]
+fn icmp_rcvd_errno(key: &FlowKey, since: u64) -> Option<i32> {
+    // SAFETY: the value is copied out at once.
+    let icmp = unsafe { ICMP_ERR_RCVD.get(key) }?;
+    if icmp.last_ns < since || now().saturating_sub(icmp.last_ns) > ICMP_WINDOW_NS {
+        return None;
+    }
+    // The key's family is the quoted packet's, so the ICMP's.
+    match (key.family, icmp.icmp_type) {
+        (AF_INET, ICMP_DEST_UNREACH) => unreach_errno(icmp.icmp_code),
+        (AF_INET6, ICMPV6_DEST_UNREACH) => match icmp.icmp_code {
+            0 => Some(ENETUNREACH),
+            2 | 3 => Some(EHOSTUNREACH),
+            4 => Some(ECONNREFUSED),
+            1 | 5 | 6 => Some(EACCES),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// `icmp_err_convert`'s errno for an ICMP destination unreachable `code`.
+#[inline(always)]
+fn unreach_errno(code: u32) -> Option<i32> {
+    match code {
         0 | 6 | 9 | 11 => Some(ENETUNREACH),
         1 | 10 | 12..=15 => Some(EHOSTUNREACH),
         3 => Some(ECONNREFUSED),

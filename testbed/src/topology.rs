@@ -425,6 +425,15 @@ impl Topology {
         cmd::run(&["ip", "-n", node, "route", "del", &cidr, "dev", POD_HOST_IF]).map(drop)
     }
 
+    /// Steers what interface `dev` of namespace `netns` receives to the CPUs of `mask`
+    /// (RPS, `queues/rx-0/rps_cpus`, a hex mask): the packets are then handled on those
+    /// CPUs, not on the sender's. Goes with the namespace.
+    pub fn steer_rx(&self, netns: &str, dev: &str, mask: u32) -> Result<()> {
+        // `ip netns exec` mounts the namespace's own /sys.
+        let write = format!("echo {mask:x} > /sys/class/net/{dev}/queues/rx-0/rps_cpus");
+        cmd::run_in(netns, &["sh", "-c", &write]).map(drop)
+    }
+
     /// Sets `setting` (`name=value`) with `sysctl -qw` inside namespace `netns`.
     pub fn sysctl(&self, netns: &str, setting: &str) -> Result<()> {
         cmd::run_in(netns, &["sysctl", "-qw", setting]).map(drop)

@@ -167,6 +167,11 @@ impl Topology {
         ok(self.0.reject_forwarded_tcp(node, dport, reject));
     }
 
+    /// See [`node_diag_testbed::Topology::steer_rx`].
+    pub fn steer_rx(&self, netns: &str, dev: &str, mask: u32) {
+        ok(self.0.steer_rx(netns, dev, mask));
+    }
+
     /// See [`node_diag_testbed::Topology::masquerade`].
     pub fn masquerade(&self, node: &str, oif: &str) {
         ok(self.0.masquerade(node, oif));

@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::thread::{self, JoinHandle};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use socket2::SockRef;
+use socket2::{Domain, Protocol, SockRef, Socket, Type};
 
 use node_diag_testbed::netns::enter_netns;
 
@@ -80,6 +80,76 @@ pub fn tcp_connect(netns: &str, addr: SocketAddr, timeout: Duration) -> ConnectO
         Ok(_) => ConnectOutcome::Connected,
         Err(e) => ConnectOutcome::from_error(e),
     })
+}
+
+/// From inside `netns`, on CPU 0 only: `n` non-blocking connects to `addr`, each taking
+/// its error with SO_ERROR as fast as the thread can ask, the way an event loop reads it
+/// once the socket reports writable (Go's runtime does). On another CPU than the one
+/// handling the answer, such a client can take the error before the kernel's error
+/// report runs. Returns each connect's outcome; a connect still pending after `timeout`
+/// is [`ConnectOutcome::TimedOut`].
+pub fn connects_taking_error_at_once(
+    netns: &str,
+    addr: SocketAddr,
+    n: usize,
+    timeout: Duration,
+) -> Vec<ConnectOutcome> {
+    in_netns(netns, || {
+        pin_to_cpu(0);
+        (0..n)
+            .map(|_| connect_taking_error(addr, timeout))
+            .collect()
+    })
+}
+
+/// One connect of [`connects_taking_error_at_once`].
+fn connect_taking_error(addr: SocketAddr, timeout: Duration) -> ConnectOutcome {
+    let sock = match Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))
+        .and_then(|s| s.set_nonblocking(true).map(|()| s))
+    {
+        Ok(sock) => sock,
+        Err(e) => return ConnectOutcome::Other(e),
+    };
+    match sock.connect(&addr.into()) {
+        Ok(()) => return ConnectOutcome::Connected,
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
+        Err(e) => return ConnectOutcome::from_error(e),
+    }
+    let deadline = Instant::now() + timeout;
+    for spin in 0u64.. {
+        match sock.take_error() {
+            Ok(Some(e)) => return ConnectOutcome::from_error(e),
+            Ok(None) => {}
+            Err(e) => return ConnectOutcome::Other(e),
+        }
+        // The rarer checks only now and then: the spin is what matters.
+        if spin % 256 == 255 {
+            if sock.peer_addr().is_ok() {
+                return ConnectOutcome::Connected;
+            }
+            if Instant::now() >= deadline {
+                return ConnectOutcome::TimedOut;
+            }
+        }
+    }
+    unreachable!("the spin ends by returning")
+}
+
+/// Pins the calling thread to `cpu`.
+fn pin_to_cpu(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET writes inside it, and
+    // sched_setaffinity (pid 0: this thread) only reads it.
+    let rc = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set)
+    };
+    assert_eq!(
+        rc,
+        0,
+        "sched_setaffinity to CPU {cpu}: {}",
+        io::Error::last_os_error()
+    );
 }
 
 /// From inside `netns`: connects to `addr`, sends `payload`, and reads until

@@ -11,7 +11,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use node_diag_tests::finding::{field, flow_is};
-use node_diag_tests::{Agent, Topology, in_netns};
+use node_diag_tests::tcp::connects_taking_error_at_once;
+use node_diag_tests::topology::{POD_IF, Reject};
+use node_diag_tests::{Agent, ConnectOutcome, Topology, in_netns, ok};
 use serde_json::Value;
 
 const REFUSED: &str = r#"node_diag_tcp_connect_failures_total{reason="refused"}"#;
@@ -183,4 +185,93 @@ fn a_storm_after_its_key_went_idle_carries_the_count_on() {
         "counted twice\n{}",
         agent.metrics_text()
     );
+}
+
+/// `n` connects from pod A to pod B's `port`, each of whose errors the client takes the
+/// moment the kernel sets it: a non-blocking connect spinning on SO_ERROR on CPU 0, while
+/// RPS hands pod A's received packets to CPU 1. The kernel wakes the client before its
+/// error report runs, so the report can find the error gone. The answer the socket got
+/// still decides, for every connect: one finding of `layer`, counting exactly `n`, and
+/// `n` in the refused metric. `reject`: node B answers each SYN that way instead of pod
+/// B's closed port answering with a RST.
+fn refusals_taken_at_once(port: u16, reject: Option<Reject>, layer: &str) {
+    if thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        eprintln!("skipped: the client and the packets it receives need two CPUs");
+        return;
+    }
+    let topo = Topology::new();
+    topo.steer_rx(&topo.pod_a, POD_IF, 0b10);
+    if let Some(reject) = reject {
+        topo.reject_forwarded_tcp(&topo.node_b, port, reject);
+        // An ICMP error for every SYN: node B's errors are not rate limited.
+        ok(topo.sysctl(&topo.node_b, "net.ipv4.icmp_ratemask=0"));
+    }
+    let agent = Agent::start_ready(&topo);
+    let (refused0, lost0) = (agent.counter(REFUSED), agent.counter(LOST));
+
+    let n = 300;
+    let outcomes = connects_taking_error_at_once(
+        &topo.pod_a,
+        topo.pod_b_addr(port),
+        n,
+        Duration::from_secs(3),
+    );
+    let odd: Vec<_> = outcomes
+        .iter()
+        .filter(|o| !matches!(o, ConnectOutcome::Refused))
+        .collect();
+    assert!(odd.is_empty(), "every connect is refused: {odd:?}");
+
+    let (src, dst) = (topo.pod_a_ip, topo.pod_b_ip);
+    let lost = || (agent.counter(LOST) - lost0) as u64;
+    let want = n as u64;
+    let total = settle(want, || {
+        refused_count(&agent.findings_endpoint(), src, dst, port) + lost()
+    });
+    let findings = agent.findings_endpoint();
+    let ours: Vec<_> = findings
+        .iter()
+        .filter(|f| field(f, "kind") == "tcp_refused" && flow_is(f, src, dst, port))
+        .collect();
+    assert_eq!(
+        total,
+        want,
+        "finding counts + events lost {} must equal the {n} refused connects\n{ours:#?}\n{}",
+        lost(),
+        agent.metrics_text()
+    );
+    assert_eq!(
+        lost(),
+        0,
+        "nothing lost at this rate\n{}",
+        agent.metrics_text()
+    );
+    assert_eq!(ours.len(), 1, "one finding: {ours:#?}");
+    assert_eq!(field(ours[0], "layer"), layer, "{:#}", ours[0]);
+    assert_eq!(
+        ours[0]["evidence"]["rst_received"],
+        reject.is_none(),
+        "{:#}",
+        ours[0]
+    );
+    assert_eq!(
+        agent.counter(REFUSED) - refused0,
+        want as f64,
+        "{}",
+        agent.metrics_text()
+    );
+}
+
+/// Resets from pod B's closed port, each error taken at once by the client: every
+/// connect is the listener's refusal.
+#[test]
+fn resets_whose_error_the_client_takes_at_once_are_each_the_listeners_refusal() {
+    refusals_taken_at_once(9305, None, "listener");
+}
+
+/// ICMP port unreachables from a REJECT rule on node B, each error taken at once by the
+/// client: every connect is the firewall's refusal (TC ingress saw each ICMP arrive).
+#[test]
+fn icmp_rejects_whose_error_the_client_takes_at_once_are_each_the_firewalls_refusal() {
+    refusals_taken_at_once(9306, Some(Reject::IcmpPortUnreachable), "firewall");
 }
