@@ -54,6 +54,10 @@ impl KernelCounts {
 pub struct KernelMaps {
     counters: PerCpuArray<MapData, u64>,
     drop_reasons: PerCpuArray<MapData, DropSlot>,
+    /// How many of `drop_reasons`' slots this kernel's reasons can fill (see
+    /// [`crate::kernel::tracefs::DropReasons::slots`]): a read every 500 ms skips the
+    /// rest.
+    reason_slots: u32,
     drops: PerCpuHashMap<MapData, DropKey, u64>,
     oversize_by_dev: PerCpuHashMap<MapData, DropKey, u64>,
     retrans: BpfHashMap<MapData, u64, RetransState>,
@@ -79,13 +83,18 @@ fn take<M>(
 }
 
 impl KernelMaps {
-    /// Takes the ring buffer and the polled maps out of the loaded object.
-    pub fn take(ebpf: &mut Ebpf) -> Result<(RingBuf<MapData>, Self), MapMissing> {
+    /// Takes the ring buffer and the polled maps out of the loaded object; `reason_slots`
+    /// of the drop-reason array are read.
+    pub fn take(
+        ebpf: &mut Ebpf,
+        reason_slots: u32,
+    ) -> Result<(RingBuf<MapData>, Self), MapMissing> {
         Ok((
             take(ebpf, MAP_EVENTS, RingBuf::try_from)?,
             Self {
                 counters: take(ebpf, MAP_COUNTERS, PerCpuArray::try_from)?,
                 drop_reasons: take(ebpf, MAP_DROP_REASONS, PerCpuArray::try_from)?,
+                reason_slots: reason_slots.min(DROP_REASON_SLOTS),
                 drops: take(ebpf, MAP_DROPS, PerCpuHashMap::try_from)?,
                 oversize_by_dev: take(ebpf, MAP_OVERSIZE_BY_DEV, PerCpuHashMap::try_from)?,
                 retrans: take(ebpf, MAP_RETRANS, BpfHashMap::try_from)?,
@@ -109,7 +118,7 @@ impl KernelMaps {
             counters: std::array::from_fn(|idx| get(idx as u32)),
             ..KernelCounts::default()
         };
-        for reason in 0..DROP_REASON_SLOTS {
+        for reason in 0..self.reason_slots {
             let count: u64 = self
                 .drop_reasons
                 .get(&reason, 0)

@@ -7,6 +7,8 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use node_diag_common::DROP_REASON_SLOTS;
+
 #[derive(Debug, thiserror::Error)]
 pub enum TracefsError {
     #[error(
@@ -229,6 +231,15 @@ impl DropReasons {
     pub fn len(&self) -> usize {
         self.0.len()
     }
+
+    /// How many slots of the drop-reason array this kernel's reasons can fill: one past
+    /// the largest reason it lists (66 on 6.1, about 130 on 6.18), at most
+    /// [`DROP_REASON_SLOTS`]; every slot when it lists none. The agent reads no more.
+    pub fn slots(&self) -> u32 {
+        self.0.keys().next_back().map_or(DROP_REASON_SLOTS, |&max| {
+            max.saturating_add(1).min(DROP_REASON_SLOTS)
+        })
+    }
 }
 
 #[cfg(test)]
@@ -272,5 +283,8 @@ print fmt: "skbaddr=%p reason: %s", REC->skbaddr, __print_symbolic(REC->reason, 
         assert_eq!(r.value("PKT_TOO_BIG"), Some(93));
         assert_eq!(r.name(7), "REASON_7");
         assert_eq!(r.len(), 3);
+        // Reads stop past PKT_TOO_BIG (0x5d); with no names known, every slot is read.
+        assert_eq!(r.slots(), 94);
+        assert_eq!(DropReasons::default().slots(), DROP_REASON_SLOTS);
     }
 }
