@@ -25,7 +25,6 @@ mod state;
 mod verdicts;
 
 use std::{
-    collections::BTreeSet,
     net::SocketAddr,
     path::PathBuf,
     sync::{
@@ -56,6 +55,7 @@ use crate::{
         correlate::{Context, Translation, correlate, withdrawn},
         names::Names,
     },
+    host_network::LocalNode,
     kernel::{
         caps,
         loader::{self, LoadError},
@@ -133,9 +133,9 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
         "eBPF programs attached"
     );
 
-    let (ring, mut maps) = KernelMaps::take(&mut loaded.ebpf)?;
+    let (ring, mut maps) = KernelMaps::take(&mut loaded.ebpf, loaded.drop_reasons.slots())?;
     let mut conntrack = ConntrackWatch::default();
-    refresh_namespaces(&mut maps, &mut conntrack, opts.all_netns);
+    let node = refresh_namespaces(&mut maps, &mut conntrack, opts.all_netns);
     // Bound before TC is attached: a second agent in this namespace (the listen address
     // taken) fails here, before it could mistake the first one's filters for leftovers.
     let listener = tokio::net::TcpListener::bind(opts.listen)
@@ -156,8 +156,10 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
         }
     };
     if let Some(tc) = tc.as_mut() {
-        sync_tc(tc, &mut loaded.ebpf);
+        sync_tc_from(tc, &mut loaded.ebpf, node.as_ref());
     }
+    // Stale from here on: the loop takes a fresh look every refresh.
+    drop(node);
 
     let shared = Arc::new(Shared::new(
         Metrics::new(),
@@ -301,9 +303,9 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
                 }
             }
             _ = refresh_tick.tick() => {
-                refresh_namespaces(&mut maps, &mut conntrack, opts.all_netns);
+                let node = refresh_namespaces(&mut maps, &mut conntrack, opts.all_netns);
                 if let Some(tc) = tc.as_mut() {
-                    sync_tc(tc, &mut loaded.ebpf);
+                    sync_tc_from(tc, &mut loaded.ebpf, node.as_ref());
                 }
             }
             _ = sigterm.recv() => { info!("SIGTERM: shutting down"); break; }
@@ -369,6 +371,15 @@ fn sync_tc(tc: &mut TcIngress, ebpf: &mut aya::Ebpf) {
             tc.sync(ebpf, &links, &pods);
         }
         Err(e) => warn!(error = %e, "cannot list interfaces; TC attachments unchanged"),
+    }
+}
+
+/// [`sync_tc`] from a look at the node just taken for the scope, rather than a second
+/// scan of every namespace; `None` (none was taken, or it failed): its own look.
+fn sync_tc_from(tc: &mut TcIngress, ebpf: &mut aya::Ebpf, node: Option<&LocalNode>) {
+    match node {
+        Some(node) => tc.sync(ebpf, &node.links, &node.pod_veths),
+        None => sync_tc(tc, ebpf),
     }
 }
 
@@ -515,22 +526,30 @@ fn flow_matches(f: &Finding, key: &FlowKey) -> bool {
 }
 
 /// Refreshes the scope (unless every namespace is watched) and reads the conntrack
-/// counters of the namespaces in it; without a scope, the counters wait.
-fn refresh_namespaces(maps: &mut KernelMaps, conntrack: &mut ConntrackWatch, all_netns: bool) {
+/// counters of the namespaces in it; without a scope, the counters wait. Returns the
+/// look at the node the scope came from.
+fn refresh_namespaces(
+    maps: &mut KernelMaps,
+    conntrack: &mut ConntrackWatch,
+    all_netns: bool,
+) -> Option<LocalNode> {
     if all_netns {
         conntrack.refresh(None);
-    } else if let Some(scope) = refresh_scope(maps) {
-        conntrack.refresh(Some(&scope));
+        return None;
     }
+    let node = refresh_scope(maps)?;
+    conntrack.refresh(Some(&node.scope));
+    Some(node)
 }
 
 /// Makes the kernel's scope map this node's current set of network namespaces, and
-/// returns it; on a netlink failure the previous scope stays (`None`).
-fn refresh_scope(maps: &mut KernelMaps) -> Option<BTreeSet<u32>> {
-    match crate::host_network::local_scope() {
-        Ok(scope) => {
-            maps.set_scope(&scope);
-            Some(scope)
+/// returns the look at the node it came from; on a netlink failure the previous scope
+/// stays (`None`).
+fn refresh_scope(maps: &mut KernelMaps) -> Option<LocalNode> {
+    match crate::host_network::local_node() {
+        Ok(node) => {
+            maps.set_scope(&node.scope);
+            Some(node)
         }
         Err(e) => {
             warn!(error = %e, "cannot list this node's network namespaces; keeping the previous scope");

@@ -44,7 +44,7 @@ pub use interfaces::{Family, Interface, LinkKind, RouteMetrics, Snapshot, Underl
 pub use inventory::{local_port_range, snapshot};
 pub use links::{Link, UdpEncap, links};
 pub use monitor::watch;
-pub use namespaces::{local_scope, netns_inode, pod_veths};
+pub use namespaces::{LocalNode, local_node, netns_inode, pod_veths};
 pub use routes::{Route, route_get};
 pub use rtnetlink::NetlinkError;
 

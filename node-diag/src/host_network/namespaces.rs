@@ -197,13 +197,31 @@ pub fn pod_veths(links: &[Link]) -> Result<HashSet<u32>, NetlinkError> {
         .collect())
 }
 
-/// The network namespaces this node's agent reports for (by inode): its own, and each
-/// namespace holding the peer of one of its pods' veths.
-pub fn local_scope() -> Result<BTreeSet<u32>, NetlinkError> {
+/// This node as the agent's namespace sees it, from one listing of its links and one
+/// scan of the namespaces: what the scope refresh and the TC sync both need.
+#[derive(Debug)]
+pub struct LocalNode {
+    /// The agent's namespace's links.
+    pub links: Vec<Link>,
+    /// The pods' veths among them (see [`pod_veths`]).
+    pub pod_veths: HashSet<u32>,
+    /// The network namespaces this node's agent reports for (by inode): its own, and
+    /// each namespace holding the peer of one of its pods' veths.
+    pub scope: BTreeSet<u32>,
+}
+
+/// Looks at this node once (see [`LocalNode`]).
+pub fn local_node() -> Result<LocalNode, NetlinkError> {
+    let links = links()?;
+    let peers = pod_veth_peers(&links)?;
     let own = netns_inode(Path::new("/proc/self/ns/net")).unwrap_or(0);
     let mut scope = BTreeSet::from([own]);
-    scope.extend(pod_veth_peers(&links()?)?.into_iter().map(|(_, f)| f.inode));
-    Ok(scope)
+    scope.extend(peers.iter().map(|(_, f)| f.inode));
+    Ok(LocalNode {
+        pod_veths: peers.into_iter().map(|(index, _)| index).collect(),
+        scope,
+        links,
+    })
 }
 
 /// Runs `f` on a fresh thread inside the namespace pinned by `file`.
@@ -243,6 +261,13 @@ mod tests {
     #[test]
     fn own_namespace_is_in_scope() {
         let own = netns_inode(Path::new("/proc/self/ns/net")).unwrap();
-        assert!(local_scope().unwrap().contains(&own));
+        let node = local_node().unwrap();
+        assert!(node.scope.contains(&own));
+        // A pod's veth is a link of this namespace.
+        assert!(
+            node.pod_veths
+                .iter()
+                .all(|i| node.links.iter().any(|l| l.index == *i))
+        );
     }
 }
