@@ -6,7 +6,9 @@
 //!
 //! The error is read from the socket itself: `sk_err`, or `sk_err_soft` when an ICMP error
 //! arrived while the connecting thread held the socket lock (the kernel then reports with
-//! `sk_err` still 0). Each verdict is reported once per connecting socket.
+//! `sk_err` still 0). When both read 0 (the application, woken first, took the error with
+//! SO_ERROR), the answer the socket received names it: a reset, or the ICMP error seen for
+//! its flow. Each verdict is reported once per connecting socket.
 
 use aya_ebpf::{
     macros::{btf_tracepoint, raw_tracepoint},
