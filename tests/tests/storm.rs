@@ -41,11 +41,18 @@ fn storm(topo: &Topology, ports: &[u16], per_port: usize) -> Vec<u64> {
     })
 }
 
-/// The summed `count` of the `tcp_refused` findings for pod A -> pod B:`port`.
-fn refused_count(findings: &[Value], src: Ipv4Addr, dst: Ipv4Addr, port: u16) -> u64 {
+/// The `tcp_refused` findings for `src` -> `dst`:`port`.
+fn refused_findings(findings: &[Value], src: Ipv4Addr, dst: Ipv4Addr, port: u16) -> Vec<&Value> {
     findings
         .iter()
         .filter(|f| field(f, "kind") == "tcp_refused" && flow_is(f, src, dst, port))
+        .collect()
+}
+
+/// The summed `count` of the `tcp_refused` findings for `src` -> `dst`:`port`.
+fn refused_count(findings: &[Value], src: Ipv4Addr, dst: Ipv4Addr, port: u16) -> u64 {
+    refused_findings(findings, src, dst, port)
+        .iter()
         .map(|f| f["count"].as_u64().unwrap_or(0))
         .sum()
 }
@@ -88,10 +95,7 @@ fn refused_storm_is_aggregated_in_the_kernel_and_accounted_exactly() {
     });
     let findings = agent.findings_endpoint();
     let counted = refused_count(&findings, src, dst, port);
-    let ours: Vec<_> = findings
-        .iter()
-        .filter(|f| field(f, "kind") == "tcp_refused" && flow_is(f, src, dst, port))
-        .collect();
+    let ours = refused_findings(&findings, src, dst, port);
     assert_eq!(
         total,
         refused,
@@ -145,10 +149,7 @@ fn refused_storms_to_two_ports_make_two_exact_findings() {
         agent.metrics_text()
     );
     for port in ports {
-        let ours: Vec<_> = findings
-            .iter()
-            .filter(|f| field(f, "kind") == "tcp_refused" && flow_is(f, src, dst, port))
-            .collect();
+        let ours = refused_findings(&findings, src, dst, port);
         assert_eq!(ours.len(), 1, "one finding for port {port}: {findings:#?}");
         assert_eq!(
             ours[0]["count"].as_u64(),
@@ -229,10 +230,7 @@ fn refusals_taken_at_once(port: u16, reject: Option<Reject>, layer: &str) {
         refused_count(&agent.findings_endpoint(), src, dst, port) + lost()
     });
     let findings = agent.findings_endpoint();
-    let ours: Vec<_> = findings
-        .iter()
-        .filter(|f| field(f, "kind") == "tcp_refused" && flow_is(f, src, dst, port))
-        .collect();
+    let ours = refused_findings(&findings, src, dst, port);
     assert_eq!(
         total,
         want,
