@@ -567,8 +567,33 @@ pub struct Config {
     /// At most one event per verdict key per this many nanoseconds; the verdicts in
     /// between are only counted in [`MAP_VERDICT_AGG`].
     pub verdict_window_ns: u64,
+
+    /// vmlinux BTF ids of `struct iphdr`, `ipv6hdr`, `tcphdr`, `udphdr`, `icmphdr` and
+    /// `icmp6hdr`, for the `bpf_rdonly_cast` kfunc (Linux 6.2+): a drop's packet headers
+    /// are then read with plain loads instead of a probe-read helper call each. All 0 when
+    /// this kernel lacks the kfunc (the calls are then rewritten away, see
+    /// [`KFUNC_RDONLY_CAST_MARK`]) and the probe reads stay.
+    pub cast_iphdr: u32,
+    pub cast_ipv6hdr: u32,
+    pub cast_tcphdr: u32,
+    pub cast_udphdr: u32,
+    pub cast_icmphdr: u32,
+    pub cast_icmp6hdr: u32,
+    /// `struct inet_sock` and `struct tcp_sock`, so a socket's fields are plain loads
+    /// too, whatever the verifier knew of the pointer (0: probe reads).
+    pub cast_inet_sock: u32,
+    pub cast_tcp_sock: u32,
+    /// `struct dst_entry`: the route of a packet that has no device.
+    pub cast_dst_entry: u32,
+    pub _pad2: u32,
 }
-const _: () = assert!(core::mem::size_of::<Config>() == 32 + 16 + 128 + 24 + 16 + 8);
+const _: () = assert!(core::mem::size_of::<Config>() == 32 + 16 + 128 + 24 + 16 + 8 + 40);
+
+/// The helper id the eBPF programs call in place of the `bpf_rdonly_cast` kfunc: aya
+/// cannot relocate kfunc calls, so the agent rewrites every `call` with this immediate
+/// in the object before loading it, into a kfunc call (the function's vmlinux BTF id)
+/// or, on a kernel without it, into `r0 = 0`. No kernel has a helper with this id.
+pub const KFUNC_RDONLY_CAST_MARK: i32 = 0x6e64_0001;
 
 impl FlowKey {
     pub const fn is_v4(&self) -> bool {

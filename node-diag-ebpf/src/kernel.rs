@@ -7,7 +7,7 @@ use aya_ebpf::{
     helpers::{bpf_probe_read_kernel, bpf_probe_read_kernel_buf},
     programs::TracePointContext,
 };
-use node_diag_common::{AF_INET, AF_INET6, FlowKey};
+use node_diag_common::{AF_INET, AF_INET6, FlowKey, KFUNC_RDONLY_CAST_MARK};
 
 use crate::{config::config, packet::set_v4};
 
@@ -37,6 +37,22 @@ pub fn kread<T>(base: u64, offset: u32) -> Option<T> {
 pub fn btf_read<T: Copy>(base: u64, offset: u32) -> T {
     // SAFETY: see above; a fault reads zeros instead of crashing.
     unsafe { core::ptr::read_volatile((base + offset as u64) as *const T) }
+}
+
+/// `addr` as a pointer to the vmlinux struct whose BTF id is `btf_id`, for the verifier:
+/// the `bpf_rdonly_cast` kfunc (Linux 6.2+), which the verifier turns into a register
+/// move. Loads through the result are plain loads guarded against faults, checked
+/// against that struct's layout, like [`btf_read`]'s. Reached only when the agent found
+/// the kfunc (`btf_id` a non-zero read-only constant, which the verifier requires); the
+/// call is the marker the agent rewrites ([`KFUNC_RDONLY_CAST_MARK`]).
+#[inline(always)]
+pub fn rdonly_cast(addr: u64, btf_id: u32) -> u64 {
+    // SAFETY: the marker id is a call the agent rewrites into the kfunc (same calling
+    // convention as a helper: arguments in r1-r2, result in r0) or into `r0 = 0`.
+    let cast: unsafe extern "C" fn(u64, u32) -> u64 =
+        unsafe { core::mem::transmute(KFUNC_RDONLY_CAST_MARK as usize) };
+    // SAFETY: see above; the kfunc only retypes its argument.
+    unsafe { cast(addr, btf_id) }
 }
 
 /// Reads `dst.len()` bytes at kernel address `base + offset` straight into `dst`
@@ -72,9 +88,46 @@ fn unmap_v4(key: &mut FlowKey) {
     set_v4(&mut key.daddr, d);
 }
 
-/// The flow tuple of a `struct sock *` (local end first), read at the BTF offsets.
+/// `sk` retyped as a `struct inet_sock *` (whose first member is its `struct sock`) on a
+/// kernel with `bpf_rdonly_cast`, so every socket field is a plain load; 0 otherwise.
+/// Whatever the verifier knew of `sk` (a raw tracepoint's number, or a BTF pointer that
+/// has served as a map key) does not matter to the cast.
+#[inline(always)]
+fn inet_sock(sk: u64) -> u64 {
+    if config!(cast_inet_sock) == 0 || sk == 0 {
+        return 0;
+    }
+    rdonly_cast(sk, config!(cast_inet_sock))
+}
+
+/// A field of a socket at `offset` (a `struct sock` or `struct inet_sock` BTF offset): a
+/// plain load through [`inet_sock`] where the kernel allows it, a probe read elsewhere.
+#[inline(always)]
+pub fn sock_read<T: Copy>(sk: u64, offset: u32) -> Option<T> {
+    let isk = inet_sock(sk);
+    if isk != 0 {
+        return Some(btf_read(isk, offset));
+    }
+    kread(sk, offset)
+}
+
+/// [`sock_read`] of a `struct tcp_sock` field.
+#[inline(always)]
+pub fn tcp_sock_read<T: Copy>(sk: u64, offset: u32) -> Option<T> {
+    if config!(cast_tcp_sock) != 0 && sk != 0 {
+        return Some(btf_read(rdonly_cast(sk, config!(cast_tcp_sock)), offset));
+    }
+    kread(sk, offset)
+}
+
+/// The flow tuple of a `struct sock *` (local end first), read at the BTF offsets: by
+/// plain loads through [`inet_sock`] where the kernel allows it, else by probe reads.
 #[inline(always)]
 pub fn sock_tuple(sk: u64) -> Option<FlowKey> {
+    let isk = inet_sock(sk);
+    if isk != 0 {
+        return sock_tuple_loads(isk);
+    }
     let mut key = FlowKey {
         saddr: [0; 16],
         daddr: [0; 16],
@@ -109,12 +162,52 @@ fn sock_v6_addrs(sk: u64, key: &mut FlowKey) -> Option<()> {
     Some(())
 }
 
+/// [`sock_tuple`] through a `struct inet_sock *` the verifier knows ([`inet_sock`]):
+/// every field a plain load, IPv6 addresses 4 bytes at a time (`in6_addr`'s `u32` view,
+/// the widest member the verifier matches a load to).
+#[inline(always)]
+fn sock_tuple_loads(isk: u64) -> Option<FlowKey> {
+    let mut key = FlowKey {
+        saddr: [0; 16],
+        daddr: [0; 16],
+        sport: u16::from_be(btf_read::<u16>(isk, config!(inet_sport))),
+        dport: u16::from_be(btf_read::<u16>(isk, config!(sk_dport))),
+        family: btf_read::<u16>(isk, config!(sk_family)),
+        _pad: 0,
+    };
+    if key.family == AF_INET {
+        set_v4(
+            &mut key.saddr,
+            btf_read::<u32>(isk, config!(sk_saddr)).to_ne_bytes(),
+        );
+        set_v4(
+            &mut key.daddr,
+            btf_read::<u32>(isk, config!(sk_daddr)).to_ne_bytes(),
+        );
+        return Some(key);
+    }
+    if key.family != AF_INET6 || config!(sk_v6_daddr) == 0 {
+        return None;
+    }
+    for i in 0..4 {
+        let s: u32 = btf_read(isk, config!(sk_v6_saddr) + 4 * i as u32);
+        let d: u32 = btf_read(isk, config!(sk_v6_daddr) + 4 * i as u32);
+        key.saddr[4 * i..4 * i + 4].copy_from_slice(&s.to_ne_bytes());
+        key.daddr[4 * i..4 * i + 4].copy_from_slice(&d.to_ne_bytes());
+    }
+    unmap_v4(&mut key);
+    Some(key)
+}
+
 /// [`sock_tuple`] for a socket the verifier knows as a `struct sock *` (a BTF
-/// tracepoint's argument): `sock_common`'s fields by plain loads. The local port is
-/// `inet_sock`'s, beyond `struct sock`, and IPv6 addresses are arrays the verifier will
-/// not load 8 bytes at a time: those two stay probe reads.
+/// tracepoint's argument). Without the cast, `sock_common`'s fields by plain loads; the
+/// local port is `inet_sock`'s, beyond `struct sock`, and IPv6 addresses are arrays the
+/// verifier will not load 8 bytes at a time: those two stay probe reads.
 #[inline(always)]
 pub fn sock_tuple_btf(sk: u64) -> Option<FlowKey> {
+    if config!(cast_inet_sock) != 0 {
+        return sock_tuple(sk);
+    }
     let mut key = FlowKey {
         saddr: [0; 16],
         daddr: [0; 16],
@@ -151,6 +244,15 @@ pub fn sock_netns(sk: u64) -> u32 {
     if config!(btf_ok) == 0 {
         return 0;
     }
+    let isk = inet_sock(sk);
+    if isk != 0 {
+        let net: u64 = btf_read(isk, config!(sk_net));
+        return if net == 0 {
+            0
+        } else {
+            btf_read(net, config!(net_inum))
+        };
+    }
     kread::<u64>(sk, config!(sk_net)).map_or(0, net_inum)
 }
 
@@ -158,11 +260,21 @@ pub fn sock_netns(sk: u64) -> u32 {
 /// argument): direct loads through the device and its namespace.
 #[inline(always)]
 pub fn skb_dev_btf(skb: u64) -> (u32, u32) {
-    let dev: u64 = btf_read(skb, config!(skb_dev));
+    let mut dev: u64 = btf_read(skb, config!(skb_dev));
     if dev == 0 {
-        // Rare (a packet dropped before it got a device): the route's device, by probe
-        // reads.
-        return skb_dev(skb);
+        // A packet dropped before it got a device, or one that never had one (a closed
+        // socket's queues, purged: common): the route's device, if it has a route.
+        if config!(cast_dst_entry) == 0 {
+            return skb_dev(skb);
+        }
+        let dst = btf_read::<u64>(skb, config!(skb_refdst)) & !1;
+        if dst == 0 {
+            return (0, 0);
+        }
+        dev = btf_read(rdonly_cast(dst, config!(cast_dst_entry)), config!(dst_dev));
+        if dev == 0 {
+            return (0, 0);
+        }
     }
     let ifindex: u32 = btf_read(dev, config!(dev_ifindex));
     let net: u64 = btf_read(dev, config!(dev_net));

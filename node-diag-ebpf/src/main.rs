@@ -21,7 +21,10 @@
 //! What the hooks share: `maps` (every map), `config` (the read-only global `CONFIG`,
 //! the clock, the namespace scope check), `kernel` (tracepoint fields and kernel struct
 //! reads), `packet` (IP/TCP/ICMP parsing of an skb) and `emit` (verdict events, counters,
-//! the per-flow evidence update, and the programs' only log calls).
+//! the per-flow evidence update, and the programs' only log calls). Where the kernel has
+//! the `bpf_rdonly_cast` kfunc (6.2+), `kernel` and `packet` read sockets and packet
+//! headers with plain loads; before that, with probe reads. The agent picks one at load
+//! time (`CONFIG`'s `cast_*` ids) and rewrites the kfunc's marker calls to match.
 //!
 //! Events reach user space only for verdicts ([`node_diag_common::Event`]); everything
 //! else is aggregated in maps. Field offsets and kernel struct offsets come from the

@@ -1,13 +1,14 @@
 //! Packet parsing from kernel memory: the IPv4/IPv6 header (and TCP/UDP ports or the
 //! ICMP type/code) at an skb's network header, read at the BTF offsets of `struct
-//! sk_buff`. The TC classifier parses its own packets with direct loads; it shares only
+//! sk_buff`, by plain loads through `bpf_rdonly_cast` where the kernel has it and by probe
+//! reads elsewhere. The TC classifier parses its own packets with direct loads; it shares only
 //! the protocol numbers and [`set_v4`].
 
 use node_diag_common::{AF_INET, AF_INET6, FlowKey};
 
 use crate::{
     config::config,
-    kernel::{kread, kread_into},
+    kernel::{btf_read, kread, kread_into, rdonly_cast},
 };
 
 pub const TCP_FLAG_SYN: u8 = 0x02;
@@ -62,15 +63,19 @@ pub fn skb_flow(skb: u64, protocol: u16, p: &mut Packet) -> Option<()> {
 }
 
 /// Parses an IPv4/IPv6 header at kernel address `ip` into `p`. Each header is read in
-/// one probe read (a helper call costs far more than the bytes it copies). `udp_ports`:
-/// whether a UDP packet's ports are wanted (TCP's always are).
+/// one probe read (a helper call costs far more than the bytes it copies). `any_l4`:
+/// every transport protocol is wanted, UDP's ports too; otherwise only TCP and ICMP(v6)
+/// packets are, and any other leaves with `None` once its protocol is known.
 #[inline(always)]
-pub fn ip_flow(ip: u64, protocol: u16, p: &mut Packet, udp_ports: bool) -> Option<()> {
+pub fn ip_flow(ip: u64, protocol: u16, p: &mut Packet, any_l4: bool) -> Option<()> {
+    if config!(cast_iphdr) != 0 {
+        return ip_flow_cast(ip, protocol, p, any_l4);
+    }
     let flow = &mut p.flow;
     let (l4, l4proto) = if protocol == ETH_P_IP {
         let mut h = [0u8; 20];
         kread_into(&mut h, ip, 0)?;
-        if h[0] >> 4 != 4 {
+        if h[0] >> 4 != 4 || !(any_l4 || wanted(h[9])) {
             return None;
         }
         flow.family = AF_INET;
@@ -78,14 +83,18 @@ pub fn ip_flow(ip: u64, protocol: u16, p: &mut Packet, udp_ports: bool) -> Optio
         set_v4(&mut flow.daddr, [h[16], h[17], h[18], h[19]]);
         (ip + ((h[0] & 0x0f) as u64) * 4, h[9])
     } else if protocol == ETH_P_IPV6 {
+        let next = kread::<u8>(ip, 6)?;
+        if !(any_l4 || wanted(next)) {
+            return None;
+        }
         flow.family = AF_INET6;
         kread_into(&mut flow.saddr, ip, 8)?;
         kread_into(&mut flow.daddr, ip, 24)?;
-        (ip + 40, kread::<u8>(ip, 6)?)
+        (ip + 40, next)
     } else {
         return None;
     };
-    if l4proto == IPPROTO_TCP || (l4proto == IPPROTO_UDP && udp_ports) {
+    if l4proto == IPPROTO_TCP || (l4proto == IPPROTO_UDP && any_l4) {
         // Ports, and for TCP the flags at byte 13.
         let mut t = [0u8; 14];
         if l4proto == IPPROTO_TCP {
@@ -104,6 +113,73 @@ pub fn ip_flow(ip: u64, protocol: u16, p: &mut Packet, udp_ports: bool) -> Optio
     p.l4proto = l4proto;
     p.l4 = l4;
     Some(())
+}
+
+/// [`ip_flow`] by plain loads, on a kernel with `bpf_rdonly_cast`: each header's address
+/// cast to its vmlinux struct, so a drop's packet costs no helper call. Same reads, same
+/// result; a faulting load reads zeros (an IPv4 header then fails its version check).
+#[inline(always)]
+fn ip_flow_cast(ip: u64, protocol: u16, p: &mut Packet, any_l4: bool) -> Option<()> {
+    let flow = &mut p.flow;
+    let (l4, l4proto) = if protocol == ETH_P_IP {
+        let h = rdonly_cast(ip, config!(cast_iphdr));
+        let first: u8 = btf_read(h, 0);
+        let proto: u8 = btf_read(h, 9);
+        if first >> 4 != 4 || !(any_l4 || wanted(proto)) {
+            return None;
+        }
+        flow.family = AF_INET;
+        // Loaded as the u32 fields they are; the bytes stay in network order.
+        set_v4(&mut flow.saddr, btf_read::<u32>(h, 12).to_ne_bytes());
+        set_v4(&mut flow.daddr, btf_read::<u32>(h, 16).to_ne_bytes());
+        (ip + ((first & 0x0f) as u64) * 4, proto)
+    } else if protocol == ETH_P_IPV6 {
+        let h = rdonly_cast(ip, config!(cast_ipv6hdr));
+        let next: u8 = btf_read(h, 6);
+        if !(any_l4 || wanted(next)) {
+            return None;
+        }
+        flow.family = AF_INET6;
+        // The addresses 4 bytes at a time: the verifier matches each load to one member
+        // of `struct in6_addr`'s union (`u6_addr32[i]`).
+        for i in 0..4 {
+            let s: u32 = btf_read(h, 8 + 4 * i as u32);
+            let d: u32 = btf_read(h, 24 + 4 * i as u32);
+            flow.saddr[4 * i..4 * i + 4].copy_from_slice(&s.to_ne_bytes());
+            flow.daddr[4 * i..4 * i + 4].copy_from_slice(&d.to_ne_bytes());
+        }
+        (ip + 40, next)
+    } else {
+        return None;
+    };
+    if l4proto == IPPROTO_TCP {
+        let t = rdonly_cast(l4, config!(cast_tcphdr));
+        flow.sport = u16::from_be(btf_read(t, 0));
+        flow.dport = u16::from_be(btf_read(t, 2));
+        p.flags = btf_read(t, 13);
+    } else if l4proto == IPPROTO_UDP && any_l4 {
+        let u = rdonly_cast(l4, config!(cast_udphdr));
+        flow.sport = u16::from_be(btf_read(u, 0));
+        flow.dport = u16::from_be(btf_read(u, 2));
+    } else if l4proto == IPPROTO_ICMP {
+        let t = rdonly_cast(l4, config!(cast_icmphdr));
+        p.flags = btf_read(t, 0);
+        p.code = btf_read(t, 1);
+    } else if l4proto == IPPROTO_ICMPV6 {
+        // A cast of its own: the verifier wants each call's type id a known constant.
+        let t = rdonly_cast(l4, config!(cast_icmp6hdr));
+        p.flags = btf_read(t, 0);
+        p.code = btf_read(t, 1);
+    }
+    p.l4proto = l4proto;
+    p.l4 = l4;
+    Some(())
+}
+
+/// The transport protocols every parse wants (a SYN's flags, an ICMP error's type).
+#[inline(always)]
+fn wanted(l4proto: u8) -> bool {
+    l4proto == IPPROTO_TCP || l4proto == IPPROTO_ICMP || l4proto == IPPROTO_ICMPV6
 }
 
 /// Turns `flow` around in place: the flow seen from its other end.

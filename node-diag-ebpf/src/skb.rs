@@ -76,11 +76,12 @@ fn evidence(
     let head: u64 = btf_read(skb, config!(skb_head));
     let nh: u16 = btf_read(skb, config!(skb_network_header));
     let mut p = Packet::default();
-    // UDP ports matter only to an oversize drop's flow; the other paths want a TCP SYN
-    // or an ICMP error, so a flood of UDP into a drop rule stops at the IP header.
-    let ports = reason == config!(reason_pkt_too_big);
+    // Every protocol (and UDP's ports) matters only to an oversize drop's flow; the other
+    // paths want a TCP SYN or an ICMP error, so a flood of UDP into a drop rule stops at
+    // the IP header's protocol byte.
+    let any_l4 = reason == config!(reason_pkt_too_big);
     let parsed =
-        head != 0 && nh != 0xffff && ip_flow(head + nh as u64, protocol, &mut p, ports).is_some();
+        head != 0 && nh != 0xffff && ip_flow(head + nh as u64, protocol, &mut p, any_l4).is_some();
     if reason == config!(reason_pkt_too_big) {
         // Counted per device even when the packet cannot be parsed.
         oversize(ctx, skb, &p, parsed, netns);

@@ -22,7 +22,7 @@ use node_diag_common::{
 use crate::{
     config::{config, in_scope, now},
     emit::{Extra, bump_lru, connect_evidence, emit, evidence_gen, inc, note_evidence, syn_drop},
-    kernel::{btf_read, kread, sock_netns, sock_tuple, sock_tuple_btf},
+    kernel::{btf_read, kread, sock_netns, sock_read, sock_tuple, sock_tuple_btf},
     maps::{CONNECTS, ICMP_ERR_RCVD, ICMP_SENT, RETRANS},
 };
 
@@ -61,7 +61,7 @@ fn try_set_state(ctx: &RawTracePointContext) -> Option<()> {
     }
     let sk: u64 = ctx.arg(0);
     if newstate == tcp_state::SYN_SENT {
-        if kread::<u16>(sk, config!(sk_protocol))? != IPPROTO_TCP {
+        if sock_read::<u16>(sk, config!(sk_protocol))? != IPPROTO_TCP {
             return None;
         }
         // Sockets are reused (SLAB_TYPESAFE_BY_RCU): every attempt starts a fresh entry,
@@ -134,7 +134,7 @@ fn closed(sk: u64) -> Option<(u32, u32, u32, u32, Extra)> {
     }
     if let Some(connect) = CONNECTS.get_ptr_mut(&sk) {
         // For the error report, which comes after the port is released.
-        let sport = u16::from_be(kread::<u16>(sk, config!(inet_sport))?);
+        let sport = u16::from_be(sock_read::<u16>(sk, config!(inet_sport))?);
         // SAFETY: the pointer comes from the map.
         unsafe { (*connect).sport = sport };
         if config!(btf_ok) == 0 {
@@ -148,7 +148,7 @@ fn closed(sk: u64) -> Option<(u32, u32, u32, u32, Extra)> {
         // costs no read: the refused storm's path.
         // SAFETY: the pointer comes from the map.
         if unsafe { (*connect).flags } & flow_flag::RST_RECEIVED != 0
-            || kread::<i32>(sk, config!(sk_err))? != 0
+            || sock_read::<i32>(sk, config!(sk_err))? != 0
         {
             return None;
         }
@@ -183,11 +183,11 @@ fn closed(sk: u64) -> Option<(u32, u32, u32, u32, Extra)> {
     if config!(btf_ok) == 0 {
         return None;
     }
-    let error = kread::<i32>(sk, config!(sk_err))?;
+    let error = sock_read::<i32>(sk, config!(sk_err))?;
     if error != ECONNRESET && error != EPIPE {
         return None;
     }
-    if kread::<u16>(sk, config!(sk_protocol))? != IPPROTO_TCP {
+    if sock_read::<u16>(sk, config!(sk_protocol))? != IPPROTO_TCP {
         return None;
     }
     let netns = sock_netns(sk);

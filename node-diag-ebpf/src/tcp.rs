@@ -15,7 +15,7 @@ use node_diag_common::{
 use crate::{
     config::{config, in_scope, now},
     emit::{Extra, emit, evidence_gen, inc, recent_drop, recent_icmp, syn_drop},
-    kernel::{btf_read, kread, skb_dev, sock_netns, sock_tuple},
+    kernel::{btf_read, kread, skb_dev, sock_netns, sock_tuple, tcp_sock_read},
     maps::{CONNECTS, FRAG_DROPPED, ICMP_RCVD, ICMP_SENT, OVERSIZE, RETRANS},
     packet::{IPPROTO_ICMP, is_frag_needed},
 };
@@ -112,14 +112,21 @@ fn data_retransmit(ctx: &BtfTracePointContext, sk: u64) -> Option<()> {
     if config!(retrans_err_arg) != 0 && ctx.arg::<u64>(2) as i32 != 0 {
         return None;
     }
-    let mss = kread::<u32>(sk, config!(tcp_mss_cache))?;
+    let mss = tcp_sock_read::<u32>(sk, config!(tcp_mss_cache))?;
     // After a timeout the sender is down to one segment per retransmit; several at once
     // (a GSO burst) is loss recovery with a window, not a stall.
     if len == 0 || len >= 2 * mss {
         return None;
     }
     let full_size = len >= mss;
-    let seq = kread::<u32>(skb, config!(skb_cb))?;
+    // `cb` is a byte array the verifier lets a plain load read a u32 of (it is meant as
+    // scratch space); kept to the kernels with the casts (6.2+), where that is tested,
+    // and a probe read before.
+    let seq = if config!(cast_tcp_sock) != 0 {
+        btf_read::<u32>(skb, config!(skb_cb))
+    } else {
+        kread::<u32>(skb, config!(skb_cb))?
+    };
     let now = now();
     let Some(state) = RETRANS.get_ptr_mut(&sk) else {
         let netns = sock_netns(sk);

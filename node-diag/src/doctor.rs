@@ -86,24 +86,26 @@ pub fn run(cri_socket: Option<&std::path::Path>) -> Report {
         )
     });
 
-    checks.push(
-        match Btf::from_sys_fs().and_then(|b| {
-            b.member_offset("sk_buff", "network_header")?;
-            b.path_offset("sock", "__sk_common.skc_net.net")?;
-            Ok(())
-        }) {
-            Ok(()) => check(
-                "btf",
-                Status::Ok,
-                format!("{} (struct offsets resolved)", btf::VMLINUX),
-            ),
-            Err(e) => check(
-                "btf",
-                Status::Warn,
-                format!("{e}: netns/interface attribution and packet evidence disabled"),
-            ),
-        },
-    );
+    let kernel_btf = Btf::from_sys_fs().and_then(|b| {
+        b.member_offset("sk_buff", "network_header")?;
+        b.path_offset("sock", "__sk_common.skc_net.net")?;
+        Ok(b)
+    });
+    checks.push(match &kernel_btf {
+        Ok(_) => check(
+            "btf",
+            Status::Ok,
+            format!("{} (struct offsets resolved)", btf::VMLINUX),
+        ),
+        Err(e) => check(
+            "btf",
+            Status::Warn,
+            format!("{e}: netns/interface attribution and packet evidence disabled"),
+        ),
+    });
+    if let Ok(b) = &kernel_btf {
+        checks.push(kernel_reads(b));
+    }
 
     let root = match tracefs::find_mounted() {
         Some(root) => {
@@ -228,6 +230,24 @@ pub fn run(cri_socket: Option<&std::path::Path>) -> Report {
 
 /// Whether findings can name Services: kube-proxy's rules in this namespace, through the
 /// dump tools of each of its modes.
+/// How the programs read packet headers and sockets: plain loads where the kernel has
+/// `bpf_rdonly_cast`, probe reads (a helper call each) before Linux 6.2. Both work.
+fn kernel_reads(btf: &Btf) -> Check {
+    if loader::plain_loads(btf) {
+        check(
+            "kernel reads",
+            Status::Ok,
+            "plain loads (bpf_rdonly_cast): packet headers and sockets cost no helper call",
+        )
+    } else {
+        check(
+            "kernel reads",
+            Status::Ok,
+            "probe reads: this kernel has no bpf_rdonly_cast (Linux 6.2+), each packet header or socket field read is a helper call",
+        )
+    }
+}
+
 fn service_names() -> Check {
     match crate::services::read() {
         Ok((catalog, sources)) => {

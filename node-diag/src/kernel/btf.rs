@@ -3,7 +3,8 @@
 //! programs read `struct sk_buff`/`sock`/`net_device` fields at this kernel's offsets;
 //! and the argument types of a raw tracepoint (its `btf_trace_<name>` prototype), so the
 //! agent attaches a raw tracepoint program only where its arguments are where it reads
-//! them.
+//! them; and the ids of the few kernel functions (kfuncs) and structs the programs call
+//! and cast to.
 
 use std::collections::HashMap;
 
@@ -32,8 +33,11 @@ const KIND_STRUCT: u32 = 4;
 const KIND_UNION: u32 = 5;
 const KIND_ENUM: u32 = 6;
 const KIND_TYPEDEF: u32 = 8;
+const KIND_FUNC: u32 = 12;
 const KIND_FUNC_PROTO: u32 = 13;
 const KIND_ENUM64: u32 = 19;
+/// The kernel functions whose BTF ids are kept (vmlinux has tens of thousands).
+pub const KFUNCS: &[&str] = &["bpf_rdonly_cast"];
 /// Raw tracepoints' prototypes are typedefs named so.
 const TRACE_PREFIX: &str = "btf_trace_";
 
@@ -61,6 +65,8 @@ pub struct Btf {
     structs_by_name: HashMap<String, u32>,
     /// Raw tracepoint name -> its `btf_trace_<name>` typedef.
     tracepoints: HashMap<String, u32>,
+    /// [`KFUNCS`] this kernel has -> their `FUNC` ids.
+    funcs: HashMap<String, u32>,
 }
 
 impl Btf {
@@ -110,6 +116,7 @@ impl Btf {
         }];
         let mut structs_by_name = HashMap::new();
         let mut tracepoints = HashMap::new();
+        let mut funcs = HashMap::new();
         let mut pos = types_start;
         while pos < types_end {
             let name_off = rd(pos)?;
@@ -164,6 +171,9 @@ impl Btf {
             {
                 tracepoints.insert(tracepoint.to_owned(), id);
             }
+            if kind == KIND_FUNC && KFUNCS.contains(&name.as_str()) {
+                funcs.entry(name.clone()).or_insert(id);
+            }
             let named = matches!(
                 kind,
                 KIND_INT | KIND_STRUCT | KIND_UNION | KIND_ENUM | KIND_ENUM64
@@ -179,6 +189,7 @@ impl Btf {
             types,
             structs_by_name,
             tracepoints,
+            funcs,
         })
     }
 
@@ -202,6 +213,19 @@ impl Btf {
             id = self.resolve(ty);
         }
         Ok(bits / 8)
+    }
+
+    /// BTF id of `struct name`.
+    pub fn struct_id(&self, name: &str) -> Result<u32, BtfError> {
+        self.structs_by_name
+            .get(name)
+            .copied()
+            .ok_or_else(|| BtfError::NoStruct(name.to_string()))
+    }
+
+    /// BTF id of kernel function `name` (one of [`KFUNCS`]), when this kernel has it.
+    pub fn func_id(&self, name: &str) -> Option<u32> {
+        self.funcs.get(name).copied()
     }
 
     /// Size in bytes of `struct name`.
@@ -288,10 +312,12 @@ pub(crate) mod tests {
     use super::*;
 
     /// Builds a BTF blob: `struct inner { int a; int b; }`,
-    /// `struct outer { long x; union { int y; struct inner in; }; }`, and a raw
-    /// tracepoint `demo(const struct outer *, int)`.
+    /// `struct outer { long x; union { int y; struct inner in; }; }`, a raw
+    /// tracepoint `demo(const struct outer *, int)`, and functions `bpf_rdonly_cast` and
+    /// `other_fn`.
     pub(crate) fn blob() -> Vec<u8> {
-        let strings = b"\0int\0a\0b\0inner\0outer\0x\0y\0in\0btf_trace_demo\0";
+        let strings =
+            b"\0int\0a\0b\0inner\0outer\0x\0y\0in\0btf_trace_demo\0bpf_rdonly_cast\0other_fn\0";
         let s = |name: &str| -> u32 {
             let needle = format!("\0{name}\0");
             strings
@@ -362,6 +388,13 @@ pub(crate) mod tests {
         push(s("btf_trace_demo"));
         push(8 << 24);
         push(9);
+        // 11, 12: two functions of prototype 8, one of them a kfunc the agent calls
+        push(s("bpf_rdonly_cast"));
+        push(12 << 24);
+        push(8);
+        push(s("other_fn"));
+        push(12 << 24);
+        push(8);
         let mut out = vec![0x9f, 0xeb, 1, 0];
         out.extend_from_slice(&24u32.to_le_bytes());
         out.extend_from_slice(&0u32.to_le_bytes());
@@ -398,6 +431,16 @@ pub(crate) mod tests {
             btf.trace_args("nope"),
             Err(BtfError::NoTracepoint(_))
         ));
+    }
+
+    #[test]
+    fn keeps_the_ids_of_the_kfuncs_it_calls_and_of_structs() {
+        let btf = Btf::parse(&blob()).unwrap();
+        assert_eq!(btf.func_id("bpf_rdonly_cast"), Some(11));
+        // Not one of KFUNCS: vmlinux's tens of thousands of functions are not kept.
+        assert_eq!(btf.func_id("other_fn"), None);
+        assert_eq!(btf.struct_id("outer").unwrap(), 4);
+        assert!(matches!(btf.struct_id("nope"), Err(BtfError::NoStruct(_))));
     }
 
     #[test]

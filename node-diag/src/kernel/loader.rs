@@ -22,10 +22,18 @@ use super::{
 /// The eBPF object built by `build.rs` (aya-build) for this target.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/node-diag"));
 
+/// The embedded eBPF object, as built (kfunc calls not yet resolved).
+#[cfg(test)]
+pub fn embedded_object() -> &'static [u8] {
+    EBPF_OBJECT
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
     #[error(transparent)]
     Tracefs(#[from] TracefsError),
+    #[error(transparent)]
+    Kfunc(#[from] super::kfunc::KfuncError),
     #[error("loading the eBPF object failed: {0}")]
     Load(#[from] aya::EbpfError),
     #[error("eBPF program {0} is missing from the object")]
@@ -117,6 +125,10 @@ fn prepare(opts: &Options) -> Result<Prepared, LoadError> {
             config.flow_reasons[(v / 64) as usize] |= 1 << (v % 64);
         }
     }
+    let rdonly_cast = btf
+        .as_ref()
+        .ok()
+        .and_then(|btf| fill_casts(&mut config, btf));
     let btf_ok = match btf.and_then(|btf| fill_btf(&mut config, &btf)) {
         Ok(()) => {
             // Scoping needs each socket's netns, which needs the BTF offsets.
@@ -129,13 +141,28 @@ fn prepare(opts: &Options) -> Result<Prepared, LoadError> {
             false
         }
     };
+    if !btf_ok {
+        clear_casts(&mut config);
+    }
+    let rdonly_cast = rdonly_cast.filter(|_| btf_ok);
+    let (object, resolved) = super::kfunc::resolve(EBPF_OBJECT, rdonly_cast)?;
+    match resolved.rdonly_cast {
+        Some(id) => info!(
+            calls = resolved.calls,
+            btf_id = id,
+            "packet headers and sockets read by plain loads (bpf_rdonly_cast)"
+        ),
+        None => info!(
+            "no bpf_rdonly_cast to use (Linux 6.2+, with BTF): packet headers and sockets read by probe reads"
+        ),
+    }
     // Parsed once, for the loader's relocations and the BTF tracepoints alike.
     let kernel_btf = aya::Btf::from_sys_fs().ok();
     let ebpf = EbpfLoader::new()
         .btf(kernel_btf.as_ref())
         .override_global(GLOBAL_CONFIG, &config, true)
         .override_global(aya_log::LEVEL, &opts.ebpf_log.global(), true)
-        .load(EBPF_OBJECT)?;
+        .load(object.bytes())?;
     Ok(Prepared {
         ebpf,
         kernel_btf,
@@ -323,6 +350,67 @@ fn fill_config(
         _ => {}
     }
     Ok(())
+}
+
+/// The struct ids `bpf_rdonly_cast` casts packet headers, sockets and routes to, when this kernel has the
+/// kfunc and every one of those structs; the kfunc's id. Otherwise all stay 0 (probe
+/// reads).
+fn fill_casts(c: &mut Config, btf: &Btf) -> Option<u32> {
+    let kfunc = btf.func_id("bpf_rdonly_cast")?;
+    let ids = [
+        "iphdr",
+        "ipv6hdr",
+        "tcphdr",
+        "udphdr",
+        "icmphdr",
+        "icmp6hdr",
+        "inet_sock",
+        "tcp_sock",
+        "dst_entry",
+    ]
+    .map(|name| btf.struct_id(name).ok());
+    let [
+        Some(ip),
+        Some(ip6),
+        Some(tcp),
+        Some(udp),
+        Some(icmp),
+        Some(icmp6),
+        Some(inet_sock),
+        Some(tcp_sock),
+        Some(dst_entry),
+    ] = ids
+    else {
+        return None;
+    };
+    c.cast_inet_sock = inet_sock;
+    c.cast_tcp_sock = tcp_sock;
+    c.cast_dst_entry = dst_entry;
+    c.cast_iphdr = ip;
+    c.cast_ipv6hdr = ip6;
+    c.cast_tcphdr = tcp;
+    c.cast_udphdr = udp;
+    c.cast_icmphdr = icmp;
+    c.cast_icmp6hdr = icmp6;
+    Some(kfunc)
+}
+
+/// Whether the programs read packets and sockets by plain loads on this kernel (see
+/// [`fill_casts`]), for `doctor`.
+pub fn plain_loads(btf: &Btf) -> bool {
+    fill_casts(&mut Config::default(), btf).is_some()
+}
+
+fn clear_casts(c: &mut Config) {
+    c.cast_iphdr = 0;
+    c.cast_ipv6hdr = 0;
+    c.cast_tcphdr = 0;
+    c.cast_udphdr = 0;
+    c.cast_icmphdr = 0;
+    c.cast_icmp6hdr = 0;
+    c.cast_inet_sock = 0;
+    c.cast_tcp_sock = 0;
+    c.cast_dst_entry = 0;
 }
 
 fn fill_btf(c: &mut Config, btf: &Btf) -> Result<(), super::btf::BtfError> {

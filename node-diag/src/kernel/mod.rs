@@ -2,7 +2,8 @@
 //!
 //! - [`loader`] loads the embedded object, fills the programs' read-only `Config` from the
 //!   running kernel's tracepoint layouts ([`tracefs`]) and struct offsets ([`btf`]), and
-//!   attaches the programs of the [`hooks`] table.
+//!   attaches the programs of the [`hooks`] table; [`kfunc`] first rewrites the object's
+//!   kernel-function calls for this kernel.
 //! - [`tc`] attaches the TC ingress classifier to the node's interfaces as they come and go.
 //! - [`ring`] drains verdict events from the ring buffer; [`maps`] reads the aggregate maps
 //!   (counts keyed by the kernel's own numbers) and writes the maps the agent owns.
@@ -16,6 +17,7 @@ pub mod btf;
 pub mod caps;
 pub mod ebpf_log;
 pub mod hooks;
+pub mod kfunc;
 pub mod loader;
 pub mod maps;
 pub mod ring;
