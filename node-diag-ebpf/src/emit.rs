@@ -108,6 +108,17 @@ counted!(DropInfo, IcmpInfo);
 pub fn bump_lru<K, V: Counted>(map: &LruHashMap<K, V>, key: &K, info: &mut V) -> Option<bool> {
     // SAFETY: the count is copied out at once; a concurrent update can only lose a count.
     let prev = unsafe { map.get(key) }.map(Counted::count);
+    store_lru(map, key, prev, info)
+}
+
+/// [`bump_lru`] for a caller that has looked the entry up already: `prev` is its count.
+#[inline(always)]
+pub fn store_lru<K, V: Counted>(
+    map: &LruHashMap<K, V>,
+    key: &K,
+    prev: Option<u32>,
+    info: &mut V,
+) -> Option<bool> {
     info.set_count(prev.map_or(1, |count| count.wrapping_add(1)));
     map.insert(key, info, 0).ok()?;
     Some(prev.is_none())

@@ -21,7 +21,7 @@ use node_diag_common::{
 
 use crate::{
     config::{config, in_scope, now},
-    emit::{Extra, bump_lru, connect_evidence, emit, evidence_gen, inc, note_evidence, syn_drop},
+    emit::{Extra, connect_evidence, emit, evidence_gen, inc, note_evidence, store_lru, syn_drop},
     kernel::{btf_read, kread, sock_netns, sock_read, sock_tuple, sock_tuple_btf},
     maps::{CONNECTS, ICMP_ERR_RCVD, ICMP_SENT, RETRANS},
 };
@@ -261,11 +261,11 @@ fn try_err_report(ctx: &BtfTracePointContext) -> Option<()> {
                 // Received evidence under the socket's own flow, where the verdict looks
                 // for it, unless TC ingress filed this error there already (with its
                 // sender): it did not when NAT changed the flow the ICMP quotes.
-                // SAFETY: the value is copied out at once.
-                let filed = unsafe { ICMP_ERR_RCVD.get(&key) }.is_some_and(|i| i.last_ns >= since);
-                if !filed {
+                // SAFETY: the values are copied out at once.
+                let prev = unsafe { ICMP_ERR_RCVD.get(&key) }.map(|i| (i.last_ns, i.count));
+                if !prev.is_some_and(|(last_ns, _)| last_ns >= since) {
                     note_evidence();
-                    let _ = bump_lru(&ICMP_ERR_RCVD, &key, &mut info);
+                    let _ = store_lru(&ICMP_ERR_RCVD, &key, prev.map(|(_, n)| n), &mut info);
                 }
                 errno
             }

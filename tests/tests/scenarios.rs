@@ -388,3 +388,58 @@ fn drop_beyond_this_node_is_a_timeout_of_unknown_layer() {
     let outcome = client.join().expect("client thread");
     assert!(matches!(outcome, ConnectOutcome::TimedOut), "{outcome:?}");
 }
+
+/// `doctor` loads every program into this kernel as the agent would: each one is
+/// accepted, and the programs read packets and sockets the way this kernel allows,
+/// plain loads through `bpf_rdonly_cast` from Linux 6.2, probe reads before (the
+/// rewritten kfunc calls are then dead code the verifier must drop).
+#[test]
+fn doctor_has_every_program_accepted_and_reads_as_this_kernel_allows() {
+    let out = Command::new(node_diag_bin())
+        .args(["doctor", "-o", "json"])
+        .output()
+        .expect("node-diag doctor runs");
+    let report: Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("doctor JSON: {e}: {out:?}"));
+    let checks = report["checks"].as_array().expect("checks");
+    let programs: Vec<&Value> = checks
+        .iter()
+        .filter(|c| {
+            c["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("program nd_"))
+        })
+        .collect();
+    assert_eq!(programs.len(), 8, "{report:#}");
+    for program in programs {
+        assert_eq!(program["status"], "ok", "{program:#}");
+    }
+    let reads = checks
+        .iter()
+        .find(|c| c["name"] == "kernel reads")
+        .unwrap_or_else(|| panic!("no kernel reads check: {report:#}"));
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").expect("osrelease");
+    let mut numbers = release.split(|c: char| !c.is_ascii_digit());
+    let version = (
+        numbers
+            .next()
+            .and_then(|n| n.parse::<u32>().ok())
+            .expect("major"),
+        numbers
+            .next()
+            .and_then(|n| n.parse::<u32>().ok())
+            .expect("minor"),
+    );
+    let detail = reads["detail"].as_str().unwrap_or_default();
+    if version >= (6, 2) {
+        assert!(
+            detail.starts_with("plain loads"),
+            "Linux {release}: {reads:#}"
+        );
+    } else {
+        assert!(
+            detail.starts_with("probe reads"),
+            "Linux {release}: {reads:#}"
+        );
+    }
+}
