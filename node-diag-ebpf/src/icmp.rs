@@ -45,8 +45,8 @@ fn try_icmp_send(ctx: &TracePointContext) -> Option<()> {
             .unwrap_or(0);
     }
     let mut packet = Packet::default();
-    skb_flow(skb, ETH_P_IP, &mut packet)?;
-    if packet.l4proto == IPPROTO_TCP && packet.flags & TCP_FLAG_ACK == 0 {
+    let l4proto = skb_flow(skb, ETH_P_IP, &mut packet)?;
+    if l4proto == IPPROTO_TCP && packet.flags & TCP_FLAG_ACK == 0 {
         // A SYN rejected after this node's NAT: filed under the flow the socket connected
         // to, as the error itself reaches the socket translated back.
         let _ = nat_join(skb, &mut packet.flow, netns, false);

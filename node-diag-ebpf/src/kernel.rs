@@ -162,6 +162,21 @@ fn sock_v6_addrs(sk: u64, key: &mut FlowKey) -> Option<()> {
     Some(())
 }
 
+/// The IPv4 addresses of a socket the verifier knows (a `struct sock *` or
+/// `struct inet_sock *`) into `key`, by plain loads of the u32 fields they are: the bytes
+/// stay in network order.
+#[inline(always)]
+fn sock_v4_addrs_loaded(sk: u64, key: &mut FlowKey) {
+    set_v4(
+        &mut key.saddr,
+        btf_read::<u32>(sk, config!(sk_saddr)).to_ne_bytes(),
+    );
+    set_v4(
+        &mut key.daddr,
+        btf_read::<u32>(sk, config!(sk_daddr)).to_ne_bytes(),
+    );
+}
+
 /// [`sock_tuple`] through a `struct inet_sock *` the verifier knows ([`inet_sock`]):
 /// every field a plain load, IPv6 addresses 4 bytes at a time (`in6_addr`'s `u32` view,
 /// the widest member the verifier matches a load to).
@@ -176,14 +191,7 @@ fn sock_tuple_loads(isk: u64) -> Option<FlowKey> {
         _pad: 0,
     };
     if key.family == AF_INET {
-        set_v4(
-            &mut key.saddr,
-            btf_read::<u32>(isk, config!(sk_saddr)).to_ne_bytes(),
-        );
-        set_v4(
-            &mut key.daddr,
-            btf_read::<u32>(isk, config!(sk_daddr)).to_ne_bytes(),
-        );
+        sock_v4_addrs_loaded(isk, &mut key);
         return Some(key);
     }
     if key.family != AF_INET6 || config!(sk_v6_daddr) == 0 {
@@ -217,15 +225,7 @@ pub fn sock_tuple_btf(sk: u64) -> Option<FlowKey> {
         _pad: 0,
     };
     if key.family == AF_INET {
-        // Loaded as the u32 fields they are; the bytes stay in network order.
-        set_v4(
-            &mut key.saddr,
-            btf_read::<u32>(sk, config!(sk_saddr)).to_ne_bytes(),
-        );
-        set_v4(
-            &mut key.daddr,
-            btf_read::<u32>(sk, config!(sk_daddr)).to_ne_bytes(),
-        );
+        sock_v4_addrs_loaded(sk, &mut key);
     } else {
         sock_v6_addrs(sk, &mut key)?;
     }

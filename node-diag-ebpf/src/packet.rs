@@ -50,7 +50,7 @@ pub struct Packet {
 /// Parses the IP header (and ports) at the skb's network header into `p`. IPv6
 /// extension headers are not walked.
 #[inline(always)]
-pub fn skb_flow(skb: u64, protocol: u16, p: &mut Packet) -> Option<()> {
+pub fn skb_flow(skb: u64, protocol: u16, p: &mut Packet) -> Option<u8> {
     if config!(btf_ok) == 0 {
         return None;
     }
@@ -66,8 +66,13 @@ pub fn skb_flow(skb: u64, protocol: u16, p: &mut Packet) -> Option<()> {
 /// one probe read (a helper call costs far more than the bytes it copies). `any_l4`:
 /// every transport protocol is wanted, UDP's ports too; otherwise only TCP and ICMP(v6)
 /// packets are, and any other leaves with `None` once its protocol is known.
+///
+/// Returns the transport protocol (also in `p.l4proto`) for the caller to decide on in a
+/// register: a decision a callee takes on a value it reads through a pointer into the
+/// caller's stack is not tracked as precise by Linux 6.1's verifier, which may then take
+/// the packets of two protocols for one state and drop as dead the code of the second.
 #[inline(always)]
-pub fn ip_flow(ip: u64, protocol: u16, p: &mut Packet, any_l4: bool) -> Option<()> {
+pub fn ip_flow(ip: u64, protocol: u16, p: &mut Packet, any_l4: bool) -> Option<u8> {
     if config!(cast_iphdr) != 0 {
         return ip_flow_cast(ip, protocol, p, any_l4);
     }
@@ -112,14 +117,14 @@ pub fn ip_flow(ip: u64, protocol: u16, p: &mut Packet, any_l4: bool) -> Option<(
     }
     p.l4proto = l4proto;
     p.l4 = l4;
-    Some(())
+    Some(l4proto)
 }
 
 /// [`ip_flow`] by plain loads, on a kernel with `bpf_rdonly_cast`: each header's address
 /// cast to its vmlinux struct, so a drop's packet costs no helper call. Same reads, same
 /// result; a faulting load reads zeros (an IPv4 header then fails its version check).
 #[inline(always)]
-fn ip_flow_cast(ip: u64, protocol: u16, p: &mut Packet, any_l4: bool) -> Option<()> {
+fn ip_flow_cast(ip: u64, protocol: u16, p: &mut Packet, any_l4: bool) -> Option<u8> {
     let flow = &mut p.flow;
     let (l4, l4proto) = if protocol == ETH_P_IP {
         let h = rdonly_cast(ip, config!(cast_iphdr));
@@ -173,7 +178,7 @@ fn ip_flow_cast(ip: u64, protocol: u16, p: &mut Packet, any_l4: bool) -> Option<
     }
     p.l4proto = l4proto;
     p.l4 = l4;
-    Some(())
+    Some(l4proto)
 }
 
 /// The transport protocols every parse wants (a SYN's flags, an ICMP error's type).

@@ -80,31 +80,32 @@ fn evidence(
     // paths want a TCP SYN or an ICMP error, so a flood of UDP into a drop rule stops at
     // the IP header's protocol byte.
     let any_l4 = reason == config!(reason_pkt_too_big);
-    let parsed =
-        head != 0 && nh != 0xffff && ip_flow(head + nh as u64, protocol, &mut p, any_l4).is_some();
+    let l4proto = if head != 0 && nh != 0xffff {
+        ip_flow(head + nh as u64, protocol, &mut p, any_l4)
+    } else {
+        None
+    };
     if reason == config!(reason_pkt_too_big) {
         // Counted per device even when the packet cannot be parsed.
-        oversize(ctx, skb, &p, parsed, netns);
+        oversize(ctx, skb, &p, l4proto.is_some(), netns);
     }
-    if !parsed {
-        return None;
-    }
-    if reason == config!(reason_netfilter_drop) {
+    // Which path a packet takes is decided here, on the protocol in a register, not in
+    // the callees on `p` (see `ip_flow`).
+    let l4proto = l4proto?;
+    if reason == config!(reason_netfilter_drop) && is_frag_needed(l4proto, p.flags, p.code) {
         frag_needed_dropped(&p, protocol, netns, ifindex);
     }
-    if flow_reason(reason) {
+    if flow_reason(reason) && l4proto == IPPROTO_TCP && p.flags & TCP_FLAG_SYN != 0 {
         syn_dropped(skb, &mut p, reason, netns, ifindex);
     }
     Some(())
 }
 
-/// A SYN (or SYN-ACK) dropped for a reason the agent asked for: remembered under the
-/// connecting side's flow as timeout evidence. Last of the paths: it turns `p` around.
+/// A SYN (or SYN-ACK, `p` a TCP packet with SYN set) dropped for a reason the agent asked
+/// for: remembered under the connecting side's flow as timeout evidence. Last of the
+/// paths: it turns `p` around.
 #[inline(never)]
 fn syn_dropped(skb: u64, p: &mut Packet, reason: u32, netns: u32, ifindex: u32) -> Option<()> {
-    if p.l4proto != IPPROTO_TCP || p.flags & TCP_FLAG_SYN == 0 {
-        return None;
-    }
     // A SYN-ACK dropped here (the return path: rp_filter, a policy on the way back,
     // conntrack INVALID) leaves the connect timing out exactly like a dropped SYN; it is
     // kept under the connecting side's flow, marked.
@@ -203,14 +204,11 @@ fn oversize(
     Some(())
 }
 
-/// Netfilter dropped an ICMP frag-needed / packet-too-big: remember the flow it was about
-/// (the quoted original packet), so a stalled sender can be told why PMTUD failed.
-/// Out of line, see [`evidence`].
+/// Netfilter dropped an ICMP frag-needed / packet-too-big (`packet`): remember the flow it
+/// was about (the quoted original packet), so a stalled sender can be told why PMTUD
+/// failed. Out of line, see [`evidence`].
 #[inline(never)]
 fn frag_needed_dropped(packet: &Packet, protocol: u16, netns: u32, ifindex: u32) -> Option<()> {
-    if !is_frag_needed(packet.l4proto, packet.flags, packet.code) {
-        return None;
-    }
     let quoted = packet.l4 + 8;
     let mut inner = Packet::default();
     ip_flow(quoted, protocol, &mut inner, true)?;
