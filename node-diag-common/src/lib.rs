@@ -119,6 +119,7 @@ pub mod counter {
     /// ICMP frag-needed / packet-too-big dropped by netfilter on this node.
     pub const ICMP_FRAG_DROPPED: u32 = 10;
     pub const DF_OVERSIZE_DROPS: u32 = 11;
+    /// Full-size retransmits made on the retransmission timer (see `RetransState`).
     pub const FULLSIZE_RETRANSMITS: u32 = 12;
     /// Verdict events submitted to the ring buffer.
     pub const EVENTS_SENT: u32 = 13;
@@ -376,7 +377,8 @@ pub struct NatInfo {
 }
 const _: () = assert!(core::mem::size_of::<NatInfo>() == 32);
 
-/// A socket retransmitting one data segment again and again.
+/// A socket retransmitting one data segment again and again, on its retransmission timer
+/// (the retransmits of loss recovery are not tracked).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RetransState {
@@ -562,7 +564,10 @@ pub struct Config {
     /// `struct sk_buff` -> `cb` + `struct sock_exterr_skb` -> `ee` (the UAPI
     /// `struct sock_extended_err`: errno, origin, ICMP type and code); 0 when unknown.
     pub skb_ee: u32,
-    pub _pad1: u32,
+    /// `struct tcp_sock` -> `inet_conn.icsk_retransmits` (u8): the RTOs in a row the
+    /// head segment has had without an ACK moving on (raised before the retransmit each
+    /// RTO makes, cleared by the first ACK of new data).
+    pub tcp_rto_count: u32,
 
     /// At most one event per verdict key per this many nanoseconds; the verdicts in
     /// between are only counted in [`MAP_VERDICT_AGG`].

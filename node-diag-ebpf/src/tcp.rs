@@ -102,16 +102,25 @@ fn try_retransmit(ctx: &BtfTracePointContext) -> Option<()> {
 /// evidence exists for the flow. Any other repeat is a plain stall: the head segment of a
 /// peer that went silent is often shorter than the MSS (the tail of a partial write),
 /// and a black hole passes short segments.
+///
+/// Only the retransmits of a retransmission timeout count: a segment that keeps getting
+/// no answer is retried on the timer, each time with the socket's RTO count raised
+/// first. Loss recovery (fast retransmits, RACK, tail loss probes) runs with that count
+/// at 0 and leaves after two loads, before any map: it is most of the retransmits of a
+/// lossy but working path.
 fn data_retransmit(ctx: &BtfTracePointContext, sk: u64) -> Option<()> {
-    let skb: u64 = ctx.arg(1);
-    // The write-queue skb holds payload only, possibly several MSS when segmentation is
-    // offloaded; at least one MSS is a full-size segment.
-    let len: u32 = btf_read(skb, config!(skb_len));
     // A retransmit the local stack could not send (queue full, TSQ) is retried as is
     // and says nothing about the path. Kernels without the argument trace only sent ones.
     if config!(retrans_err_arg) != 0 && ctx.arg::<u64>(2) as i32 != 0 {
         return None;
     }
+    if tcp_sock_read::<u8>(sk, config!(tcp_rto_count))? == 0 {
+        return None;
+    }
+    let skb: u64 = ctx.arg(1);
+    // The write-queue skb holds payload only, possibly several MSS when segmentation is
+    // offloaded; at least one MSS is a full-size segment.
+    let len: u32 = btf_read(skb, config!(skb_len));
     let mss = tcp_sock_read::<u32>(sk, config!(tcp_mss_cache))?;
     // After a timeout the sender is down to one segment per retransmit; several at once
     // (a GSO burst) is loss recovery with a window, not a stall.

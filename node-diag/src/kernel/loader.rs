@@ -440,6 +440,7 @@ fn fill_btf(c: &mut Config, btf: &Btf) -> Result<(), super::btf::BtfError> {
     c.skb_refdst = btf.member_offset("sk_buff", "_skb_refdst")?;
     c.dst_dev = btf.member_offset("dst_entry", "dev")?;
     c.tcp_mss_cache = btf.member_offset("tcp_sock", "mss_cache")?;
+    c.tcp_rto_count = btf.path_offset("tcp_sock", "inet_conn.icsk_retransmits")?;
     c.skb_cb = btf.member_offset("sk_buff", "cb")? + btf.member_offset("tcp_skb_cb", "seq")?;
     c.skb_protocol = btf.member_offset("sk_buff", "protocol")?;
     c.inet_sport = btf.member_offset("inet_sock", "inet_sport")?;
