@@ -88,16 +88,24 @@ fn unmap_v4(key: &mut FlowKey) {
     set_v4(&mut key.daddr, d);
 }
 
-/// `sk` retyped as a `struct inet_sock *` (whose first member is its `struct sock`) on a
-/// kernel with `bpf_rdonly_cast`, so every socket field is a plain load; 0 otherwise.
-/// Whatever the verifier knew of `sk` (a raw tracepoint's number, or a BTF pointer that
-/// has served as a map key) does not matter to the cast.
+/// `sk` retyped as the socket struct whose vmlinux BTF id is `btf_id` (a read-only
+/// constant of [`CONFIG`](crate::config)) on a kernel with `bpf_rdonly_cast`, so its
+/// fields are plain loads; 0 otherwise (`btf_id` 0). Whatever the verifier knew of `sk`
+/// (a raw tracepoint's number, or a BTF pointer that has served as a map key) does not
+/// matter to the cast.
 #[inline(always)]
-fn inet_sock(sk: u64) -> u64 {
-    if config!(cast_inet_sock) == 0 || sk == 0 {
+fn cast_sock(sk: u64, btf_id: u32) -> u64 {
+    if btf_id == 0 || sk == 0 {
         return 0;
     }
-    rdonly_cast(sk, config!(cast_inet_sock))
+    rdonly_cast(sk, btf_id)
+}
+
+/// [`cast_sock`] to `struct inet_sock`, whose first member is its `struct sock`: every
+/// `sock` and `inet_sock` field.
+#[inline(always)]
+fn inet_sock(sk: u64) -> u64 {
+    cast_sock(sk, config!(cast_inet_sock))
 }
 
 /// A field of a socket at `offset` (a `struct sock` or `struct inet_sock` BTF offset): a
@@ -114,8 +122,9 @@ pub fn sock_read<T: Copy>(sk: u64, offset: u32) -> Option<T> {
 /// [`sock_read`] of a `struct tcp_sock` field.
 #[inline(always)]
 pub fn tcp_sock_read<T: Copy>(sk: u64, offset: u32) -> Option<T> {
-    if config!(cast_tcp_sock) != 0 && sk != 0 {
-        return Some(btf_read(rdonly_cast(sk, config!(cast_tcp_sock)), offset));
+    let tsk = cast_sock(sk, config!(cast_tcp_sock));
+    if tsk != 0 {
+        return Some(btf_read(tsk, offset));
     }
     kread(sk, offset)
 }
@@ -238,6 +247,16 @@ fn net_inum(net: u64) -> u32 {
     kread::<u32>(net, config!(net_inum)).unwrap_or(0)
 }
 
+/// [`net_inum`] of a `struct net *` the verifier knows (loaded from a struct it knows):
+/// a plain load.
+#[inline(always)]
+fn net_inum_loaded(net: u64) -> u32 {
+    if net == 0 {
+        return 0;
+    }
+    btf_read(net, config!(net_inum))
+}
+
 /// Network namespace inode of a `struct sock *` (0 when BTF offsets are unknown).
 #[inline(always)]
 pub fn sock_netns(sk: u64) -> u32 {
@@ -246,12 +265,7 @@ pub fn sock_netns(sk: u64) -> u32 {
     }
     let isk = inet_sock(sk);
     if isk != 0 {
-        let net: u64 = btf_read(isk, config!(sk_net));
-        return if net == 0 {
-            0
-        } else {
-            btf_read(net, config!(net_inum))
-        };
+        return net_inum_loaded(btf_read(isk, config!(sk_net)));
     }
     kread::<u64>(sk, config!(sk_net)).map_or(0, net_inum)
 }
@@ -277,13 +291,7 @@ pub fn skb_dev_btf(skb: u64) -> (u32, u32) {
         }
     }
     let ifindex: u32 = btf_read(dev, config!(dev_ifindex));
-    let net: u64 = btf_read(dev, config!(dev_net));
-    let netns: u32 = if net == 0 {
-        0
-    } else {
-        btf_read(net, config!(net_inum))
-    };
-    (netns, ifindex)
+    (net_inum_loaded(btf_read(dev, config!(dev_net))), ifindex)
 }
 
 /// `(netns inode, ifindex)` of the device an skb is on, zeros when unknown. A locally

@@ -125,26 +125,20 @@ fn prepare(opts: &Options) -> Result<Prepared, LoadError> {
             config.flow_reasons[(v / 64) as usize] |= 1 << (v % 64);
         }
     }
-    let rdonly_cast = btf
-        .as_ref()
-        .ok()
-        .and_then(|btf| fill_casts(&mut config, btf));
-    let btf_ok = match btf.and_then(|btf| fill_btf(&mut config, &btf)) {
-        Ok(()) => {
+    // The casts only serve reads at the BTF offsets: without those, neither.
+    let (btf_ok, rdonly_cast) = match btf.and_then(|btf| fill_btf(&mut config, &btf).map(|()| btf))
+    {
+        Ok(btf) => {
             // Scoping needs each socket's netns, which needs the BTF offsets.
             config.scope_enabled = u32::from(opts.scoped);
-            true
+            (true, fill_casts(&mut config, &btf))
         }
         Err(e) => {
             warn!(error = %e, "kernel BTF unusable: no netns/interface attribution or packet evidence");
             degraded.push(("btf".to_string(), e.to_string()));
-            false
+            (false, None)
         }
     };
-    if !btf_ok {
-        clear_casts(&mut config);
-    }
-    let rdonly_cast = rdonly_cast.filter(|_| btf_ok);
     let (object, resolved) = super::kfunc::resolve(EBPF_OBJECT, rdonly_cast)?;
     match resolved.rdonly_cast {
         Some(id) => info!(
@@ -399,18 +393,6 @@ fn fill_casts(c: &mut Config, btf: &Btf) -> Option<u32> {
 /// [`fill_casts`]), for `doctor`.
 pub fn plain_loads(btf: &Btf) -> bool {
     fill_casts(&mut Config::default(), btf).is_some()
-}
-
-fn clear_casts(c: &mut Config) {
-    c.cast_iphdr = 0;
-    c.cast_ipv6hdr = 0;
-    c.cast_tcphdr = 0;
-    c.cast_udphdr = 0;
-    c.cast_icmphdr = 0;
-    c.cast_icmp6hdr = 0;
-    c.cast_inet_sock = 0;
-    c.cast_tcp_sock = 0;
-    c.cast_dst_entry = 0;
 }
 
 fn fill_btf(c: &mut Config, btf: &Btf) -> Result<(), super::btf::BtfError> {
