@@ -71,6 +71,8 @@ const ECHO_PORT: u16 = 7000;
 const CLOSED_PORT: u16 = 7999;
 /// UDP port the drop flood sends to; node A's forward hook drops it.
 const FLOOD_PORT: u16 = 7998;
+/// Share of the lossy transfer's packets node A drops (‰).
+const LOSS_PER_MILLE: u32 = 5;
 /// Threads of the connection generator (paced and closed loop), of the echo server, of
 /// the storm and of the drop flood's sender.
 const CONN_THREADS: u32 = 16;
@@ -172,6 +174,9 @@ pub enum Workload {
     IperfOverlay,
     /// iperf3 node B → node A across the underlay veth.
     IperfVeth,
+    /// iperf3 pod A → pod B through the overlay, a random share of the data dropped in
+    /// node A's forward hook: pod A's socket retransmits, so `nd_retransmit` runs hot.
+    IperfLossy,
     /// Paced short connections pod A → pod B.
     ConnRate,
     /// Short connections pod A → pod B, each thread's next as soon as the previous ends.
@@ -183,9 +188,10 @@ pub enum Workload {
 }
 
 impl Workload {
-    const ALL: [Self; 6] = [
+    const ALL: [Self; 7] = [
         Self::IperfOverlay,
         Self::IperfVeth,
+        Self::IperfLossy,
         Self::ConnRate,
         Self::ConnClosedLoop,
         Self::DropFlood,
@@ -203,6 +209,7 @@ impl Workload {
         match self {
             Self::IperfOverlay => "iperf3 overlay",
             Self::IperfVeth => "iperf3 veth",
+            Self::IperfLossy => "iperf3 overlay, lossy",
             Self::ConnRate => "connection rate",
             Self::ConnClosedLoop => "closed-loop connections",
             Self::DropFlood => "drop flood",
@@ -452,9 +459,15 @@ impl<'a> Bench<'a> {
         thread::sleep(SETTLE);
         let pid = agent.as_ref().map(Agent::pid);
         let foreign_before = agent::foreign_programs(pid)?;
-        // Only for the flood: a forward hook in node A would cost the other workloads.
+        // Only for the flood and the lossy transfer: a forward hook in node A would cost
+        // the other workloads.
         let drop_rule = match workload {
-            Workload::DropFlood => Some(DropRule::install(&self.topo.node_a, FLOOD_PORT)?),
+            Workload::DropFlood => Some(DropRule::udp_port(&self.topo.node_a, FLOOD_PORT)?),
+            Workload::IperfLossy => Some(DropRule::tcp_loss(
+                &self.topo.node_a,
+                IPERF_PORT,
+                LOSS_PER_MILLE,
+            )?),
             _ => None,
         };
         let before = agent.as_ref().map(Before::take).transpose()?;
@@ -475,7 +488,7 @@ impl<'a> Bench<'a> {
         };
         let duration = self.settings.duration();
         match workload {
-            Workload::IperfOverlay => {
+            Workload::IperfOverlay | Workload::IperfLossy => {
                 let server = SocketAddr::V4(SocketAddrV4::new(self.topo.pod_b_ip, IPERF_PORT));
                 sample.value = load::iperf(&self.topo.pod_a, server, duration)?;
             }

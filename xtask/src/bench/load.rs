@@ -478,17 +478,32 @@ const FLOOD_PAYLOAD: usize = 16;
 /// Sends between two looks at the clock and the stop flag.
 const FLOOD_BATCH: u32 = 64;
 
-/// An nftables rule in `netns`'s forward hook that counts and drops UDP to one port
-/// (table `inet ndbench`, chain `flood`). Every packet it drops is freed through
-/// `kfree_skb` with reason `NETFILTER_DROP`. Dropping the guard deletes the table: the
-/// other workloads must not pay for a forward hook, and a failed bench must not leave
-/// the rule behind.
+/// An nftables rule in `netns`'s forward hook that counts and drops packets (table
+/// `inet ndbench`, chain `flood`): all UDP to one port ([`DropRule::udp_port`]) or a
+/// random share of the TCP to one port ([`DropRule::tcp_loss`]). Every packet it drops
+/// is freed through `kfree_skb` with reason `NETFILTER_DROP`. Dropping the guard deletes
+/// the table: the other workloads must not pay for a forward hook, and a failed bench
+/// must not leave the rule behind.
 pub struct DropRule {
     netns: String,
 }
 
 impl DropRule {
-    pub fn install(netns: &str, port: u16) -> Result<Self> {
+    /// Drops every UDP datagram to `port`.
+    pub fn udp_port(netns: &str, port: u16) -> Result<Self> {
+        Self::install(netns, &format!("udp dport {port}"))
+    }
+
+    /// Drops `per_mille` ‰ of the TCP segments (GSO packets: a forwarded one may carry
+    /// several) to `port`, chosen at random: the sender retransmits them.
+    pub fn tcp_loss(netns: &str, port: u16, per_mille: u32) -> Result<Self> {
+        Self::install(
+            netns,
+            &format!("tcp dport {port} numgen random mod 1000 < {per_mille}"),
+        )
+    }
+
+    fn install(netns: &str, matches: &str) -> Result<Self> {
         run_in(netns, &["nft", &format!("add table inet {DROP_TABLE}")])?;
         // The guard exists from here on, so a failure below still deletes the table.
         let rule = Self {
@@ -508,7 +523,7 @@ impl DropRule {
             netns,
             &[
                 "nft",
-                &format!("add rule inet {DROP_TABLE} flood udp dport {port} counter drop"),
+                &format!("add rule inet {DROP_TABLE} flood {matches} counter drop"),
             ],
         )?;
         Ok(rule)

@@ -10,7 +10,7 @@ use serde::Serialize;
 #[cfg(test)]
 use super::{AgentUsage, ProgramRuns};
 use super::{
-    CONN_THREADS, FLOOD_PORT, FLOOD_THREADS, Mode, Sample, Settings, Workload,
+    CONN_THREADS, FLOOD_PORT, FLOOD_THREADS, LOSS_PER_MILLE, Mode, Sample, Settings, Workload,
     agent::{self, MapMemory},
 };
 
@@ -435,7 +435,9 @@ impl Report {
 /// The line printed after each measurement.
 pub fn progress_line(sample: &Sample) -> String {
     let figure = match sample.workload {
-        Workload::IperfOverlay | Workload::IperfVeth => format!("{:.2} Gbit/s", sample.value / 1e9),
+        Workload::IperfOverlay | Workload::IperfVeth | Workload::IperfLossy => {
+            format!("{:.2} Gbit/s", sample.value / 1e9)
+        }
         Workload::ConnRate | Workload::ConnClosedLoop => {
             let failed = sample.conn.as_ref().map_or(0, |c| c.failed);
             format!("{:.0} conn/s ({failed} failed)", sample.value)
@@ -706,6 +708,14 @@ fn rows(
             THROUGHPUT_RATIO,
         ),
     );
+    rows.push(Paired::of(samples, Workload::IperfLossy, value).row(
+        format!(
+            "throughput pod A → pod B, vxlan overlay, {:.1} % of the data dropped in node A \
+             (iperf3; makes pod A retransmit)",
+            f64::from(LOSS_PER_MILLE) / 10.0
+        ),
+        gbit,
+    ));
     rows.push(
         Paired::of(samples, Workload::ConnClosedLoop, value).row_at_least(
             format!(
