@@ -3,6 +3,8 @@
 //! the flow is parsed from the offending skb. Frag-needed generated in this node's
 //! namespaces is counted.
 
+use core::mem::MaybeUninit;
+
 use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
 use node_diag_common::{IcmpInfo, counter};
 
@@ -44,8 +46,9 @@ fn try_icmp_send(ctx: &TracePointContext) -> Option<()> {
             .and_then(|dev| kread::<u32>(dev, config!(dev_mtu)))
             .unwrap_or(0);
     }
-    let mut packet = Packet::default();
-    let l4proto = skb_flow(skb, ETH_P_IP, &mut packet)?;
+    let mut slot = MaybeUninit::uninit();
+    let packet = Packet::zero_in(&mut slot);
+    let l4proto = skb_flow(skb, ETH_P_IP, packet)?;
     if l4proto == IPPROTO_TCP && packet.flags & TCP_FLAG_ACK == 0 {
         // A SYN rejected after this node's NAT: filed under the flow the socket connected
         // to, as the error itself reaches the socket translated back.

@@ -2,6 +2,8 @@
 //! with a reason the agent asked for are remembered per flow as timeout evidence, DF
 //! packets too big for their route and frag-needed dropped by netfilter as MTU evidence.
 
+use core::mem::MaybeUninit;
+
 use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
 use node_diag_common::{DROP_REASON_SLOTS, DropInfo, DropKey, counter, drop_flag, event_kind};
 
@@ -75,28 +77,29 @@ fn evidence(
     let protocol = u16::from_be(btf_read::<u16>(skb, config!(skb_protocol)));
     let head: u64 = btf_read(skb, config!(skb_head));
     let nh: u16 = btf_read(skb, config!(skb_network_header));
-    let mut p = Packet::default();
+    let mut slot = MaybeUninit::uninit();
+    let p = Packet::zero_in(&mut slot);
     // Every protocol (and UDP's ports) matters only to an oversize drop's flow; the other
     // paths want a TCP SYN or an ICMP error, so a flood of UDP into a drop rule stops at
     // the IP header's protocol byte.
     let any_l4 = reason == config!(reason_pkt_too_big);
     let l4proto = if head != 0 && nh != 0xffff {
-        ip_flow(head + nh as u64, protocol, &mut p, any_l4)
+        ip_flow(head + nh as u64, protocol, p, any_l4)
     } else {
         None
     };
     if reason == config!(reason_pkt_too_big) {
         // Counted per device even when the packet cannot be parsed.
-        oversize(ctx, skb, &p, l4proto.is_some(), netns);
+        oversize(ctx, skb, p, l4proto.is_some(), netns);
     }
     // Which path a packet takes is decided here, on the protocol in a register, not in
     // the callees on `p` (see `ip_flow`).
     let l4proto = l4proto?;
     if reason == config!(reason_netfilter_drop) && is_frag_needed(l4proto, p.flags, p.code) {
-        frag_needed_dropped(&p, protocol, netns, ifindex);
+        frag_needed_dropped(p, protocol, netns, ifindex);
     }
     if flow_reason(reason) && l4proto == IPPROTO_TCP && p.flags & TCP_FLAG_SYN != 0 {
-        syn_dropped(skb, &mut p, reason, netns, ifindex);
+        syn_dropped(skb, p, reason, netns, ifindex);
     }
     Some(())
 }
@@ -210,8 +213,9 @@ fn oversize(
 #[inline(never)]
 fn frag_needed_dropped(packet: &Packet, protocol: u16, netns: u32, ifindex: u32) -> Option<()> {
     let quoted = packet.l4 + 8;
-    let mut inner = Packet::default();
-    ip_flow(quoted, protocol, &mut inner, true)?;
+    let mut slot = MaybeUninit::uninit();
+    let inner = Packet::zero_in(&mut slot);
+    ip_flow(quoted, protocol, inner, true)?;
     inc(counter::ICMP_FRAG_DROPPED);
     let mut info = DropInfo {
         last_ns: now(),
