@@ -84,6 +84,19 @@ const FLOOD_THREADS: u32 = 4;
 const SETTLE: Duration = Duration::from_secs(1);
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// Pairs per workload, and seconds per measurement, by default. Many short pairs rather
+/// than a few long ones: this host's speed drifts by 10–20 % over tens of seconds, and
+/// two measurements of a pair lie closer together the shorter they are. On a baseline
+/// throughput series taken here, 21 pairs of 3 s put the median of the pair ratios
+/// within about ±2 % (one standard deviation) of what it would be with a free agent;
+/// 7 pairs of 10 s, about ±5 % (docs/benchmarks.md, "Noise").
+const DEFAULT_RUNS: u32 = 21;
+const DEFAULT_DURATION_S: u64 = 3;
+/// Shortest profile measurement: a hook that runs rarely in a workload (the retransmit
+/// hook in a clean transfer) runs there cold, at the start, and a short profile would
+/// weigh those cold runs more than a node does.
+const PROFILE_MIN_S: u64 = 10;
+
 /// Options of `cargo xtask bench`.
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -103,6 +116,10 @@ pub struct Settings {
     pub smoke: bool,
     pub runs: u32,
     pub duration_s: u64,
+    /// Seconds of each profile measurement: at least [`PROFILE_MIN_S`] (not with
+    /// `--smoke`), so the per-program figures rest on as many runs as before the pairs
+    /// became short.
+    pub profile_duration_s: u64,
     /// Offered short connections per second.
     pub conn_rate: u32,
     /// Refused connects in the storm.
@@ -114,13 +131,22 @@ pub struct Settings {
 impl Settings {
     fn new(options: &Options) -> Self {
         let smoke = options.smoke;
+        let duration_s = options
+            .duration
+            .unwrap_or(if smoke { 2 } else { DEFAULT_DURATION_S })
+            .max(1);
         Self {
             smoke,
-            runs: options.runs.unwrap_or(if smoke { 1 } else { 7 }).max(1),
-            duration_s: options
-                .duration
-                .unwrap_or(if smoke { 2 } else { 10 })
+            runs: options
+                .runs
+                .unwrap_or(if smoke { 1 } else { DEFAULT_RUNS })
                 .max(1),
+            duration_s,
+            profile_duration_s: if smoke {
+                duration_s
+            } else {
+                duration_s.max(PROFILE_MIN_S)
+            },
             conn_rate: options.conn_rate.unwrap_or(10_000).max(1),
             storm_connects: options
                 .storm
@@ -133,8 +159,12 @@ impl Settings {
         }
     }
 
-    fn duration(&self) -> Duration {
-        Duration::from_secs(self.duration_s)
+    /// How long a measurement of `mode` runs its workload.
+    fn duration(&self, mode: Mode) -> Duration {
+        Duration::from_secs(match mode {
+            Mode::Profile => self.profile_duration_s,
+            Mode::Baseline | Mode::Agent => self.duration_s,
+        })
     }
 
     /// The command line that reproduces these settings.
@@ -244,9 +274,12 @@ pub struct Sample {
     pub storm: Option<StormStats>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub agent: Option<AgentUsage>,
-    /// Profile only: the empty programs' runs during the workload (see `floor`).
+    /// Profile only: the empty programs' runs during the workload, summed (see `floor`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub floor: Option<ProgramRuns>,
+    /// Profile only: the same by tracepoint.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub floor_by_tracepoint: BTreeMap<String, ProgramRuns>,
     /// `nd_*` programs other processes (another node-diag agent, e.g. a concurrent test)
     /// had loaded before or after the workload: they fire on its traffic too.
     pub foreign_nd_programs: usize,
@@ -286,6 +319,9 @@ pub struct AgentUsage {
 pub struct ProgramRuns {
     #[serde(rename = "type")]
     pub kind: String,
+    /// The tracepoint it runs on (none for the TC classifier).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tracepoint: Option<String>,
     pub run_cnt: u64,
     pub run_time_ns: u64,
 }
@@ -357,8 +393,13 @@ pub fn run(options: &Options) -> Result<()> {
     catch_signals();
     let machine = report::Machine::describe();
     println!(
-        "[bench] {command_line}: {} run(s), {} s per workload, {} conn/s offered, {} storm connects",
-        settings.runs, settings.duration_s, settings.conn_rate, settings.storm_connects
+        "[bench] {command_line}: {} run(s), {} s per workload ({} s per profile), {} conn/s \
+         offered, {} storm connects",
+        settings.runs,
+        settings.duration_s,
+        settings.profile_duration_s,
+        settings.conn_rate,
+        settings.storm_connects
     );
     let started = Instant::now();
     let samples = (|| {
@@ -484,9 +525,10 @@ impl<'a> Bench<'a> {
             storm: None,
             agent: None,
             floor: None,
+            floor_by_tracepoint: BTreeMap::new(),
             foreign_nd_programs: 0,
         };
-        let duration = self.settings.duration();
+        let duration = self.settings.duration(mode);
         match workload {
             Workload::IperfOverlay | Workload::IperfLossy => {
                 let server = SocketAddr::V4(SocketAddrV4::new(self.topo.pod_b_ip, IPERF_PORT));
@@ -535,11 +577,26 @@ impl<'a> Bench<'a> {
             }
         }
         if let (Some((_, empty)), Some(earlier)) = (&profile, floor_before) {
-            let runs = empty.stats()?.since(earlier);
+            let mut total = RunStats::default();
+            for (tracepoint, stats) in empty.stats()? {
+                let runs = stats.since(earlier.get(tracepoint).copied().unwrap_or_default());
+                total.run_cnt += runs.run_cnt;
+                total.run_time_ns += runs.run_time_ns;
+                let runs = ProgramRuns {
+                    kind: "raw_tracepoint".to_owned(),
+                    tracepoint: Some(tracepoint.to_owned()),
+                    run_cnt: runs.run_cnt,
+                    run_time_ns: runs.run_time_ns,
+                };
+                sample
+                    .floor_by_tracepoint
+                    .insert(tracepoint.to_owned(), runs);
+            }
             sample.floor = Some(ProgramRuns {
                 kind: "raw_tracepoint".to_owned(),
-                run_cnt: runs.run_cnt,
-                run_time_ns: runs.run_time_ns,
+                tracepoint: None,
+                run_cnt: total.run_cnt,
+                run_time_ns: total.run_time_ns,
             });
         }
         if let (Some(agent), Some(before)) = (agent.as_mut(), before) {
@@ -606,6 +663,8 @@ struct Before {
     proc: ProcSample,
     names: BTreeMap<u32, agent::ProgName>,
     programs: BTreeMap<String, RunStats>,
+    /// The tracepoint of each program, by name.
+    tracepoints: BTreeMap<String, String>,
     stdout_lines: u64,
     refused_count: u64,
     events_lost: u64,
@@ -620,11 +679,13 @@ impl Before {
         if programs.is_empty() {
             bail!("the agent (pid {}) holds no nd_* eBPF program", agent.pid());
         }
+        let tracepoints = agent.prog_tracepoints(&names)?;
         let (refused_count, _, _) = refused_findings(agent)?;
         Ok(Self {
             startup_hwm_kib,
             names,
             programs,
+            tracepoints,
             stdout_lines: agent.stdout_lines(),
             refused_count,
             events_lost: events_lost(agent)?,
@@ -649,6 +710,7 @@ fn program_runs(
                 .map_or_else(|| "?".to_owned(), |prog| prog.kind.clone());
             let runs = ProgramRuns {
                 kind,
+                tracepoint: before.tracepoints.get(name).cloned(),
                 run_cnt: delta.run_cnt,
                 run_time_ns: delta.run_time_ns,
             };

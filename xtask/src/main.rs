@@ -109,10 +109,10 @@ enum Command {
         /// Tiny sizes (1 run, 2 s per workload, 2,000 storm connects), for CI.
         #[arg(long)]
         smoke: bool,
-        /// Baseline/agent pairs per workload (default 7; 1 with --smoke).
+        /// Baseline/agent pairs per workload (default 21; 1 with --smoke).
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100))]
         runs: Option<u32>,
-        /// Seconds per throughput, connection and drop-flood measurement (default 10; 2
+        /// Seconds per throughput, connection and drop-flood measurement (default 3; 2
         /// with --smoke).
         #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..=600))]
         duration: Option<u64>,

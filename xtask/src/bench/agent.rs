@@ -81,6 +81,28 @@ impl<'t> Agent<'t> {
         prog_stats(self.pid(), names)
     }
 
+    /// The tracepoint each of the agent's programs is attached to, by program name, from
+    /// its raw tracepoint links (`tp_name` in their fdinfo); a program attached otherwise
+    /// (the TC classifier, a perf-event tracepoint) is left out.
+    pub fn prog_tracepoints(
+        &self,
+        names: &BTreeMap<u32, ProgName>,
+    ) -> Result<BTreeMap<String, String>> {
+        let mut out = BTreeMap::new();
+        for (_, info) in bpf_fdinfos(self.pid(), "anon_inode:bpf_link")? {
+            let (Some(id), Some(tracepoint)) = (
+                fdinfo_field(&info, "prog_id"),
+                fdinfo_text(&info, "tp_name"),
+            ) else {
+                continue;
+            };
+            if let Some(prog) = u32::try_from(id).ok().and_then(|id| names.get(&id)) {
+                out.insert(prog.name.clone(), tracepoint.to_owned());
+            }
+        }
+        Ok(out)
+    }
+
     /// The eBPF maps the agent holds, with their memory here and at [`TARGET_CPUS`].
     pub fn maps(&self) -> Result<Vec<MapMemory>> {
         maps(self.pid())
@@ -310,6 +332,14 @@ pub(super) fn fdinfo_field(info: &str, name: &str) -> Option<u64> {
             .trim()
             .parse::<u64>()
             .ok()
+    })
+}
+
+/// A `name:\tvalue` line of an fdinfo file, as text.
+fn fdinfo_text<'a>(info: &'a str, name: &str) -> Option<&'a str> {
+    info.lines().find_map(|line| {
+        let value = line.strip_prefix(name)?.strip_prefix(':')?.trim();
+        (!value.is_empty()).then_some(value)
     })
 }
 

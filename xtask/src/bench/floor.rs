@@ -7,9 +7,12 @@
 //! under the same workload: the floor beneath every program's figure. On a nested VM it
 //! is tens of nanoseconds, a large share of a per-packet budget, and it says nothing about
 //! the program's own work; the report shows each program's figure as measured and net of
-//! this floor.
+//! this floor. The floor is kept per tracepoint: a program is judged net of the empty
+//! program that ran on its own tracepoint in the same workload, as often and as hot or
+//! cold as it did.
 
 use std::{
+    collections::BTreeMap,
     ffi::CString,
     fs,
     os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd, RawFd},
@@ -42,8 +45,8 @@ const ATTR_SIZE: usize = 128;
 
 /// The empty programs, attached; detached and unloaded on drop (their descriptors close).
 pub struct EmptyPrograms {
-    /// (program, raw tracepoint link) per attached tracepoint.
-    attached: Vec<(OwnedFd, OwnedFd)>,
+    /// (tracepoint, program, raw tracepoint link) per attached tracepoint.
+    attached: Vec<(&'static str, OwnedFd, OwnedFd)>,
 }
 
 impl EmptyPrograms {
@@ -55,7 +58,7 @@ impl EmptyPrograms {
         for tracepoint in TRACEPOINTS {
             match load().and_then(|prog| {
                 let link = open_raw_tracepoint(&prog, tracepoint)?;
-                Ok((prog, link))
+                Ok((*tracepoint, prog, link))
             }) {
                 Ok(pair) => attached.push(pair),
                 Err(err) => errors.push(format!("{tracepoint}: {err:#}")),
@@ -73,10 +76,10 @@ impl EmptyPrograms {
         Ok(Self { attached })
     }
 
-    /// The empty programs' run statistics, summed.
-    pub fn stats(&self) -> Result<RunStats> {
-        let mut total = RunStats::default();
-        for (prog, _) in &self.attached {
+    /// The empty programs' run statistics, by tracepoint.
+    pub fn stats(&self) -> Result<BTreeMap<&'static str, RunStats>> {
+        let mut by_tracepoint = BTreeMap::new();
+        for (tracepoint, prog, _) in &self.attached {
             let fd = prog.as_raw_fd();
             let path = format!("/proc/self/fdinfo/{fd}");
             let info = fs::read_to_string(&path).with_context(|| format!("cannot read {path}"))?;
@@ -86,10 +89,15 @@ impl EmptyPrograms {
             ) else {
                 bail!("{path} lacks run_time_ns/run_cnt:\n{info}");
             };
-            total.run_time_ns += run_time_ns;
-            total.run_cnt += run_cnt;
+            by_tracepoint.insert(
+                *tracepoint,
+                RunStats {
+                    run_time_ns,
+                    run_cnt,
+                },
+            );
         }
-        Ok(total)
+        Ok(by_tracepoint)
     }
 }
 

@@ -129,6 +129,15 @@ pub struct Row {
     pub ratio_min: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ratio_max: Option<f64>,
+    /// For a ratio: where the median of the pair ratios lies, with at least 95 %
+    /// confidence (see [`median_interval`]); none with fewer than six pairs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub median_interval: Option<MedianInterval>,
+    /// For a judged ratio with an interval: whether the interval lies wholly on one side
+    /// of the target, so that the pairs settle the verdict; `false` shows as
+    /// "(unresolved)" beside it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resolved: Option<bool>,
     /// How the table shows the row: baseline, with agent, value, spread.
     #[serde(skip)]
     cells: [String; 4],
@@ -150,6 +159,8 @@ impl Row {
             value,
             ratio_min: None,
             ratio_max: None,
+            median_interval: None,
+            resolved: None,
             cells: [b, a, v, "—".to_owned()],
             target: "—".to_owned(),
             verdict: Verdict::Info,
@@ -167,8 +178,21 @@ impl Row {
     fn spread(mut self, ratios: &[f64]) -> Self {
         self.ratio_min = ratios.iter().copied().reduce(f64::min);
         self.ratio_max = ratios.iter().copied().reduce(f64::max);
-        self.cells[3] = spread(ratios);
+        self.median_interval = median_interval(ratios);
+        self.cells[3] = match &self.median_interval {
+            Some(i) => format!("{}; {:.3}–{:.3}", spread(ratios), i.low, i.high),
+            None => spread(ratios),
+        };
         self
+    }
+
+    /// The verdict's cell: pass or FAIL, "(unresolved)" when the median's interval
+    /// straddles the target.
+    fn verdict_cell(&self) -> String {
+        match self.resolved {
+            Some(false) => format!("{} (unresolved)", self.verdict.label()),
+            _ => self.verdict.label().to_owned(),
+        }
     }
 }
 
@@ -177,17 +201,25 @@ impl Row {
 pub struct ProgramSummary {
     #[serde(rename = "type")]
     pub kind: String,
+    /// The tracepoint it runs on (none for the TC classifier).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tracepoint: Option<String>,
     pub run_cnt: u64,
     pub run_time_ns: u64,
     /// As the kernel's statistics measured it.
     pub avg_ns: Option<f64>,
-    /// `avg_ns` less the floor (the empty programs' average over every profile
-    /// measurement): the program's own work.
+    /// `avg_ns` less the floor: the program's own work.
     pub net_ns: Option<f64>,
+    /// The floor `net_ns` is net of, per run on average: in each workload the empty
+    /// program's on the same tracepoint, or the whole bench's floor where there is none
+    /// (see [`programs`]).
+    pub floor_ns: Option<f64>,
     /// The budget `net_ns` is judged against.
     pub budget_ns: Option<f64>,
     /// Average ns per run in each workload.
     pub avg_ns_by_workload: BTreeMap<Workload, Option<f64>>,
+    /// The same net of that workload's floor.
+    pub net_ns_by_workload: BTreeMap<Workload, Option<f64>>,
     /// Runs in each workload.
     pub run_cnt_by_workload: BTreeMap<Workload, u64>,
 }
@@ -273,7 +305,7 @@ impl Report {
             "{} CPU(s) ({}), {:.1} GiB, kernel {}; load average {} at start, {} at end; \
              {} run(s) of {} s per workload; medians; took {:.0} s. The pairs ran with the \
              kernel's run statistics off, as on a node; program run times come from one \
-             profile measurement per workload with them on.\n",
+             profile measurement per workload ({} s) with them on.\n",
             m.nproc,
             m.cpu_model,
             m.memory_gib,
@@ -282,12 +314,13 @@ impl Report {
             m.loadavg_end,
             self.settings.runs,
             self.settings.duration_s,
-            self.elapsed_s
+            self.elapsed_s,
+            self.settings.profile_duration_s
         );
         let _ = writeln!(out, "{}\n", self.contention());
         let _ = writeln!(
             out,
-            "| metric | baseline | with agent | ratio / value | spread (pair ratios) | target | pass/fail |"
+            "| metric | baseline | with agent | ratio / value | spread (pair ratios); the median's 95 % interval | target | pass/fail |"
         );
         let _ = writeln!(out, "| --- | ---: | ---: | ---: | ---: | --- | --- |");
         for row in &self.rows {
@@ -300,7 +333,7 @@ impl Report {
                 row.cells[2],
                 row.cells[3],
                 row.target,
-                row.verdict.label()
+                row.verdict_cell()
             );
         }
         self.programs_by_workload(&mut out);
@@ -325,8 +358,10 @@ impl Report {
         let _ = writeln!(
             out,
             "\nAverage run time per program and workload in the profile measurements: ns per \
-             run as measured (runs), Σ run_time_ns ÷ Σ run_cnt; — where it did not run. The \
-             floor is an empty program's, on the agent's tracepoints in the same workload.\n"
+             run as measured / net of the floor (runs), Σ run_time_ns ÷ Σ run_cnt; — where it \
+             did not run. A program's floor is the empty program's on its own tracepoint in \
+             the same workload (the classifier's, the whole bench's); the floor row is the \
+             empty programs' on all the agent's tracepoints in that workload.\n"
         );
         let mut header = "| program | budget |".to_owned();
         let mut rule = "| --- | --- |".to_owned();
@@ -348,6 +383,7 @@ impl Report {
             let mut line = format!("| `{name}` | {budget} |");
             for workload in &workloads {
                 let avg = program.avg_ns_by_workload.get(workload).copied().flatten();
+                let net = program.net_ns_by_workload.get(workload).copied().flatten();
                 let runs = program
                     .run_cnt_by_workload
                     .get(workload)
@@ -355,7 +391,10 @@ impl Report {
                     .unwrap_or(0);
                 let cell = avg.map_or_else(
                     || "—".to_owned(),
-                    |ns| format!("{ns:.0} ({})", compact_count(runs)),
+                    |ns| {
+                        let net = fmt(net, |ns| format!("{ns:.0}"));
+                        format!("{ns:.0} / {net} ({})", compact_count(runs))
+                    },
                 );
                 let _ = write!(line, " {cell} |");
             }
@@ -523,6 +562,47 @@ fn spread(ratios: &[f64]) -> String {
     }
 }
 
+/// A distribution-free confidence interval of a median: the `k`-th smallest and the
+/// `k`-th largest of `n` values, which hold the true median between them with probability
+/// `1 − 2·P(Bin(n, ½) < k)` whatever the values' distribution (the pairs need only be
+/// independent).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct MedianInterval {
+    pub low: f64,
+    pub high: f64,
+    /// The exact coverage of the interval, ≥ [`INTERVAL_CONFIDENCE`].
+    pub confidence: f64,
+}
+
+pub const INTERVAL_CONFIDENCE: f64 = 0.95;
+
+/// The narrowest order-statistic interval of the median of `values` with at least
+/// [`INTERVAL_CONFIDENCE`]; none with fewer than six values (even the smallest and the
+/// largest of five hold the median with only 94 %).
+pub fn median_interval(values: &[f64]) -> Option<MedianInterval> {
+    let n = values.len();
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    // P(Bin(n, ½) = i), i = 0..n, built up from 2⁻ⁿ.
+    let mut p = 0.5f64.powi(i32::try_from(n).ok()?);
+    let mut below = 0.0; // P(Bin(n, ½) < k)
+    let mut best = None;
+    for k in 1..=n / 2 {
+        below += p;
+        p *= (n - (k - 1)) as f64 / k as f64;
+        let confidence = 1.0 - 2.0 * below;
+        if confidence < INTERVAL_CONFIDENCE {
+            break;
+        }
+        best = Some(MedianInterval {
+            low: sorted[k - 1],
+            high: sorted[n - k],
+            confidence,
+        });
+    }
+    best
+}
+
 pub fn median(values: &mut [f64]) -> Option<f64> {
     if values.is_empty() {
         return None;
@@ -603,8 +683,13 @@ impl Paired {
         target: f64,
     ) -> Row {
         let pass = self.ratio().is_some_and(|r| r >= target);
-        self.row(metric, show)
-            .target(format!("≥ {target:.2}"), pass)
+        let mut row = self
+            .row(metric, show)
+            .target(format!("≥ {target:.2}"), pass);
+        row.resolved = row
+            .median_interval
+            .map(|i| i.low >= target || i.high < target);
+        row
     }
 }
 
@@ -640,43 +725,87 @@ fn floors(samples: &[Sample]) -> BTreeMap<Workload, Option<f64>> {
         .collect()
 }
 
-/// Each program's figures over the profile measurements, and net of `floor`.
+/// Each program's figures over the profile measurements, and net of the floor.
+///
+/// The floor a program's runs in one workload are net of is the empty program's on the
+/// same tracepoint in the same workload: it fired as often, at the same moments, so it
+/// was as hot or as cold (a program that runs a few hundred times in a workload pays
+/// cold caches in its clock reads as much as in its own work). Where there is none (the
+/// TC classifier, which has no tracepoint; a tracepoint whose empty program did not run)
+/// it is `floor`, the whole bench's.
 fn programs(samples: &[Sample], floor: Option<f64>) -> BTreeMap<String, ProgramSummary> {
     let mut out: BTreeMap<String, ProgramSummary> = BTreeMap::new();
-    let mut by_workload: BTreeMap<(String, Workload), (u64, u64)> = BTreeMap::new();
+    /// Σ run_cnt, Σ run_time_ns, Σ floor ns charged (none once a run had no floor).
+    #[derive(Default)]
+    struct Acc {
+        cnt: u64,
+        ns: u64,
+        floor_ns: Option<f64>,
+    }
+    let mut by_workload: BTreeMap<(String, Workload), Acc> = BTreeMap::new();
     // Only the profile measurements ran with the statistics on.
     for sample in samples.iter().filter(|s| s.mode == Mode::Profile) {
         let Some(agent) = &sample.agent else { continue };
         for (name, runs) in &agent.programs {
             let entry = out.entry(name.clone()).or_insert_with(|| ProgramSummary {
                 kind: runs.kind.clone(),
+                tracepoint: runs.tracepoint.clone(),
                 run_cnt: 0,
                 run_time_ns: 0,
                 avg_ns: None,
                 net_ns: None,
+                floor_ns: None,
                 budget_ns: program_budget(name).map(|(ns, _)| ns),
                 avg_ns_by_workload: BTreeMap::new(),
+                net_ns_by_workload: BTreeMap::new(),
                 run_cnt_by_workload: BTreeMap::new(),
             });
             entry.run_cnt += runs.run_cnt;
             entry.run_time_ns += runs.run_time_ns;
+            let matched = runs
+                .tracepoint
+                .as_ref()
+                .and_then(|tp| sample.floor_by_tracepoint.get(tp))
+                .filter(|f| f.run_cnt > 0)
+                .map(|f| f.run_time_ns as f64 / f.run_cnt as f64);
             let w = by_workload
                 .entry((name.clone(), sample.workload))
-                .or_default();
-            w.0 += runs.run_cnt;
-            w.1 += runs.run_time_ns;
+                .or_insert_with(|| Acc {
+                    floor_ns: Some(0.0),
+                    ..Acc::default()
+                });
+            w.cnt += runs.run_cnt;
+            w.ns += runs.run_time_ns;
+            w.floor_ns = w
+                .floor_ns
+                .zip(matched.or(floor))
+                .map(|(sum, ns)| sum + ns * runs.run_cnt as f64);
         }
     }
-    let avg = |cnt: u64, ns: u64| (cnt > 0).then(|| ns as f64 / cnt as f64);
-    for ((name, workload), (cnt, ns)) in by_workload {
+    let avg = |cnt: u64, ns: f64| (cnt > 0).then(|| ns / cnt as f64);
+    let mut floors: BTreeMap<String, Option<f64>> = BTreeMap::new();
+    for ((name, workload), acc) in by_workload {
         if let Some(entry) = out.get_mut(&name) {
-            entry.avg_ns_by_workload.insert(workload, avg(cnt, ns));
-            entry.run_cnt_by_workload.insert(workload, cnt);
+            entry
+                .avg_ns_by_workload
+                .insert(workload, avg(acc.cnt, acc.ns as f64));
+            let net = acc
+                .floor_ns
+                .and_then(|floor| avg(acc.cnt, acc.ns as f64 - floor));
+            entry.net_ns_by_workload.insert(workload, net);
+            entry.run_cnt_by_workload.insert(workload, acc.cnt);
         }
+        let total = floors.entry(name).or_insert(Some(0.0));
+        *total = total.zip(acc.floor_ns).map(|(a, b)| a + b);
     }
-    for entry in out.values_mut() {
-        entry.avg_ns = avg(entry.run_cnt, entry.run_time_ns);
-        entry.net_ns = entry.avg_ns.zip(floor).map(|(ns, floor)| ns - floor);
+    for (name, entry) in &mut out {
+        entry.avg_ns = avg(entry.run_cnt, entry.run_time_ns as f64);
+        let charged = floors.get(name).copied().flatten();
+        entry.floor_ns = charged.and_then(|ns| avg(entry.run_cnt, ns));
+        entry.net_ns = entry
+            .avg_ns
+            .zip(entry.floor_ns)
+            .map(|(ns, floor)| ns - floor);
     }
     out
 }
@@ -778,9 +907,13 @@ fn rows(
     ));
     for (name, program) in programs {
         let net = program.net_ns;
+        let floor = match &program.tracepoint {
+            Some(tp) => format!("the floor on `{tp}`"),
+            None => "the bench's floor".to_owned(),
+        };
         let row = Row::new(
             format!(
-                "avg run time `{name}` ({}), net of the floor (as measured)",
+                "avg run time `{name}` ({}), net of {floor} (as measured)",
                 program.kind
             ),
             [None, program.avg_ns, net],
@@ -1034,18 +1167,39 @@ mod tests {
             storm: None,
             agent: None,
             floor: None,
+            floor_by_tracepoint: BTreeMap::new(),
             foreign_nd_programs: 0,
         }
     }
 
-    /// A profile sample of `workload` in which `nd_x` ran `runs` times for `ns`, and the
-    /// empty programs `floor_runs` times for `floor_ns`.
-    fn profiled(workload: Workload, runs: u64, ns: u64, floor_runs: u64, floor_ns: u64) -> Sample {
-        let program = ProgramRuns {
-            kind: "tracing".to_owned(),
-            run_cnt: runs,
-            run_time_ns: ns,
-        };
+    fn runs(tracepoint: Option<&str>, run_cnt: u64, run_time_ns: u64) -> ProgramRuns {
+        ProgramRuns {
+            kind: if tracepoint.is_some() {
+                "tracing"
+            } else {
+                "sched_cls"
+            }
+            .to_owned(),
+            tracepoint: tracepoint.map(str::to_owned),
+            run_cnt,
+            run_time_ns,
+        }
+    }
+
+    /// A profile sample of `workload` in which the agent's `programs` and the empty
+    /// programs `empty` ran: (name or tracepoint, tracepoint, runs, ns).
+    fn profiled(
+        workload: Workload,
+        programs: &[(&str, Option<&str>, u64, u64)],
+        empty: &[(&str, u64, u64)],
+    ) -> Sample {
+        let floor_by_tracepoint: BTreeMap<String, ProgramRuns> = empty
+            .iter()
+            .map(|&(tp, cnt, ns)| (tp.to_owned(), runs(Some(tp), cnt, ns)))
+            .collect();
+        let (cnt, ns) = empty
+            .iter()
+            .fold((0, 0), |(c, n), &(_, cnt, ns)| (c + cnt, n + ns));
         Sample {
             workload,
             agent: Some(AgentUsage {
@@ -1057,46 +1211,81 @@ mod tests {
                 wall_s: 1.0,
                 cpu_pct: 0.0,
                 stdout_lines: 0,
-                programs: BTreeMap::from([("nd_x".to_owned(), program)]),
+                programs: programs
+                    .iter()
+                    .map(|&(name, tp, cnt, ns)| (name.to_owned(), runs(tp, cnt, ns)))
+                    .collect(),
                 map_memlock_bytes: 0,
                 map_memlock_at_target_cpus_bytes: 0,
                 maps: Vec::new(),
                 accounting: None,
             }),
             floor: Some(ProgramRuns {
-                kind: "raw_tracepoint".to_owned(),
-                run_cnt: floor_runs,
-                run_time_ns: floor_ns,
+                tracepoint: None,
+                ..runs(Some("all"), cnt, ns)
             }),
+            floor_by_tracepoint,
             ..sample(0, Mode::Profile, 0.0)
         }
     }
 
     #[test]
-    fn program_cost_is_net_of_the_floor() {
-        // 100 runs at 90 ns and 300 at 70 ns; the empty programs: 10 runs of a cold 120 ns
-        // in one workload, 990 of a hot 30 ns in the other.
+    fn program_cost_is_net_of_the_floor_on_its_tracepoint() {
+        // nd_x on tp_x: 100 cold runs at 900 ns in one workload, 300 hot ones at 70 in the
+        // other; the empty program on tp_x ran as often, at 200 and 30 ns. nd_tc (no
+        // tracepoint): 1,000 runs at 60 ns. The empty program on tp_y: 900 at 40, 700 at
+        // 30; on tp_z it did not run in the storm, where nd_z ran.
         let mut samples = vec![
-            profiled(Workload::IperfOverlay, 100, 9_000, 10, 1_200),
-            profiled(Workload::Storm, 300, 21_000, 990, 29_700),
+            profiled(
+                Workload::IperfOverlay,
+                &[
+                    ("nd_x", Some("tp_x"), 100, 90_000),
+                    ("nd_tc", None, 1_000, 60_000),
+                ],
+                &[("tp_x", 100, 20_000), ("tp_y", 900, 36_000)],
+            ),
+            profiled(
+                Workload::Storm,
+                &[
+                    ("nd_x", Some("tp_x"), 300, 21_000),
+                    ("nd_z", Some("tp_z"), 10, 1_000),
+                ],
+                &[("tp_x", 300, 9_000), ("tp_y", 700, 21_000), ("tp_z", 0, 0)],
+            ),
         ];
         // The pairs ran without statistics: their figures must not count.
-        let mut unprofiled = profiled(Workload::Storm, 1_000, 1_000_000, 1_000, 1_000_000);
+        let mut unprofiled = profiled(
+            Workload::Storm,
+            &[("nd_x", Some("tp_x"), 1_000, 1_000_000)],
+            &[("tp_x", 1_000, 1_000_000)],
+        );
         unprofiled.mode = Mode::Agent;
         samples.push(unprofiled);
         let floors = floors(&samples);
-        assert_eq!(floors[&Workload::IperfOverlay], Some(120.0));
+        assert_eq!(floors[&Workload::IperfOverlay], Some(56_000.0 / 1_000.0));
         assert_eq!(floors[&Workload::Storm], Some(30.0));
-        // Weighted by the empty programs' runs: (1_200 + 29_700) / 1_000.
-        assert_eq!(floor(&samples), (1_000, Some(30.9)));
+        // Over every empty program and profile: 86_000 ns / 2_000 runs.
+        assert_eq!(floor(&samples), (2_000, Some(43.0)));
         let summary = programs(&samples, floor(&samples).1);
         let x = &summary["nd_x"];
-        assert_eq!((x.run_cnt, x.run_time_ns), (400, 30_000));
-        assert_eq!(x.avg_ns, Some(75.0));
-        assert!((x.net_ns.unwrap() - 44.1).abs() < 1e-9);
-        assert_eq!(x.avg_ns_by_workload[&Workload::IperfOverlay], Some(90.0));
-        // Without a floor there is no net figure.
-        assert_eq!(programs(&samples, None)["nd_x"].net_ns, None);
+        assert_eq!((x.run_cnt, x.run_time_ns), (400, 111_000));
+        assert_eq!(x.tracepoint.as_deref(), Some("tp_x"));
+        assert_eq!(x.avg_ns, Some(277.5));
+        // Each workload's runs net of tp_x's floor there: (70_000 + 12_000) / 400.
+        assert_eq!(x.net_ns, Some(205.0));
+        assert_eq!(x.floor_ns, Some(72.5));
+        assert_eq!(x.avg_ns_by_workload[&Workload::IperfOverlay], Some(900.0));
+        assert_eq!(x.net_ns_by_workload[&Workload::IperfOverlay], Some(700.0));
+        assert_eq!(x.net_ns_by_workload[&Workload::Storm], Some(40.0));
+        // No tracepoint, or no run of its empty program: the whole bench's floor.
+        assert_eq!(summary["nd_tc"].net_ns, Some(17.0));
+        assert_eq!(summary["nd_z"].net_ns, Some(57.0));
+        // Without the bench's floor, only the programs with a floor of their own have a
+        // net figure.
+        let summary = programs(&samples, None);
+        assert_eq!(summary["nd_x"].net_ns, Some(205.0));
+        assert_eq!(summary["nd_tc"].net_ns, None);
+        assert_eq!(summary["nd_z"].net_ns, None);
     }
 
     #[test]
@@ -1118,6 +1307,67 @@ mod tests {
         let row = paired.row("overlay", |v| format!("{v}"));
         assert_eq!((row.ratio_min, row.ratio_max), (Some(0.9), Some(1.0)));
         assert_eq!(row.cells[3], "0.900–1.000");
+    }
+
+    #[test]
+    fn median_intervals_hold_95_percent() {
+        // Five values cannot give 95 %: even min–max holds the median with 1 − 2/32.
+        assert_eq!(median_interval(&[1.0, 2.0, 3.0, 4.0, 5.0]), None);
+        // Six: min–max, 1 − 2/64.
+        let six = median_interval(&[6.0, 1.0, 5.0, 2.0, 4.0, 3.0]).unwrap();
+        assert_eq!((six.low, six.high), (1.0, 6.0));
+        assert!((six.confidence - (1.0 - 2.0 / 64.0)).abs() < 1e-12);
+        // Seven, the old default: still min–max (1 − 2/128); the second smallest would
+        // leave 1 − 16/128 = 87.5 %.
+        let seven: Vec<f64> = (1..=7).map(f64::from).collect();
+        let i = median_interval(&seven).unwrap();
+        assert_eq!((i.low, i.high), (1.0, 7.0));
+        // 21 pairs: the 6th smallest and the 6th largest (P(Bin(21, ½) ≤ 5) = 0.0133,
+        // so 97.3 %; the 7th would give 92.2 %).
+        let many: Vec<f64> = (1..=21).rev().map(f64::from).collect();
+        let i = median_interval(&many).unwrap();
+        assert_eq!((i.low, i.high), (6.0, 16.0));
+        assert!((i.confidence - 0.9734).abs() < 1e-4, "{}", i.confidence);
+    }
+
+    #[test]
+    fn unresolved_when_the_interval_straddles_the_target() {
+        let pairs = |ratios: &[f64]| {
+            let samples: Vec<Sample> = ratios
+                .iter()
+                .enumerate()
+                .flat_map(|(run, &r)| {
+                    let run = run as u32;
+                    [
+                        sample(run, Mode::Baseline, 100.0),
+                        sample(run, Mode::Agent, 100.0 * r),
+                    ]
+                })
+                .collect();
+            Paired::of(&samples, Workload::IperfOverlay, |s| Some(s.value)).row_at_least(
+                "x",
+                |v| format!("{v}"),
+                0.99,
+            )
+        };
+        let row = pairs(&[0.97, 0.98, 0.985, 0.995, 1.0, 1.01, 1.02]);
+        assert_eq!(row.verdict, Verdict::Pass);
+        assert_eq!(row.resolved, Some(false));
+        assert_eq!(row.verdict_cell(), "pass (unresolved)");
+        assert_eq!(row.cells[3], "0.970–1.020; 0.970–1.020");
+        let row = pairs(&[0.995, 0.996, 0.997, 0.998, 0.999, 1.0, 1.001]);
+        assert_eq!(
+            (row.verdict_cell(), row.resolved),
+            ("pass".to_owned(), Some(true))
+        );
+        let row = pairs(&[0.90, 0.91, 0.92, 0.93, 0.94, 0.95, 0.96]);
+        assert_eq!(row.verdict_cell(), "FAIL");
+        // Too few pairs for an interval: judged on the median alone.
+        let row = pairs(&[0.90, 1.0]);
+        assert_eq!(
+            (row.resolved, row.verdict_cell()),
+            (None, "FAIL".to_owned())
+        );
     }
 
     #[test]
