@@ -107,6 +107,8 @@ pub struct Options {
     pub storm: Option<u64>,
     /// Only these workloads (all when empty).
     pub workloads: Vec<Workload>,
+    /// No agent on either side of a pair (see [`Settings::null`]).
+    pub null: bool,
     pub out: Option<PathBuf>,
 }
 
@@ -126,6 +128,9 @@ pub struct Settings {
     pub storm_connects: u64,
     /// The workloads measured, in the bench's order.
     pub workloads: Vec<Workload>,
+    /// A null (A/A) run: the "agent" measurement of each pair runs without the agent
+    /// too, and there is no profile, so the ratios measure the machine's noise alone.
+    pub null: bool,
 }
 
 impl Settings {
@@ -156,6 +161,7 @@ impl Settings {
                 .into_iter()
                 .filter(|w| options.workloads.is_empty() || options.workloads.contains(w))
                 .collect(),
+            null: options.null,
         }
     }
 
@@ -187,6 +193,9 @@ impl Settings {
         }
         for workload in &options.workloads {
             line.push_str(&format!(" --workload {}", workload.name()));
+        }
+        if self.null {
+            line.push_str(" --null");
         }
         if let Some(out) = &options.out {
             line.push_str(&format!(" --out {}", out.display()));
@@ -473,7 +482,13 @@ impl<'a> Bench<'a> {
                 }
             }
         }
-        for &workload in &self.settings.workloads {
+        // A null run has no agent to profile.
+        let profiled = if self.settings.null {
+            &[][..]
+        } else {
+            &self.settings.workloads[..]
+        };
+        for &workload in profiled {
             check_interrupted()?;
             let sample = self
                 .measure(self.settings.runs, workload, Mode::Profile)
@@ -486,6 +501,7 @@ impl<'a> Bench<'a> {
 
     fn measure(&self, run: u32, workload: Workload, mode: Mode) -> Result<Sample> {
         let mut agent = match mode {
+            Mode::Agent if self.settings.null => None,
             Mode::Agent | Mode::Profile => {
                 Some(Agent::start(self.binary, &self.topo, READY_TIMEOUT)?)
             }

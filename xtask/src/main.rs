@@ -126,6 +126,11 @@ enum Command {
         /// left out are left out of the table.
         #[arg(long = "workload", value_name = "NAME")]
         workloads: Vec<bench::Workload>,
+        /// A null run: both measurements of every pair without the agent, and no profile.
+        /// Its ratios show what this machine's noise alone does to them: how far from
+        /// 1.000 a median lands when the agent costs nothing.
+        #[arg(long)]
+        null: bool,
         /// Where to write the JSON results (default target/bench/bench.json).
         #[arg(long, value_name = "PATH")]
         out: Option<std::path::PathBuf>,
@@ -151,6 +156,7 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
             conn_rate,
             storm,
             workloads,
+            null,
             out,
         } => bench::run(&bench::Options {
             smoke,
@@ -159,6 +165,7 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
             conn_rate,
             storm,
             workloads,
+            null,
             out,
         }),
         Command::Integration {

@@ -317,6 +317,14 @@ impl Report {
             self.elapsed_s,
             self.settings.profile_duration_s
         );
+        if self.settings.null {
+            let _ = writeln!(
+                out,
+                "**A null run (`--null`)**: neither measurement of a pair had the agent. \
+                 Every ratio below is the machine's noise alone; a median's distance from \
+                 1.000 and its interval show how finely this machine can judge a target.\n"
+            );
+        }
         let _ = writeln!(out, "{}\n", self.contention());
         let _ = writeln!(
             out,
@@ -502,6 +510,8 @@ pub fn progress_line(sample: &Sample) -> String {
         sample.workload.label(),
         match sample.mode {
             Mode::Baseline => "baseline",
+            // The second baseline of a null run's pair.
+            Mode::Agent if sample.agent.is_none() => "null",
             Mode::Agent => "agent",
             Mode::Profile => "profile",
         }
