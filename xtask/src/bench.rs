@@ -593,27 +593,22 @@ impl<'a> Bench<'a> {
             }
         }
         if let (Some((_, empty)), Some(earlier)) = (&profile, floor_before) {
+            let floor = |tracepoint: Option<&str>, runs: RunStats| ProgramRuns {
+                kind: "raw_tracepoint".to_owned(),
+                tracepoint: tracepoint.map(str::to_owned),
+                run_cnt: runs.run_cnt,
+                run_time_ns: runs.run_time_ns,
+            };
             let mut total = RunStats::default();
             for (tracepoint, stats) in empty.stats()? {
                 let runs = stats.since(earlier.get(tracepoint).copied().unwrap_or_default());
                 total.run_cnt += runs.run_cnt;
                 total.run_time_ns += runs.run_time_ns;
-                let runs = ProgramRuns {
-                    kind: "raw_tracepoint".to_owned(),
-                    tracepoint: Some(tracepoint.to_owned()),
-                    run_cnt: runs.run_cnt,
-                    run_time_ns: runs.run_time_ns,
-                };
                 sample
                     .floor_by_tracepoint
-                    .insert(tracepoint.to_owned(), runs);
+                    .insert(tracepoint.to_owned(), floor(Some(tracepoint), runs));
             }
-            sample.floor = Some(ProgramRuns {
-                kind: "raw_tracepoint".to_owned(),
-                tracepoint: None,
-                run_cnt: total.run_cnt,
-                run_time_ns: total.run_time_ns,
-            });
+            sample.floor = Some(floor(None, total));
         }
         if let (Some(agent), Some(before)) = (agent.as_mut(), before) {
             agent.check_alive()?;

@@ -326,13 +326,7 @@ fn bpf_fdinfos(pid: u32, target: &str) -> Result<Vec<(String, String)>> {
 
 /// A `name:\tvalue` line of an fdinfo file, as a number.
 pub(super) fn fdinfo_field(info: &str, name: &str) -> Option<u64> {
-    info.lines().find_map(|line| {
-        line.strip_prefix(name)?
-            .strip_prefix(':')?
-            .trim()
-            .parse::<u64>()
-            .ok()
-    })
+    fdinfo_text(info, name)?.parse().ok()
 }
 
 /// A `name:\tvalue` line of an fdinfo file, as text.
