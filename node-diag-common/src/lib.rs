@@ -40,6 +40,10 @@ pub const MAP_DROPS: &str = "DROPS";
 /// [`DropSlot`]'s cached scope decision holds only while the generation it was taken
 /// under is current.
 pub const MAP_SCOPE_GEN: &str = "SCOPE_GEN";
+/// Per-CPU array of one `u64`, the programs' own: the last [`MAP_SCOPE`] decision, for
+/// one namespace under one [`MAP_SCOPE_GEN`] (see [`scope_memo`]), so that a run of
+/// sockets from one namespace looks the scope up once per agent refresh.
+pub const MAP_SCOPE_MEMO: &str = "SCOPE_MEMO";
 /// Array of one `u64` the programs increment (atomically) before they record evidence
 /// a connect verdict reads ([`MAP_SYN_DROPS`], [`MAP_ICMP_SENT`], [`MAP_ICMP_ERR_RCVD`]).
 /// A connect whose [`FlowState::evidence_gen`] is still current has none to look up.
@@ -100,6 +104,27 @@ pub const VERDICT_MAP_ENTRIES: u32 = 4096;
 pub const VERDICT_WINDOW_NS: u64 = 1_000_000_000;
 /// Ring buffer size in bytes (a power of two, a multiple of the page size).
 pub const EVENTS_BYTES: u32 = 256 * 1024;
+
+/// The packing of a [`MAP_SCOPE_MEMO`] value: the namespace inode in the low 32 bits, the
+/// decision in bit 32, the low 31 bits of the scope generation above. One `u64`, written
+/// with one store: a program interrupted on its CPU by another that updates the memo
+/// never leaves it half-written.
+pub mod scope_memo {
+    pub const INSIDE: u64 = 1 << 32;
+    const GEN_SHIFT: u32 = 33;
+    const GEN_MASK: u64 = (1 << 31) - 1;
+
+    /// The memo of `netns` under `generation`, without its decision.
+    #[inline(always)]
+    pub const fn tag(netns: u32, generation: u64) -> u64 {
+        netns as u64 | (generation & GEN_MASK) << GEN_SHIFT
+    }
+
+    // The decision bit is never part of a tag, and every generation of one namespace
+    // tags differently until the 31 bits wrap.
+    const _: () = assert!(tag(u32::MAX, u64::MAX) & INSIDE == 0);
+    const _: () = assert!(tag(7, 1) != tag(7, 2) && tag(7, GEN_MASK) != tag(7, 0));
+}
 
 /// Indices into [`MAP_COUNTERS`].
 pub mod counter {
@@ -590,7 +615,8 @@ pub struct Config {
     pub cast_tcp_sock: u32,
     /// `struct dst_entry`: the route of a packet that has no device.
     pub cast_dst_entry: u32,
-    pub _pad2: u32,
+    /// `struct sk_buff`: a raw tracepoint's skb argument read with plain loads.
+    pub cast_sk_buff: u32,
 }
 const _: () = assert!(core::mem::size_of::<Config>() == 32 + 16 + 128 + 24 + 16 + 8 + 40);
 

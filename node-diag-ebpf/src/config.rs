@@ -3,9 +3,9 @@
 //! [`config!`], the clock, and the namespace scope check every hook applies.
 
 use aya_ebpf::{Global, helpers::bpf_ktime_get_ns};
-use node_diag_common::{Config, DropSlot};
+use node_diag_common::{Config, DropSlot, scope_memo};
 
-use crate::maps::{SCOPE, SCOPE_GEN};
+use crate::maps::{SCOPE, SCOPE_GEN, SCOPE_MEMO};
 
 // Named by `node_diag_common::GLOBAL_CONFIG`; read-only, so the verifier sees constants.
 #[unsafe(no_mangle)]
@@ -33,9 +33,44 @@ pub fn now() -> u64 {
 }
 
 /// Whether this node reports for `netns` (unknown namespaces, 0, are never filtered out).
+/// Sockets come in runs from one namespace (a client's connects, a storm of them): the
+/// decision for the last one is remembered per CPU in [`SCOPE_MEMO`] under the scope
+/// generation, as [`in_scope_cached`] does per drop reason, and the hash map is looked
+/// up only when either changed.
 #[inline(always)]
 pub fn in_scope(netns: u32) -> bool {
-    netns == 0 || config!(scope_enabled) == 0 || SCOPE.get_ptr(&netns).is_some()
+    if netns == 0 || config!(scope_enabled) == 0 {
+        return true;
+    }
+    let (Some(gen_ptr), Some(memo)) = (SCOPE_GEN.get_ptr(0), SCOPE_MEMO.get_ptr_mut(0)) else {
+        return SCOPE.get_ptr(&netns).is_some();
+    };
+    // SAFETY: pointers from the maps, 8-aligned; the generation is written by the agent
+    // only and read once; the memo is this CPU's, read and written whole (see
+    // `scope_memo`).
+    unsafe {
+        let tag = scope_memo::tag(netns, core::ptr::read_volatile(gen_ptr));
+        let seen = core::ptr::read_volatile(memo);
+        if seen & !scope_memo::INSIDE == tag {
+            return seen & scope_memo::INSIDE != 0;
+        }
+        let inside = scope_lookup(netns);
+        core::ptr::write_volatile(
+            memo,
+            if inside {
+                tag | scope_memo::INSIDE
+            } else {
+                tag
+            },
+        );
+        inside
+    }
+}
+
+/// The hash map's answer alone, for a caller that memoises it itself.
+#[inline(always)]
+fn scope_lookup(netns: u32) -> bool {
+    SCOPE.get_ptr(&netns).is_some()
 }
 
 /// [`in_scope`] for a drop counted in `slot`, which remembers the decision for the last
@@ -51,7 +86,7 @@ pub fn in_scope_cached(slot: *mut DropSlot, netns: u32) -> bool {
         return true;
     }
     let Some(gen_ptr) = SCOPE_GEN.get_ptr(0) else {
-        return in_scope(netns);
+        return scope_lookup(netns);
     };
     // SAFETY: pointers from the maps; the slot is this CPU's, so no other writer; the
     // generation is written by the agent only, and read once.
@@ -60,7 +95,7 @@ pub fn in_scope_cached(slot: *mut DropSlot, netns: u32) -> bool {
         if (*slot).netns == netns && (*slot).scope_gen == generation {
             return (*slot).in_scope != 0;
         }
-        let inside = in_scope(netns);
+        let inside = scope_lookup(netns);
         (*slot).netns = netns;
         (*slot).scope_gen = generation;
         (*slot).in_scope = inside as u32;

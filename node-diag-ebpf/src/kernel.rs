@@ -294,6 +294,18 @@ pub fn skb_dev_btf(skb: u64) -> (u32, u32) {
     (net_inum_loaded(btf_read(dev, config!(dev_net))), ifindex)
 }
 
+/// [`skb_dev`] for a raw tracepoint's skb, a plain number to the verifier: retyped as a
+/// `struct sk_buff *` where the kernel has the cast, so that its device and namespace
+/// are plain loads ([`skb_dev_btf`]) rather than a probe read each.
+#[inline(always)]
+pub fn skb_dev_raw(skb: u64) -> (u32, u32) {
+    let btf_id = config!(cast_sk_buff);
+    if btf_id == 0 || skb == 0 || config!(btf_ok) == 0 {
+        return skb_dev(skb);
+    }
+    skb_dev_btf(rdonly_cast(skb, btf_id))
+}
+
 /// `(netns inode, ifindex)` of the device an skb is on, zeros when unknown. A locally
 /// generated packet before its output hook has no device yet: its route's device says
 /// where it is.

@@ -32,6 +32,8 @@ pub static DROPS: PerCpuHashMap<DropKey, u64> =
 #[map]
 pub static SCOPE_GEN: Array<u64> = Array::with_max_entries(1, 0);
 #[map]
+pub static SCOPE_MEMO: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+#[map]
 pub static EVIDENCE_GEN: Array<u64> = Array::with_max_entries(1, 0);
 #[map]
 pub static OVERSIZE_BY_DEV: PerCpuHashMap<DropKey, u64> =

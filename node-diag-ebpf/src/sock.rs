@@ -127,12 +127,9 @@ fn established(sk: u64) -> Option<(u32, u32, u32, u32, Extra)> {
 /// closing on a reset, or neither.
 #[inline(always)]
 fn closed(sk: u64) -> Option<(u32, u32, u32, u32, Extra)> {
-    // The socket is done: its stall state must not pass to the next socket at this
-    // address. Looked up first: a lookup that misses is cheaper than a delete that does.
-    if RETRANS.get_ptr(&sk).is_some() {
-        let _ = RETRANS.remove(&sk);
-    }
     if let Some(connect) = CONNECTS.get_ptr_mut(&sk) {
+        // Still connecting, so it never sent data and has no stall state of its own in
+        // RETRANS: the refused storm's path skips that lookup.
         // For the error report, which comes after the port is released.
         let sport = u16::from_be(sock_read::<u16>(sk, config!(inet_sport))?);
         // SAFETY: the pointer comes from the map.
@@ -177,6 +174,11 @@ fn closed(sk: u64) -> Option<(u32, u32, u32, u32, Extra)> {
                 ..Extra::default()
             },
         ));
+    }
+    // The socket is done: its stall state must not pass to the next socket at this
+    // address. Looked up first: a lookup that misses is cheaper than a delete that does.
+    if RETRANS.get_ptr(&sk).is_some() {
+        let _ = RETRANS.remove(&sk);
     }
     // An established connection closing on a received reset: tcp_reset() sets sk_err
     // before it closes the socket.
@@ -283,7 +285,14 @@ fn try_err_report(ctx: &BtfTracePointContext) -> Option<()> {
         ),
         // The verdict was given at the SYN retransmit threshold; this only confirms it.
         ETIMEDOUT => (event_kind::CONNECT_GAVE_UP, u32::MAX),
-        _ => return None,
+        _ => {
+            // No verdict for this error, but a hard one still ends the attempt (see
+            // below): its entry must not outlive the socket.
+            if hard != 0 {
+                let _ = CONNECTS.remove(&sk);
+            }
+            return None;
+        }
     };
     // SAFETY: the pointer comes from the map.
     let (netns, syn_retrans, generation) = unsafe {

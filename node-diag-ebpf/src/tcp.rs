@@ -15,7 +15,7 @@ use node_diag_common::{
 use crate::{
     config::{config, in_scope, now},
     emit::{Extra, emit, evidence_gen, inc, recent_drop, recent_icmp, syn_drop},
-    kernel::{btf_read, kread, skb_dev, sock_netns, sock_tuple, tcp_sock_read},
+    kernel::{btf_read, kread, skb_dev_raw, sock_netns, sock_tuple, tcp_sock_read},
     maps::{CONNECTS, FRAG_DROPPED, ICMP_RCVD, ICMP_SENT, OVERSIZE, RETRANS},
     packet::{IPPROTO_ICMP, is_frag_needed},
 };
@@ -285,7 +285,7 @@ fn try_snd_reset(ctx: &RawTracePointContext) -> Option<()> {
     let netns = if sk != 0 {
         sock_netns(sk)
     } else {
-        skb_dev(ctx.arg(1)).0
+        skb_dev_raw(ctx.arg(1)).0
     };
     if in_scope(netns) {
         inc(counter::RST_SENT);

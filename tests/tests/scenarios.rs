@@ -24,6 +24,7 @@ const REFUSED: &str = r#"node_diag_tcp_connect_failures_total{reason="refused"}"
 const TIMEOUT: &str = r#"node_diag_tcp_connect_failures_total{reason="timeout"}"#;
 const UNREACHABLE: &str = r#"node_diag_tcp_connect_failures_total{reason="unreachable"}"#;
 const RESETS_RECEIVED: &str = r#"node_diag_tcp_resets_total{direction="received"}"#;
+const RESETS_SENT: &str = r#"node_diag_tcp_resets_total{direction="sent"}"#;
 
 /// Matches findings of `kind` (any of `kinds`) and `layer` about
 /// `src` -> `dst`:`dport`.
@@ -114,6 +115,47 @@ fn refused_connect_is_a_listener_problem() {
         agent.stdout_garbage(),
         Vec::<String>::new(),
         "stdout is JSON lines only"
+    );
+}
+
+/// A reset answering a SYN no socket wanted is traced without a socket and counted
+/// through the device the SYN came in on: counted when that device is in one of this
+/// node's namespaces (pod A's), not when it is in another node's (pod B's).
+#[test]
+fn reset_sent_for_a_closed_port_counts_on_the_node_that_sent_it() {
+    let topo = Topology::new();
+    let agent = Agent::start_ready(&topo);
+    let sent_before = agent.counter(RESETS_SENT);
+
+    // Pod B (node B) refuses pod A: the reset leaves node B's pod.
+    let outcome = tcp_connect(&topo.pod_a, topo.pod_b_addr(8084), STEP);
+    assert!(matches!(outcome, ConnectOutcome::Refused), "{outcome:?}");
+    agent.wait_finding(
+        finding_on_flow(
+            &["tcp_refused"],
+            "listener",
+            (topo.pod_a_ip, topo.pod_b_ip, 8084),
+        ),
+        Duration::from_secs(1),
+    );
+    assert_eq!(
+        agent.counter(RESETS_SENT),
+        sent_before,
+        "a reset sent in another node's pod was counted"
+    );
+
+    // Pod A refuses pod B: the reset leaves this node's pod.
+    let outcome = tcp_connect(&topo.pod_b, topo.pod_a_addr(8084), STEP);
+    assert!(matches!(outcome, ConnectOutcome::Refused), "{outcome:?}");
+    agent.wait_counter_at_least(RESETS_SENT, sent_before + 1.0, STEP);
+    // The connect was pod B's, another node's: no finding here.
+    agent.expect_no_finding(
+        |f| {
+            field(f, "kind") == "tcp_refused"
+                && f["dport"].as_u64() == Some(8084)
+                && flow_is(f, topo.pod_b_ip, topo.pod_a_ip, 8084)
+        },
+        Duration::from_secs(1),
     );
 }
 

@@ -361,6 +361,7 @@ fn fill_casts(c: &mut Config, btf: &Btf) -> Option<u32> {
         "inet_sock",
         "tcp_sock",
         "dst_entry",
+        "sk_buff",
     ]
     .map(|name| btf.struct_id(name).ok());
     let [
@@ -373,6 +374,7 @@ fn fill_casts(c: &mut Config, btf: &Btf) -> Option<u32> {
         Some(inet_sock),
         Some(tcp_sock),
         Some(dst_entry),
+        Some(sk_buff),
     ] = ids
     else {
         return None;
@@ -380,6 +382,7 @@ fn fill_casts(c: &mut Config, btf: &Btf) -> Option<u32> {
     c.cast_inet_sock = inet_sock;
     c.cast_tcp_sock = tcp_sock;
     c.cast_dst_entry = dst_entry;
+    c.cast_sk_buff = sk_buff;
     c.cast_iphdr = ip;
     c.cast_ipv6hdr = ip6;
     c.cast_tcphdr = tcp;
