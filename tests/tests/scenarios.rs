@@ -144,7 +144,12 @@ fn reset_sent_for_a_closed_port_counts_on_the_node_that_sent_it() {
         "a reset sent in another node's pod was counted"
     );
 
-    // Pod A refuses pod B: the reset leaves this node's pod.
+    // Pod A refuses pod B: the reset leaves this node's pod. Kernels before 6.10 (6.1
+    // among them) trace only resets sent by a socket, so there it is not seen at all.
+    if node_diag_tests::kernel_version() < (6, 10) {
+        eprintln!("socketless resets are not traced on this kernel: second half skipped");
+        return;
+    }
     let outcome = tcp_connect(&topo.pod_b, topo.pod_a_addr(8084), STEP);
     assert!(matches!(outcome, ConnectOutcome::Refused), "{outcome:?}");
     agent.wait_counter_at_least(RESETS_SENT, sent_before + 1.0, STEP);
