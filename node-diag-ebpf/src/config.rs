@@ -43,7 +43,7 @@ pub fn in_scope(netns: u32) -> bool {
         return true;
     }
     let (Some(gen_ptr), Some(memo)) = (SCOPE_GEN.get_ptr(0), SCOPE_MEMO.get_ptr_mut(0)) else {
-        return SCOPE.get_ptr(&netns).is_some();
+        return scope_lookup(netns);
     };
     // SAFETY: pointers from the maps, 8-aligned; the generation is written by the agent
     // only and read once; the memo is this CPU's, read and written whole (see
