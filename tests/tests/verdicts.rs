@@ -831,6 +831,93 @@ fn connect_from_port(netns: &str, sport: u16, addr: SocketAddr, after: Duration)
     })
 }
 
+/// Connects one socket from `netns` to each of `addrs` in turn (blocking, each attempt
+/// given up after `after` by SO_SNDTIMEO): Linux lets a socket whose connect failed
+/// connect again. The socket is closed after the last attempt.
+fn connects_on_one_socket(
+    netns: &str,
+    addrs: &[SocketAddr],
+    after: Duration,
+) -> Vec<ConnectOutcome> {
+    in_netns(netns, || {
+        let socket = match Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP))
+            .and_then(|s| s.set_write_timeout(Some(after)).map(|()| s))
+        {
+            Ok(s) => s,
+            Err(e) => return vec![ConnectOutcome::Other(e)],
+        };
+        addrs
+            .iter()
+            .map(|addr| match socket.connect(&(*addr).into()) {
+                Ok(()) => ConnectOutcome::Connected,
+                // A blocking connect's SO_SNDTIMEO ran out with the SYN unanswered.
+                Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => ConnectOutcome::TimedOut,
+                Err(e) => ConnectOutcome::from_error(e),
+            })
+            .collect()
+    })
+}
+
+/// A socket that connects again after a failed connect starts a new attempt: refused
+/// twice (two closed ports), then dropped by this node's firewall, it makes two refusals
+/// of the listener and a firewall timeout. Nothing of an earlier attempt (its verdict
+/// already given, the reset it received) carries into the next one.
+#[test]
+fn one_socket_connecting_again_is_judged_per_attempt() {
+    let topo = Topology::new();
+    let agent = Agent::start_ready(&topo);
+    let (closed1, closed2, dropped) = (9112, 9113, 9114);
+    topo.drop_forwarded_tcp(&topo.node_a, dropped);
+    let refused_before = agent.counter(REFUSED);
+    let timeout_before = agent.counter(TIMEOUT);
+
+    let outcomes = connects_on_one_socket(
+        &topo.pod_a,
+        &[
+            topo.pod_b_addr(closed1),
+            topo.pod_b_addr(closed2),
+            topo.pod_b_addr(dropped),
+        ],
+        Duration::from_secs(5),
+    );
+    assert!(
+        matches!(
+            outcomes.as_slice(),
+            [
+                ConnectOutcome::Refused,
+                ConnectOutcome::Refused,
+                ConnectOutcome::TimedOut
+            ]
+        ),
+        "{outcomes:?}"
+    );
+
+    for port in [closed1, closed2] {
+        let f = agent.wait_finding(kind_on_flow("tcp_refused", pods_flow(&topo, port)), STEP);
+        assert_shape(&f);
+        assert_layer(&f, "listener");
+        assert_eq!(f["evidence"]["rst_received"], true, "{f:#}");
+    }
+    let timeout = agent.wait_finding(kind_on_flow("tcp_timeout", pods_flow(&topo, dropped)), STEP);
+    assert_shape(&timeout);
+    assert_layer(&timeout, "firewall");
+    assert_eq!(
+        timeout["evidence"]["drop_reason"], "NETFILTER_DROP",
+        "{timeout:#}"
+    );
+    agent.wait_counter_at_least(REFUSED, refused_before + 2.0, STEP);
+    agent.wait_counter_at_least(TIMEOUT, timeout_before + 1.0, STEP);
+    agent.expect_no_finding(
+        kind_on_flow("tcp_refused", pods_flow(&topo, dropped)),
+        Duration::from_millis(500),
+    );
+    assert_eq!(
+        agent.counter(REFUSED),
+        refused_before + 2.0,
+        "one refusal per refused attempt"
+    );
+}
+
 /// Evidence belongs to its attempt: with the same source port (so the same flow key),
 /// a SYN drop this node recorded for an earlier attempt, under a rule since removed,
 /// must not explain a later attempt dropped beyond this node.
