@@ -1,8 +1,7 @@
 //! node-diag's kernel programs: tracepoints only (no kprobes), one module per hook family.
 //!
-//! - `sock`: `sock:inet_sock_set_state` tracks connecting sockets in their socket-local
-//!   storage, [`maps::CONNECTS`]; `inet_sk_error_report` turns a socket error into a
-//!   verdict event.
+//! - `sock`: `sock:inet_sock_set_state` tracks connecting sockets in [`maps::CONNECTS`];
+//!   the raw tracepoint `inet_sk_error_report` turns a socket error into a verdict event.
 //! - `tcp`: `tcp:tcp_retransmit_skb` counts SYN retransmits per flow and reports a timeout
 //!   at the configured threshold; `tcp:tcp_receive_reset`/`tcp:tcp_send_reset` count resets.
 //! - `skb`: `skb:kfree_skb` aggregates every drop by reason/netns/device and remembers

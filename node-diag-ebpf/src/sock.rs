@@ -1,8 +1,6 @@
-//! Socket hooks, both BTF tracepoints: `inet_sock_set_state` tracks connecting sockets
-//! in their socket-local storage ([`crate::maps::CONNECTS`]: the helper that reaches it
-//! needs the socket as a pointer the verifier knows; the state that decides whether
-//! anything is to be done is the first argument read, so most transitions leave after
-//! one load), and
+//! Socket hooks: the raw tracepoint `inet_sock_set_state` tracks connecting sockets (raw,
+//! so the state that decides whether anything is to be done is read straight from the
+//! arguments: most transitions leave after one load), and the BTF tracepoint
 //! `inet_sk_error_report` (the regular record carries no socket pointer; BTF-typed, so
 //! the socket's fields are plain loads) judges the socket error.
 //!
@@ -12,7 +10,10 @@
 //! SO_ERROR), the answer the socket received names it: a reset, or the ICMP error seen for
 //! its flow. Each verdict is reported once per connecting socket.
 
-use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
+use aya_ebpf::{
+    macros::{btf_tracepoint, raw_tracepoint},
+    programs::{BtfTracePointContext, RawTracePointContext},
+};
 use node_diag_common::{
     AF_INET, AF_INET6, FlowKey, FlowState, IPPROTO_TCP, IcmpInfo, counter, event_flag, event_kind,
     flow_flag, tcp_state,
@@ -22,10 +23,7 @@ use crate::{
     config::{config, in_scope, now},
     emit::{Extra, connect_evidence, emit, evidence_gen, inc, note_evidence, store_lru, syn_drop},
     kernel::{btf_read, kread, sock_netns, sock_read, sock_tuple, sock_tuple_btf},
-    maps::{
-        ICMP_ERR_RCVD, ICMP_SENT, RETRANS, connect_begin, connect_end, connect_end_of,
-        connect_free, connect_of,
-    },
+    maps::{CONNECTS, ICMP_ERR_RCVD, ICMP_SENT, RETRANS},
 };
 
 /// How recent a generated ICMP error must be to explain a connect failure.
@@ -45,14 +43,14 @@ const EHOSTDOWN: i32 = 112;
 const EHOSTUNREACH: i32 = 113;
 
 /// `inet_sock_set_state(sk, oldstate, newstate)`; argument positions checked in BTF.
-#[btf_tracepoint(function = "inet_sock_set_state")]
-pub fn nd_set_state(ctx: BtfTracePointContext) -> i32 {
+#[raw_tracepoint(tracepoint = "inet_sock_set_state")]
+pub fn nd_set_state(ctx: RawTracePointContext) -> i32 {
     match try_set_state(&ctx) {
         Some(()) | None => 0,
     }
 }
 
-fn try_set_state(ctx: &BtfTracePointContext) -> Option<()> {
+fn try_set_state(ctx: &RawTracePointContext) -> Option<()> {
     // Most transitions (FIN_WAIT, TIME_WAIT, ...) matter to nobody: leave first.
     let newstate = ctx.arg::<u64>(2) as u32;
     if newstate != tcp_state::SYN_SENT
@@ -66,11 +64,12 @@ fn try_set_state(ctx: &BtfTracePointContext) -> Option<()> {
         if sock_read::<u16>(sk, config!(sk_protocol))? != IPPROTO_TCP {
             return None;
         }
-        // A socket may connect again after a failed attempt: every attempt starts fresh,
-        // and one out of scope must not find the previous attempt's state at error time.
+        // Sockets are reused (SLAB_TYPESAFE_BY_RCU): every attempt starts a fresh entry,
+        // and an attempt out of scope must not find a previous socket's entry at error
+        // time.
         let netns = sock_netns(sk);
         if !in_scope(netns) {
-            connect_end_of(sk);
+            let _ = CONNECTS.remove(&sk);
             return None;
         }
         // The generation first: evidence recorded from here on moves it.
@@ -84,9 +83,9 @@ fn try_set_state(ctx: &BtfTracePointContext) -> Option<()> {
             reported: 0,
             evidence_gen,
         };
-        return connect_begin(sk, &state);
+        return CONNECTS.insert(&sk, &state, 0).ok();
     }
-    // Attempts exist only on TCP sockets, so the ESTABLISHED and CLOSE paths need no
+    // Entries exist only for TCP sockets, so the ESTABLISHED and CLOSE paths need no
     // protocol check until one is found (or a reset is seen).
     let (kind, error, netns, retrans, extra) = if newstate == tcp_state::ESTABLISHED {
         established(sk)?
@@ -102,15 +101,13 @@ fn try_set_state(ctx: &BtfTracePointContext) -> Option<()> {
     Some(())
 }
 
-/// The connect succeeded: nothing left to diagnose, so the attempt's storage goes. If it
-/// had been reported as timing out, that verdict is withdrawn (`CONNECT_LATE`).
+/// The connect succeeded: nothing left to diagnose, so the entry goes. If it had been
+/// reported as timing out, that verdict is withdrawn (`CONNECT_LATE`).
 #[inline(always)]
 fn established(sk: u64) -> Option<(u32, u32, u32, u32, Extra)> {
-    let ptr = connect_of(sk)?;
-    // SAFETY: the pointer comes from the map; the value is copied out at once, before
-    // the storage is freed.
-    let connect = unsafe { *ptr };
-    connect_free(sk);
+    // SAFETY: the value is copied out at once.
+    let connect = unsafe { CONNECTS.get(&sk) }.copied()?;
+    let _ = CONNECTS.remove(&sk);
     if connect.reported & (1 << event_kind::CONNECT_TIMEOUT) == 0 {
         return None;
     }
@@ -130,7 +127,7 @@ fn established(sk: u64) -> Option<(u32, u32, u32, u32, Extra)> {
 /// closing on a reset, or neither.
 #[inline(always)]
 fn closed(sk: u64) -> Option<(u32, u32, u32, u32, Extra)> {
-    if let Some(connect) = connect_of(sk) {
+    if let Some(connect) = CONNECTS.get_ptr_mut(&sk) {
         // Still connecting, so it never sent data and has no stall state of its own in
         // RETRANS: the refused storm's path skips that lookup.
         // For the error report, which comes after the port is released.
@@ -155,7 +152,7 @@ fn closed(sk: u64) -> Option<(u32, u32, u32, u32, Extra)> {
         // SAFETY: the pointer comes from the map.
         let state = unsafe { *connect };
         // No error report follows: this is the attempt's last word.
-        connect_end(connect);
+        let _ = CONNECTS.remove(&sk);
         if state.reported != 0 {
             return None;
         }
@@ -223,6 +220,9 @@ fn try_err_report(ctx: &BtfTracePointContext) -> Option<()> {
     if btf_read::<u16>(sk, config!(sk_protocol)) != IPPROTO_TCP {
         return None;
     }
+    // Everything read through `sk` is read before it serves as a map key: a pointer
+    // spilled to the stack and handed to a helper as key memory is a plain number to the
+    // verifier afterwards (Linux 6.12 at least), and can no longer be dereferenced.
     let mut key = sock_tuple_btf(sk)?;
     let hard = btf_read::<i32>(sk, config!(sk_err));
     let soft = btf_read::<i32>(sk, config!(sk_err_soft));
@@ -233,7 +233,7 @@ fn try_err_report(ctx: &BtfTracePointContext) -> Option<()> {
     };
     // Only connecting sockets (in scope by construction); resets of established
     // connections are judged at their CLOSE transition.
-    let connect = connect_of(sk)?;
+    let connect = CONNECTS.get_ptr_mut(&sk)?;
     // SAFETY: the pointer comes from the map; the fields are copied out at once.
     let (since, reset) = unsafe {
         (
@@ -287,9 +287,9 @@ fn try_err_report(ctx: &BtfTracePointContext) -> Option<()> {
         ETIMEDOUT => (event_kind::CONNECT_GAVE_UP, u32::MAX),
         _ => {
             // No verdict for this error, but a hard one still ends the attempt (see
-            // below).
+            // below): its entry must not outlive the socket.
             if hard != 0 {
-                connect_end(connect);
+                let _ = CONNECTS.remove(&sk);
             }
             return None;
         }
@@ -327,8 +327,9 @@ fn try_err_report(ctx: &BtfTracePointContext) -> Option<()> {
     );
     if hard != 0 || reset {
         // A hard error ends the connect (the kernel closes the socket): nothing more
-        // will be reported for this attempt, even if the application connects again.
-        connect_end(connect);
+        // will be reported for this attempt, and the entry must not wait for eviction
+        // where the next socket at this address could find it.
+        let _ = CONNECTS.remove(&sk);
     }
     Some(())
 }

@@ -1,8 +1,7 @@
 //! TCP hooks: the BTF tracepoint `tcp_retransmit_skb` counts SYN retransmits (timeout
-//! verdicts) and repeated data retransmits (stalls, PMTUD black holes); the BTF
-//! tracepoint `tcp_receive_reset` counts received resets and marks a connect that got one
-//! (BTF, so it reaches the socket's connect state), the raw tracepoint `tcp_send_reset`
-//! counts sent ones.
+//! verdicts) and repeated data retransmits (stalls, PMTUD black holes); the raw
+//! tracepoints `tcp_receive_reset` and `tcp_send_reset` count resets and mark a connect
+//! that got one.
 
 use aya_ebpf::{
     macros::{btf_tracepoint, raw_tracepoint},
@@ -17,7 +16,7 @@ use crate::{
     config::{config, in_scope, now},
     emit::{Extra, emit, evidence_gen, inc, recent_drop, recent_icmp, syn_drop},
     kernel::{btf_read, kread, skb_dev_raw, sock_netns, sock_tuple, tcp_sock_read},
-    maps::{FRAG_DROPPED, ICMP_RCVD, ICMP_SENT, OVERSIZE, RETRANS, connect_begin, connect_of},
+    maps::{CONNECTS, FRAG_DROPPED, ICMP_RCVD, ICMP_SENT, OVERSIZE, RETRANS},
     packet::{IPPROTO_ICMP, is_frag_needed},
 };
 
@@ -42,7 +41,7 @@ fn try_retransmit(ctx: &BtfTracePointContext) -> Option<()> {
     if state != tcp_state::SYN_SENT {
         return data_retransmit(ctx, sk);
     }
-    let Some(connect) = connect_of(sk) else {
+    let Some(connect) = CONNECTS.get_ptr_mut(&sk) else {
         // Connect started before the agent: track it from its first retransmit.
         let netns = sock_netns(sk);
         if !in_scope(netns) {
@@ -59,7 +58,7 @@ fn try_retransmit(ctx: &BtfTracePointContext) -> Option<()> {
             reported: 0,
             evidence_gen,
         };
-        return connect_begin(sk, &state);
+        return CONNECTS.insert(&sk, &state, 0).ok();
     };
     inc(counter::SYN_RETRANSMITS);
     let threshold = config!(syn_retrans_threshold);
@@ -79,6 +78,7 @@ fn try_retransmit(ctx: &BtfTracePointContext) -> Option<()> {
     };
     if fire {
         inc(counter::CONNECT_TIMEOUT);
+        // Probe reads: `sk` has served as a map key (see `sock::try_err_report`).
         let key = sock_tuple(sk)?;
         emit(
             ctx,
@@ -148,9 +148,7 @@ fn data_retransmit(ctx: &BtfTracePointContext, sk: u64) -> Option<()> {
         let entry = RetransState {
             first_ns: now,
             last_ns: now,
-            // Not plain loads: `sk` has served as this map's key, and a pointer spilled to
-            // the stack and handed to a helper as key memory is a plain number to the
-            // verifier afterwards (Linux 6.12 at least).
+            // Probe reads: `sk` has served as a map key (see `sock::try_err_report`).
             flow: sock_tuple(sk)?,
             repeats: 1,
             reported: 0,
@@ -247,21 +245,21 @@ fn has_frag_needed(flow: &FlowKey, since: u64) -> bool {
         || recent_drop(unsafe { FRAG_DROPPED.get(flow) }, since).count > 0
 }
 
-/// `tcp_receive_reset(sk)`, BTF: the socket is the argument.
-#[btf_tracepoint(function = "tcp_receive_reset")]
-pub fn nd_rcv_reset(ctx: BtfTracePointContext) -> i32 {
+/// `tcp_receive_reset(sk)`, raw: the socket is the argument.
+#[raw_tracepoint(tracepoint = "tcp_receive_reset")]
+pub fn nd_rcv_reset(ctx: RawTracePointContext) -> i32 {
     match try_rcv_reset(&ctx) {
         Some(()) | None => 0,
     }
 }
 
-fn try_rcv_reset(ctx: &BtfTracePointContext) -> Option<()> {
+fn try_rcv_reset(ctx: &RawTracePointContext) -> Option<()> {
     let sk: u64 = ctx.arg(0);
     // A connecting socket's RST is what makes a refusal the listener's: an ICMP error
     // refuses a connect the same way (ECONNREFUSED) without one.
-    if let Some(connect) = connect_of(sk) {
+    if let Some(connect) = CONNECTS.get_ptr_mut(&sk) {
         // SAFETY: the pointer comes from the map; a racing writer can only lose the bit.
-        // An attempt exists only on a socket in scope, so its namespace need not be read.
+        // An entry exists only for a socket in scope, so its namespace need not be read.
         unsafe { (*connect).flags |= flow_flag::RST_RECEIVED };
         inc(counter::RST_RECEIVED);
         return Some(());

@@ -27,10 +27,10 @@ use crate::{agent, cmd};
 /// section their program type puts them in (aya's `#[tracepoint]`, `#[raw_tracepoint]`,
 /// `#[classifier]`).
 const PROGRAMS: &[(&str, &str)] = &[
-    ("nd_set_state", "tp_btf"),
+    ("nd_set_state", "raw_tp"),
     ("nd_err_report", "tp_btf"),
     ("nd_retransmit", "tp_btf"),
-    ("nd_rcv_reset", "tp_btf"),
+    ("nd_rcv_reset", "raw_tp"),
     ("nd_snd_reset", "raw_tp"),
     ("nd_kfree_skb", "tp_btf"),
     ("nd_icmp_send", "tracepoint"),

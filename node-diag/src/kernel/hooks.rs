@@ -57,7 +57,7 @@ pub const HOOKS: &[Hook] = &[
         name: "inet_sock_set_state",
         feature: "connect tracking (refused/timeout/unreachable verdicts)",
         raw: true,
-        btf: true,
+        btf: false,
         args: &["*sock", "int", "int"],
     },
     Hook {
@@ -84,7 +84,7 @@ pub const HOOKS: &[Hook] = &[
         name: "tcp_receive_reset",
         feature: "received reset counts",
         raw: true,
-        btf: true,
+        btf: false,
         args: &["*sock"],
     },
     Hook {

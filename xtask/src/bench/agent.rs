@@ -388,11 +388,6 @@ fn is_per_cpu(map_type: u32) -> bool {
     matches!(map_type, 5 | 6 | 10 | 15)
 }
 
-/// `BPF_MAP_TYPE_SK_STORAGE`: values live on the sockets, outside the map's memlock.
-pub fn is_socket_local(map_type: u32) -> bool {
-    map_type == 24
-}
-
 /// A map's memlock on a machine of `target` CPUs, from its memlock on this one of `cpus`:
 /// a per-CPU map holds one value (rounded up to 8 bytes) per entry per CPU more or less;
 /// the other maps do not depend on the CPU count (their small per-CPU bookkeeping aside).

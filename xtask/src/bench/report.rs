@@ -444,20 +444,6 @@ impl Report {
                 bytes(map.memlock_at_target_cpus_bytes)
             );
         }
-        for map in maps
-            .maps
-            .iter()
-            .filter(|m| agent::is_socket_local(m.map_type))
-        {
-            let _ = writeln!(
-                out,
-                "\n`{}` is socket-local storage: one {}-byte value on each socket that has one \
-                 (a connect attempt's), allocated in the kernel's slab with the socket's first \
-                 attempt and freed with the socket. Its memlock is the map's own buckets; the \
-                 values scale with the node's sockets, not with CPUs or `max_entries`.",
-                map.name, map.value_size
-            );
-        }
     }
 
     /// Whether another node-diag agent's programs ran during the measurements.
