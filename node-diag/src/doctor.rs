@@ -189,6 +189,7 @@ pub fn run(cri_socket: Option<&std::path::Path>) -> Report {
     ));
 
     checks.push(tc_attach(&kernel));
+    checks.push(sent_resets(&kernel));
     checks.push(service_names());
     checks.push(container_runtime(cri_socket));
     // The feature probes above load a trivial program; only loading the agent's own
@@ -338,6 +339,29 @@ fn tc_attach(kernel: &str) -> Check {
     }
 }
 
+/// What `node_diag_tcp_resets_total{direction="sent"}` counts here: `tcp:tcp_send_reset`
+/// fires for a reset sent without a socket (a SYN to a closed port: a refusal's reset)
+/// only from Linux 6.10; before, it counts the resets of sockets alone.
+fn sent_resets(kernel: &str) -> Check {
+    match kernel_version(kernel) {
+        Some(v) if v >= (6, 10) => check(
+            "sent resets",
+            Status::Ok,
+            "counted for sockets and for packets no socket wanted (a closed port's refusals)",
+        ),
+        Some(_) => check(
+            "sent resets",
+            Status::Ok,
+            "counted for sockets only: before Linux 6.10, tcp_send_reset does not fire for a reset answering a packet no socket wanted, so node_diag_tcp_resets_total{direction=\"sent\"} misses this node's refusals (the refused verdicts, on the client's node, are unaffected)",
+        ),
+        None => check(
+            "sent resets",
+            Status::Ok,
+            "counted for sockets, and from Linux 6.10 for packets no socket wanted",
+        ),
+    }
+}
+
 /// `6.1.0-57-amd64` → (6, 1).
 fn kernel_version(release: &str) -> Option<(u32, u32)> {
     let mut parts = release.split(['.', '-']);
@@ -381,5 +405,21 @@ impl Report {
         }
         out.push_str(&format!("verdict: {} ({})\n", self.verdict, self.summary));
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sent_resets_says_what_the_kernel_traces() {
+        let old = sent_resets("6.1.0-57-amd64");
+        assert!(old.detail.contains("sockets only"), "{}", old.detail);
+        let new = sent_resets("6.12.48+deb13-amd64");
+        assert!(new.detail.contains("no socket wanted"), "{}", new.detail);
+        assert!(!new.detail.contains("sockets only"), "{}", new.detail);
+        assert!(sent_resets("6.10.0").detail.contains("closed port"));
+        assert!(matches!(old.status, Status::Ok));
     }
 }

@@ -136,7 +136,7 @@ impl Metrics {
         let resets = Family::<DirectionLabel, Counter>::default();
         registry.register(
             "node_diag_tcp_resets",
-            "TCP resets sent and received by this node's sockets",
+            "TCP resets received and sent in this node's namespaces (sent: also those answering a packet no socket wanted, a closed port's, from Linux 6.10)",
             resets.clone(),
         );
         let drops = Family::<ReasonLabel, Counter>::default();
