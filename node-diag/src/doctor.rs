@@ -343,23 +343,16 @@ fn tc_attach(kernel: &str) -> Check {
 /// fires for a reset sent without a socket (a SYN to a closed port: a refusal's reset)
 /// only from Linux 6.10; before, it counts the resets of sockets alone.
 fn sent_resets(kernel: &str) -> Check {
-    match kernel_version(kernel) {
-        Some(v) if v >= (6, 10) => check(
-            "sent resets",
-            Status::Ok,
-            "counted for sockets and for packets no socket wanted (a closed port's refusals)",
-        ),
-        Some(_) => check(
-            "sent resets",
-            Status::Ok,
-            "counted for sockets only: before Linux 6.10, tcp_send_reset does not fire for a reset answering a packet no socket wanted, so node_diag_tcp_resets_total{direction=\"sent\"} misses this node's refusals (the refused verdicts, on the client's node, are unaffected)",
-        ),
-        None => check(
-            "sent resets",
-            Status::Ok,
-            "counted for sockets, and from Linux 6.10 for packets no socket wanted",
-        ),
-    }
+    let detail = match kernel_version(kernel) {
+        Some(v) if v >= (6, 10) => {
+            "counted for sockets and for packets no socket wanted (a closed port's refusals)"
+        }
+        Some(_) => {
+            "counted for sockets only: before Linux 6.10, tcp_send_reset does not fire for a reset answering a packet no socket wanted, so node_diag_tcp_resets_total{direction=\"sent\"} misses this node's refusals (the refused verdicts, on the client's node, are unaffected)"
+        }
+        None => "counted for sockets, and from Linux 6.10 for packets no socket wanted",
+    };
+    check("sent resets", Status::Ok, detail)
 }
 
 /// `6.1.0-57-amd64` → (6, 1).
