@@ -65,9 +65,13 @@ enum Command {
         #[arg(long, value_name = "NAME")]
         filter: Option<String>,
         /// Also run the integration tests in a VM on this kernel (see `integration`);
-        /// repeatable; `none` skips it.
+        /// repeatable; `none` skips it. The guest runs the kernel subset (see
+        /// `integration --subset`) unless --vm-whole-suite or --filter is given.
         #[arg(long = "vm", value_name = "KERNEL", default_value = "6.1")]
         vm: Vec<String>,
+        /// Run the whole integration suite in the VMs, not the kernel subset.
+        #[arg(long)]
+        vm_whole_suite: bool,
     },
     /// Run the integration suite on other kernels: Debian's 6.1 and 6.12 booted under
     /// qemu (KVM when it works, else TCG), x86_64 and aarch64, or this machine's (`host`).
@@ -88,6 +92,10 @@ enum Command {
         /// Run only the tests whose name contains NAME (repeatable: any matches).
         #[arg(long = "filter", value_name = "NAME")]
         filters: Vec<String>,
+        /// In x86_64 guests, run only the kernel subset (`cargo xtask test`'s VM step):
+        /// the tests where kernels differ, not the whole suite.
+        #[arg(long, conflicts_with = "filters")]
+        subset: bool,
         /// Keep each guest's run directory (initramfs, console log, results).
         #[arg(long)]
         keep: bool,
@@ -172,6 +180,7 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
             kernels,
             arch,
             filters,
+            subset,
             keep,
             timeout,
             update_readme,
@@ -179,6 +188,7 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
             kernels,
             arch,
             filters,
+            subset,
             keep,
             timeout: std::time::Duration::from_secs(timeout * 60),
             update_readme,
@@ -193,10 +203,12 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
             skip_integration,
             filter,
             vm,
+            vm_whole_suite,
         } => suite::run(&suite::Options {
             skip_integration,
             filter,
             vm: vm.into_iter().filter(|k| k != "none").collect(),
+            vm_whole_suite,
         }),
     }
 }

@@ -33,6 +33,8 @@ pub struct Options {
     /// Kernels to run the integration tests on in a VM as well (`cargo xtask
     /// integration --kernel K`); empty for none.
     pub vm: Vec<String>,
+    /// The whole suite in those VMs instead of the kernel subset.
+    pub vm_whole_suite: bool,
 }
 
 pub fn run(options: &Options) -> Result<()> {
@@ -105,14 +107,17 @@ fn vm_integration(options: &Options) -> Result<()> {
         println!("[test] {STEP}: skipped (needs root: run `cargo xtask test` as root)");
         return Ok(());
     }
+    let subset = !options.vm_whole_suite && options.filter.is_none();
     println!(
-        "[test] {STEP}: cargo xtask integration --kernel {}",
-        options.vm.join(" --kernel ")
+        "[test] {STEP}: cargo xtask integration --kernel {}{}",
+        options.vm.join(" --kernel "),
+        if subset { " --subset" } else { "" }
     );
     vm::run(&vm::Options {
         kernels: options.vm.clone(),
         arch: None,
         filters: options.filter.iter().cloned().collect(),
+        subset,
         keep: false,
         timeout: vm::DEFAULT_TIMEOUT,
         update_readme: false,
