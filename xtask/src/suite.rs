@@ -1,10 +1,12 @@
 //! `cargo xtask test`: the whole suite, in order, stopping at the first failing step.
 //!
 //! fmt, clippy, build, unit tests, the deploy checks (`deploy/tests/check.py`), then the
-//! integration tests, which load the real eBPF programs and so need root, and last the
-//! release cross builds for the container image's platforms (`cross.rs`). As root they run through `cargo test`; otherwise they are
-//! built as the invoking user and their binaries run through `sudo -E`, which keeps the
-//! target directory owned by that user.
+//! integration tests, which load the real eBPF programs and so need root (on this kernel,
+//! then their kernel subset in a Debian 6.1 guest, `vm::KERNEL_SUBSET`), the release
+//! cross builds for the container image's platforms (`cross.rs`), and last the bench
+//! smoke run. As root the integration tests run through `cargo test`; otherwise they
+//! are built as the invoking user and their binaries run through `sudo -E`, which keeps
+//! the target directory owned by that user.
 
 use std::{
     io::BufReader,
