@@ -425,8 +425,10 @@ fn suite_name(filters: &[String], subset: bool, arch: Arch) -> String {
 
 /// The name filters a guest of `arch` runs with.
 fn guest_filters(filters: &[String], subset: bool, arch: Arch) -> Vec<String> {
+    if !filters.is_empty() {
+        return filters.to_vec();
+    }
     let named: &[&str] = match arch {
-        _ if !filters.is_empty() => return filters.to_vec(),
         Arch::Aarch64 => ARM64_SUBSET,
         Arch::X86_64 if subset => KERNEL_SUBSET,
         Arch::X86_64 => &[],
