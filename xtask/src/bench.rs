@@ -13,8 +13,9 @@
 //!   that `skb:kfree_skb` fires, in the agent's scope, on every packet;
 //! - the agent's programs' average run time against a budget per hook, from one profile
 //!   measurement per workload after the pairs (`kernel.bpf_stats_enabled` on, with an
-//!   empty program on each of the agent's tracepoints for the statistics' own floor:
-//!   `floor`), its RSS and CPU, and the memory of its eBPF maps (here and computed for a
+//!   empty program on each of the agent's tracepoints for the statistics' own floor, and
+//!   one before the agent's on each, so that the agent's never run first: `floor`), its
+//!   RSS and CPU, and the memory of its eBPF maps (here and computed for a
 //!   128-CPU node);
 //! - a storm of refused connects, each of which must show up in a finding's `count` or
 //!   in `node_diag_events_lost_total`.
@@ -289,6 +290,13 @@ pub struct Sample {
     /// Profile only: the same by tracepoint.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub floor_by_tracepoint: BTreeMap<String, ProgramRuns>,
+    /// Profile only: the lead empty programs' runs (attached before the agent, so first on
+    /// each tracepoint), summed; shown, never charged (see `floor`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lead: Option<ProgramRuns>,
+    /// Profile only: the same by tracepoint.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub lead_by_tracepoint: BTreeMap<String, ProgramRuns>,
     /// `nd_*` programs other processes (another node-diag agent, e.g. a concurrent test)
     /// had loaded before or after the workload: they fire on its traffic too.
     pub foreign_nd_programs: usize,
@@ -500,6 +508,13 @@ impl<'a> Bench<'a> {
     }
 
     fn measure(&self, run: u32, workload: Workload, mode: Mode) -> Result<Sample> {
+        // The lead empty programs, attached before the agent so that they run first on
+        // each tracepoint (a tracepoint calls its programs in the order they were
+        // attached) and take the clock's cold reads; see `floor`.
+        let lead = match mode {
+            Mode::Profile => Some(EmptyPrograms::attach()?),
+            _ => None,
+        };
         let mut agent = match mode {
             Mode::Agent if self.settings.null => None,
             Mode::Agent | Mode::Profile => {
@@ -529,6 +544,7 @@ impl<'a> Bench<'a> {
         };
         let before = agent.as_ref().map(Before::take).transpose()?;
         let floor_before = profile.as_ref().map(|(_, e)| e.stats()).transpose()?;
+        let lead_before = lead.as_ref().map(EmptyPrograms::stats).transpose()?;
 
         let began = Instant::now();
         let mut sample = Sample {
@@ -542,6 +558,8 @@ impl<'a> Bench<'a> {
             agent: None,
             floor: None,
             floor_by_tracepoint: BTreeMap::new(),
+            lead: None,
+            lead_by_tracepoint: BTreeMap::new(),
             foreign_nd_programs: 0,
         };
         let duration = self.settings.duration(mode);
@@ -593,22 +611,10 @@ impl<'a> Bench<'a> {
             }
         }
         if let (Some((_, empty)), Some(earlier)) = (&profile, floor_before) {
-            let floor = |tracepoint: Option<&str>, runs: RunStats| ProgramRuns {
-                kind: "raw_tracepoint".to_owned(),
-                tracepoint: tracepoint.map(str::to_owned),
-                run_cnt: runs.run_cnt,
-                run_time_ns: runs.run_time_ns,
-            };
-            let mut total = RunStats::default();
-            for (tracepoint, stats) in empty.stats()? {
-                let runs = stats.since(earlier.get(tracepoint).copied().unwrap_or_default());
-                total.run_cnt += runs.run_cnt;
-                total.run_time_ns += runs.run_time_ns;
-                sample
-                    .floor_by_tracepoint
-                    .insert(tracepoint.to_owned(), floor(Some(tracepoint), runs));
-            }
-            sample.floor = Some(floor(None, total));
+            (sample.floor, sample.floor_by_tracepoint) = empty_runs(empty, &earlier)?;
+        }
+        if let (Some(empty), Some(earlier)) = (&lead, lead_before) {
+            (sample.lead, sample.lead_by_tracepoint) = empty_runs(empty, &earlier)?;
         }
         if let (Some(agent), Some(before)) = (agent.as_mut(), before) {
             agent.check_alive()?;
@@ -647,9 +653,32 @@ impl<'a> Bench<'a> {
         if let Some(agent) = agent {
             agent.stop()?;
         }
+        drop(lead);
         drop(drop_rule);
         Ok(sample)
     }
+}
+
+/// Empty programs' runs since `earlier`: summed over their tracepoints, and by tracepoint.
+fn empty_runs(
+    empty: &EmptyPrograms,
+    earlier: &BTreeMap<&'static str, RunStats>,
+) -> Result<(Option<ProgramRuns>, BTreeMap<String, ProgramRuns>)> {
+    let runs_of = |tracepoint: Option<&str>, runs: RunStats| ProgramRuns {
+        kind: "raw_tracepoint".to_owned(),
+        tracepoint: tracepoint.map(str::to_owned),
+        run_cnt: runs.run_cnt,
+        run_time_ns: runs.run_time_ns,
+    };
+    let mut total = RunStats::default();
+    let mut by_tracepoint = BTreeMap::new();
+    for (tracepoint, stats) in empty.stats()? {
+        let runs = stats.since(earlier.get(tracepoint).copied().unwrap_or_default());
+        total.run_cnt += runs.run_cnt;
+        total.run_time_ns += runs.run_time_ns;
+        by_tracepoint.insert(tracepoint.to_owned(), runs_of(Some(tracepoint), runs));
+    }
+    Ok((Some(runs_of(None, total)), by_tracepoint))
 }
 
 /// Prefix of the bench's namespace names, followed by the bench's pid.

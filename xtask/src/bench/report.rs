@@ -8,9 +8,10 @@ use anyhow::{Context as _, Result};
 use serde::Serialize;
 
 #[cfg(test)]
-use super::{AgentUsage, ProgramRuns};
+use super::AgentUsage;
 use super::{
-    CONN_THREADS, FLOOD_PORT, FLOOD_THREADS, LOSS_PER_MILLE, Mode, Sample, Settings, Workload,
+    CONN_THREADS, FLOOD_PORT, FLOOD_THREADS, LOSS_PER_MILLE, Mode, ProgramRuns, Sample, Settings,
+    Workload,
     agent::{self, MapMemory},
 };
 
@@ -264,6 +265,9 @@ pub struct Report {
     /// profile measurement (judged figures are net of it), and per workload (shown).
     pub floor_ns: Option<f64>,
     pub floor_ns_by_workload: BTreeMap<Workload, Option<f64>>,
+    /// The lead empty programs' average (first on each tracepoint, so they take the
+    /// clock's cold reads), per workload: shown beside the floor, never charged.
+    pub lead_ns_by_workload: BTreeMap<Workload, Option<f64>>,
     pub maps: Option<MapReport>,
     pub samples: Vec<Sample>,
 }
@@ -278,6 +282,7 @@ impl Report {
     ) -> Self {
         machine.loadavg_end = loadavg();
         let floors = floors(&samples);
+        let leads = leads(&samples);
         let floor = floor(&samples);
         let programs = programs(&samples, floor.1);
         let maps = MapReport::new(&samples);
@@ -291,6 +296,7 @@ impl Report {
             programs,
             floor_ns: floor.1,
             floor_ns_by_workload: floors,
+            lead_ns_by_workload: leads,
             maps,
             samples,
         }
@@ -369,7 +375,9 @@ impl Report {
              run as measured / net of the floor (runs), Σ run_time_ns ÷ Σ run_cnt; — where it \
              did not run. A program's floor is the empty program's on its own tracepoint in \
              the same workload (the classifier's, the whole bench's); the floor row is the \
-             empty programs' on all the agent's tracepoints in that workload.\n"
+             empty programs' on all the agent's tracepoints in that workload. The lead row is \
+             that of the empty programs attached before the agent, which run first on each \
+             tracepoint and take the statistics' cold clock reads (shown, not charged).\n"
         );
         let mut header = "| program | budget |".to_owned();
         let mut rule = "| --- | --- |".to_owned();
@@ -384,6 +392,12 @@ impl Report {
             let _ = write!(floor, " {} |", fmt(ns, |ns| format!("{ns:.0}")));
         }
         let _ = writeln!(out, "{floor}");
+        let mut lead = "| lead (empty program, first on its tracepoint) | — |".to_owned();
+        for workload in &workloads {
+            let ns = self.lead_ns_by_workload.get(workload).copied().flatten();
+            let _ = write!(lead, " {} |", fmt(ns, |ns| format!("{ns:.0}")));
+        }
+        let _ = writeln!(out, "{lead}");
         for (name, program) in &self.programs {
             let budget = program
                 .budget_ns
@@ -709,9 +723,18 @@ fn fmt(value: Option<f64>, f: impl Fn(f64) -> String) -> String {
 
 /// The empty programs' runs over `samples`, and their Σ run_time_ns ÷ Σ run_cnt.
 fn floor_of<'a>(samples: impl Iterator<Item = &'a Sample>) -> (u64, Option<f64>) {
+    empty_of(samples, |s| s.floor.as_ref())
+}
+
+/// Σ run_cnt and Σ run_time_ns ÷ Σ run_cnt of the empty programs `which` picks out of
+/// each profile sample.
+fn empty_of<'a>(
+    samples: impl Iterator<Item = &'a Sample>,
+    which: impl Fn(&'a Sample) -> Option<&'a ProgramRuns>,
+) -> (u64, Option<f64>) {
     let (cnt, ns) = samples
         .filter(|s| s.mode == Mode::Profile)
-        .filter_map(|s| s.floor.as_ref())
+        .filter_map(which)
         .fold((0u64, 0u64), |(cnt, ns), f| {
             (cnt + f.run_cnt, ns + f.run_time_ns)
         });
@@ -732,6 +755,18 @@ fn floors(samples: &[Sample]) -> BTreeMap<Workload, Option<f64>> {
         .into_iter()
         .filter(|&w| samples.iter().any(|s| s.workload == w && s.floor.is_some()))
         .map(|w| (w, floor_of(samples.iter().filter(|s| s.workload == w)).1))
+        .collect()
+}
+
+/// The lead empty programs' average in each workload, for the per-workload table.
+fn leads(samples: &[Sample]) -> BTreeMap<Workload, Option<f64>> {
+    Workload::ALL
+        .into_iter()
+        .filter(|&w| samples.iter().any(|s| s.workload == w && s.lead.is_some()))
+        .map(|w| {
+            let of_workload = samples.iter().filter(|s| s.workload == w);
+            (w, empty_of(of_workload, |s| s.lead.as_ref()).1)
+        })
         .collect()
 }
 
@@ -1178,6 +1213,8 @@ mod tests {
             agent: None,
             floor: None,
             floor_by_tracepoint: BTreeMap::new(),
+            lead: None,
+            lead_by_tracepoint: BTreeMap::new(),
             foreign_nd_programs: 0,
         }
     }
@@ -1296,6 +1333,28 @@ mod tests {
         assert_eq!(summary["nd_x"].net_ns, Some(205.0));
         assert_eq!(summary["nd_tc"].net_ns, None);
         assert_eq!(summary["nd_z"].net_ns, None);
+    }
+
+    #[test]
+    fn lead_empty_programs_are_shown_not_charged() {
+        // nd_x between a lead empty program on tp_x (first: 150 ns, the cold clock reads)
+        // and the floor's (last: 50 ns). The lead is the workload's row; nd_x stays
+        // charged the floor: (30_000 − 100 × 50) / 100.
+        let mut sample = profiled(
+            Workload::IperfLossy,
+            &[("nd_x", Some("tp_x"), 100, 30_000)],
+            &[("tp_x", 100, 5_000)],
+        );
+        sample.lead = Some(runs(None, 100, 15_000));
+        sample
+            .lead_by_tracepoint
+            .insert("tp_x".to_owned(), runs(Some("tp_x"), 100, 15_000));
+        let samples = [sample];
+        assert_eq!(leads(&samples)[&Workload::IperfLossy], Some(150.0));
+        assert!(!leads(&samples).contains_key(&Workload::Storm));
+        let summary = programs(&samples, floor(&samples).1);
+        assert_eq!(summary["nd_x"].net_ns, Some(250.0));
+        assert_eq!(summary["nd_x"].floor_ns, Some(50.0));
     }
 
     #[test]
