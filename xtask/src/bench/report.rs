@@ -751,21 +751,31 @@ fn floor(samples: &[Sample]) -> (u64, Option<f64>) {
 
 /// The floor of each workload, for the per-workload table.
 fn floors(samples: &[Sample]) -> BTreeMap<Workload, Option<f64>> {
-    Workload::ALL
-        .into_iter()
-        .filter(|&w| samples.iter().any(|s| s.workload == w && s.floor.is_some()))
-        .map(|w| (w, floor_of(samples.iter().filter(|s| s.workload == w)).1))
-        .collect()
+    by_workload(samples, |s| s.floor.as_ref())
 }
 
 /// The lead empty programs' average in each workload, for the per-workload table.
 fn leads(samples: &[Sample]) -> BTreeMap<Workload, Option<f64>> {
+    by_workload(samples, |s| s.lead.as_ref())
+}
+
+/// [`empty_of`] in each workload where `which` found empty programs.
+fn by_workload<'a>(
+    samples: &'a [Sample],
+    which: impl Fn(&'a Sample) -> Option<&'a ProgramRuns> + Copy,
+) -> BTreeMap<Workload, Option<f64>> {
     Workload::ALL
         .into_iter()
-        .filter(|&w| samples.iter().any(|s| s.workload == w && s.lead.is_some()))
+        .filter(|&w| {
+            samples
+                .iter()
+                .any(|s| s.workload == w && which(s).is_some())
+        })
         .map(|w| {
-            let of_workload = samples.iter().filter(|s| s.workload == w);
-            (w, empty_of(of_workload, |s| s.lead.as_ref()).1)
+            (
+                w,
+                empty_of(samples.iter().filter(|s| s.workload == w), which).1,
+            )
         })
         .collect()
 }
