@@ -626,6 +626,40 @@ const _: () = assert!(core::mem::size_of::<Config>() == 32 + 16 + 128 + 24 + 16 
 /// or, on a kernel without it, into `r0 = 0`. No kernel has a helper with this id.
 pub const KFUNC_RDONLY_CAST_MARK: i32 = 0x6e64_0001;
 
+/// The first of the helper ids the eBPF programs call for a load-time setting they want
+/// as an instruction's immediate instead of a load from [`Config`]: the agent rewrites
+/// every `call` of `IMM_MARK + n` into `w0 = value` (the value of [`imm`] number `n`,
+/// from [`Config::immediates`]) before loading the object. A hook that runs rarely starts
+/// cold, and a load of the read-only global is then a cache and TLB miss of its own;
+/// an immediate is part of the code. No kernel has a helper with these ids.
+pub const IMM_MARK: i32 = 0x6e64_0100;
+
+/// The settings the programs take as immediates (see [`IMM_MARK`]), by their number.
+pub mod imm {
+    /// [`Config::sk_state`](super::Config::sk_state).
+    pub const SK_STATE: i32 = 0;
+    /// [`Config::retrans_err_arg`](super::Config::retrans_err_arg).
+    pub const RETRANS_ERR_ARG: i32 = 1;
+    /// [`Config::tcp_rto_count`](super::Config::tcp_rto_count).
+    pub const TCP_RTO_COUNT: i32 = 2;
+    /// [`Config::cast_tcp_sock`](super::Config::cast_tcp_sock).
+    pub const CAST_TCP_SOCK: i32 = 3;
+    pub const COUNT: usize = 4;
+}
+
+impl Config {
+    /// The values of the [`imm`] settings, by number: the same values the programs read
+    /// from the global, so either way of reading a setting gives one answer.
+    pub const fn immediates(&self) -> [u32; imm::COUNT] {
+        [
+            self.sk_state,
+            self.retrans_err_arg,
+            self.tcp_rto_count,
+            self.cast_tcp_sock,
+        ]
+    }
+}
+
 impl FlowKey {
     pub const fn is_v4(&self) -> bool {
         self.family == AF_INET

@@ -1,9 +1,10 @@
 //! The read-only global [`CONFIG`] the agent fills at load time (tracepoint field offsets
 //! from tracefs, kernel struct offsets from BTF, thresholds, scoping), its accessor
-//! [`config!`], the clock, and the namespace scope check every hook applies.
+//! [`config!`] and, for the few settings a cold path wants without a load, [`imm!`]; the
+//! clock, and the namespace scope check every hook applies.
 
 use aya_ebpf::{Global, helpers::bpf_ktime_get_ns};
-use node_diag_common::{Config, DropSlot, scope_memo};
+use node_diag_common::{Config, DropSlot, IMM_MARK, scope_memo};
 
 use crate::maps::{SCOPE, SCOPE_GEN, SCOPE_MEMO};
 
@@ -20,6 +21,28 @@ macro_rules! config {
     };
 }
 pub(crate) use config;
+
+/// A setting of [`node_diag_common::imm`] as an instruction immediate: the same value as
+/// [`config!`] gives, without the load of the global's cache line (and page), which a
+/// hook that runs a few hundred times a second finds cold on every run. For the common
+/// path of such a hook only; everything else reads [`CONFIG`].
+macro_rules! imm {
+    ($name:ident) => {
+        $crate::config::immediate(node_diag_common::imm::$name)
+    };
+}
+pub(crate) use imm;
+
+#[inline(always)]
+pub fn immediate(id: i32) -> u64 {
+    // SAFETY: the marked id is a call the agent rewrites into `w0 = value` before the
+    // object is loaded (no kernel has a helper of that id); it takes no arguments, and
+    // `w0 =` leaves the upper half of r0 zero.
+    let mark: unsafe extern "C" fn() -> u64 =
+        unsafe { core::mem::transmute((IMM_MARK + id) as usize) };
+    // SAFETY: see above.
+    unsafe { mark() }
+}
 
 #[inline(always)]
 pub fn config_ptr() -> *const Config {

@@ -22,11 +22,18 @@ pub fn field<T>(ctx: &TracePointContext, offset: u16) -> Option<T> {
 /// A `T` at kernel address `base + offset` (`None` for a null base or a faulting read).
 #[inline(always)]
 pub fn kread<T>(base: u64, offset: u32) -> Option<T> {
+    kread_at(base, offset as u64)
+}
+
+/// [`kread`] at a 64-bit offset (an [`imm!`](crate::config::imm) setting, which narrowed
+/// to a `u32` would be masked again).
+#[inline(always)]
+pub fn kread_at<T>(base: u64, offset: u64) -> Option<T> {
     if base == 0 {
         return None;
     }
     // SAFETY: bpf_probe_read_kernel checks the address and fails instead of faulting.
-    unsafe { bpf_probe_read_kernel((base + offset as u64) as *const T) }.ok()
+    unsafe { bpf_probe_read_kernel((base + offset) as *const T) }.ok()
 }
 
 /// A `T` at `base + offset`, where `base` is a pointer whose BTF type the verifier knows
@@ -35,8 +42,14 @@ pub fn kread<T>(base: u64, offset: u32) -> Option<T> {
 /// helper call. The verifier checks `offset` (a read-only constant) against the type.
 #[inline(always)]
 pub fn btf_read<T: Copy>(base: u64, offset: u32) -> T {
-    // SAFETY: see above; a fault reads zeros instead of crashing.
-    unsafe { core::ptr::read_volatile((base + offset as u64) as *const T) }
+    btf_read_at(base, offset as u64)
+}
+
+/// [`btf_read`] at a 64-bit offset, as [`kread_at`].
+#[inline(always)]
+pub fn btf_read_at<T: Copy>(base: u64, offset: u64) -> T {
+    // SAFETY: see `btf_read`; a fault reads zeros instead of crashing.
+    unsafe { core::ptr::read_volatile((base + offset) as *const T) }
 }
 
 /// `addr` as a pointer to the vmlinux struct whose BTF id is `btf_id`, for the verifier:
@@ -46,13 +59,14 @@ pub fn btf_read<T: Copy>(base: u64, offset: u32) -> T {
 /// the kfunc (`btf_id` a non-zero read-only constant, which the verifier requires); the
 /// call is the marker the agent rewrites ([`KFUNC_RDONLY_CAST_MARK`]).
 #[inline(always)]
-pub fn rdonly_cast(addr: u64, btf_id: u32) -> u64 {
+pub fn rdonly_cast(addr: u64, btf_id: impl Into<u64>) -> u64 {
     // SAFETY: the marker id is a call the agent rewrites into the kfunc (same calling
-    // convention as a helper: arguments in r1-r2, result in r0) or into `r0 = 0`.
-    let cast: unsafe extern "C" fn(u64, u32) -> u64 =
+    // convention as a helper: arguments in r1-r2, result in r0) or into `r0 = 0`. The
+    // id (a `u32` for the kfunc) is passed zero-extended, as a `u32` would be.
+    let cast: unsafe extern "C" fn(u64, u64) -> u64 =
         unsafe { core::mem::transmute(KFUNC_RDONLY_CAST_MARK as usize) };
     // SAFETY: see above; the kfunc only retypes its argument.
-    unsafe { cast(addr, btf_id) }
+    unsafe { cast(addr, btf_id.into()) }
 }
 
 /// Reads `dst.len()` bytes at kernel address `base + offset` straight into `dst`
@@ -94,7 +108,7 @@ fn unmap_v4(key: &mut FlowKey) {
 /// (a raw tracepoint's number, or a BTF pointer that has served as a map key) does not
 /// matter to the cast.
 #[inline(always)]
-fn cast_sock(sk: u64, btf_id: u32) -> u64 {
+fn cast_sock(sk: u64, btf_id: u64) -> u64 {
     if btf_id == 0 || sk == 0 {
         return 0;
     }
@@ -105,7 +119,7 @@ fn cast_sock(sk: u64, btf_id: u32) -> u64 {
 /// `sock` and `inet_sock` field.
 #[inline(always)]
 fn inet_sock(sk: u64) -> u64 {
-    cast_sock(sk, config!(cast_inet_sock))
+    cast_sock(sk, config!(cast_inet_sock) as u64)
 }
 
 /// A field of a socket at `offset` (a `struct sock` or `struct inet_sock` BTF offset): a
@@ -122,11 +136,18 @@ pub fn sock_read<T: Copy>(sk: u64, offset: u32) -> Option<T> {
 /// [`sock_read`] of a `struct tcp_sock` field.
 #[inline(always)]
 pub fn tcp_sock_read<T: Copy>(sk: u64, offset: u32) -> Option<T> {
-    let tsk = cast_sock(sk, config!(cast_tcp_sock));
+    tcp_sock_read_as(sk, config!(cast_tcp_sock) as u64, offset as u64)
+}
+
+/// [`tcp_sock_read`] with the cast's BTF id given (`config!(cast_tcp_sock)` or its
+/// immediate).
+#[inline(always)]
+pub fn tcp_sock_read_as<T: Copy>(sk: u64, cast_tcp_sock: u64, offset: u64) -> Option<T> {
+    let tsk = cast_sock(sk, cast_tcp_sock);
     if tsk != 0 {
-        return Some(btf_read(tsk, offset));
+        return Some(btf_read_at(tsk, offset));
     }
-    kread(sk, offset)
+    kread_at(sk, offset)
 }
 
 /// The flow tuple of a `struct sock *` (local end first), read at the BTF offsets: by

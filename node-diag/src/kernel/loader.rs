@@ -10,7 +10,7 @@ use aya::{
     programs::{BtfTracePoint, ProgramError, RawTracePoint, SchedClassifier, TracePoint},
 };
 use node_diag_common::{Config, GLOBAL_CONFIG};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::{
     btf::Btf,
@@ -22,7 +22,7 @@ use super::{
 /// The eBPF object built by `build.rs` (aya-build) for this target.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/node-diag"));
 
-/// The embedded eBPF object, as built (kfunc calls not yet resolved).
+/// The embedded eBPF object, as built (marked calls not yet rewritten).
 #[cfg(test)]
 pub fn embedded_object() -> &'static [u8] {
     EBPF_OBJECT
@@ -33,7 +33,7 @@ pub enum LoadError {
     #[error(transparent)]
     Tracefs(#[from] TracefsError),
     #[error(transparent)]
-    Kfunc(#[from] super::kfunc::KfuncError),
+    Rewrite(#[from] super::rewrite::RewriteError),
     #[error("loading the eBPF object failed: {0}")]
     Load(#[from] aya::EbpfError),
     #[error("eBPF program {0} is missing from the object")]
@@ -139,7 +139,12 @@ fn prepare(opts: &Options) -> Result<Prepared, LoadError> {
             (false, None)
         }
     };
-    let (object, resolved) = super::kfunc::resolve(EBPF_OBJECT, rdonly_cast)?;
+    let (object, resolved) =
+        super::rewrite::resolve(EBPF_OBJECT, rdonly_cast, config.immediates())?;
+    debug!(
+        immediates = ?resolved.immediates,
+        "load-time settings written into the code as immediates"
+    );
     match resolved.rdonly_cast {
         Some(id) => info!(
             calls = resolved.calls,

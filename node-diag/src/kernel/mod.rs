@@ -2,8 +2,8 @@
 //!
 //! - [`loader`] loads the embedded object, fills the programs' read-only `Config` from the
 //!   running kernel's tracepoint layouts ([`tracefs`]) and struct offsets ([`btf`]), and
-//!   attaches the programs of the [`hooks`] table; [`kfunc`] first rewrites the object's
-//!   kernel-function calls for this kernel.
+//!   attaches the programs of the [`hooks`] table; [`rewrite`] first rewrites the object's
+//!   marked calls for this kernel: kernel-function calls, and settings taken as immediates.
 //! - [`tc`] attaches the TC ingress classifier to the node's interfaces as they come and go.
 //! - [`ring`] drains verdict events from the ring buffer; [`maps`] reads the aggregate maps
 //!   (counts keyed by the kernel's own numbers) and writes the maps the agent owns.
@@ -17,9 +17,9 @@ pub mod btf;
 pub mod caps;
 pub mod ebpf_log;
 pub mod hooks;
-pub mod kfunc;
 pub mod loader;
 pub mod maps;
+pub mod rewrite;
 pub mod ring;
 pub mod tc;
 pub mod tracefs;
