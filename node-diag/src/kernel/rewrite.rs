@@ -16,7 +16,8 @@ const BPF_JMP_CALL: u8 = 0x85;
 const BPF_ALU64_MOV_K: u8 = 0xb7;
 const BPF_ALU_MOV_K: u8 = 0xb4;
 /// How many helper ids from [`IMM_MARK`] on are taken as marks, known settings or not:
-/// a mark of a setting this agent does not know fails the load here, by name.
+/// a mark of a setting without a value fails the load here, with its number, rather than
+/// in the verifier as an unknown helper.
 const IMM_MARKS: i32 = 0x100;
 const BPF_PSEUDO_KFUNC_CALL: u8 = 2;
 const INSN: usize = 8;
@@ -28,9 +29,9 @@ pub enum RewriteError {
     #[error("the eBPF object's code section `{0}` lies outside the file")]
     Section(String),
     #[error(
-        "the eBPF object asks for load-time setting {0}, which this agent does not know (object and agent from different builds?)"
+        "the eBPF object asks for load-time setting {0} as an immediate, which `Config::immediates` does not give (a number of `imm` without a value)"
     )]
-    UnknownImmediate(i32),
+    UnknownImmediate(usize),
 }
 
 /// The object's bytes, aligned as aya's parser wants them (8 bytes: ELF64 headers are
@@ -112,12 +113,9 @@ pub fn resolve(
                     resolved.calls += 1;
                 }
                 Some(Mark::Immediate(n)) => {
-                    let value = usize::try_from(n)
-                        .ok()
-                        .and_then(|i| immediates.get(i).copied())
-                        .ok_or(RewriteError::UnknownImmediate(n))?;
+                    let value = *immediates.get(n).ok_or(RewriteError::UnknownImmediate(n))?;
                     rewrite_immediate(insn, value);
-                    resolved.immediates[n as usize] += 1;
+                    resolved.immediates[n] += 1;
                 }
                 None => {}
             }
@@ -130,7 +128,7 @@ pub fn resolve(
 enum Mark {
     Kfunc,
     /// The setting's number (the id's offset from [`IMM_MARK`]).
-    Immediate(i32),
+    Immediate(usize),
 }
 
 /// A `call` of a marker id: opcode, `src_reg` 0 (a helper call), immediate a mark.
@@ -144,7 +142,8 @@ fn mark(insn: &[u8]) -> Option<Mark> {
     if id == KFUNC_RDONLY_CAST_MARK {
         Some(Mark::Kfunc)
     } else if (IMM_MARK..IMM_MARK + IMM_MARKS).contains(&id) {
-        Some(Mark::Immediate(id - IMM_MARK))
+        // In the range, so not negative.
+        Some(Mark::Immediate((id - IMM_MARK) as usize))
     } else {
         None
     }
