@@ -20,9 +20,9 @@ use node_diag_common::{
 };
 
 use crate::{
-    config::{config, in_scope, now},
+    config::{config, imm, in_scope, now},
     emit::{Extra, connect_evidence, emit, evidence_gen, inc, note_evidence, store_lru, syn_drop},
-    kernel::{btf_read, kread, sock_netns, sock_read, sock_tuple, sock_tuple_btf},
+    kernel::{btf_read, btf_read_at, kread, sock_netns, sock_read, sock_tuple, sock_tuple_btf},
     maps::{CONNECTS, ICMP_ERR_RCVD, ICMP_SENT, RETRANS},
 };
 
@@ -56,6 +56,7 @@ fn try_set_state(ctx: &RawTracePointContext) -> Option<()> {
     if newstate != tcp_state::SYN_SENT
         && newstate != tcp_state::ESTABLISHED
         && newstate != tcp_state::CLOSE
+        && newstate != tcp_state::SYN_RECV
     {
         return None;
     }
@@ -85,12 +86,20 @@ fn try_set_state(ctx: &RawTracePointContext) -> Option<()> {
         };
         return CONNECTS.insert(&sk, &state, 0).ok();
     }
+    // Only a socket in SYN_SENT has an entry in CONNECTS, and it leaves that state for
+    // ESTABLISHED, CLOSE, or SYN_RECV (a simultaneous open: the peer's SYN answered the
+    // connect, as a SYN-ACK would). So a transition from any other state needs no lookup:
+    // a server's new connection (SYN_RECV to ESTABLISHED) and a connection's last close
+    // skip it, about half the lookups a short connection costs.
+    let connecting = ctx.arg::<u64>(1) as u32 == tcp_state::SYN_SENT;
     // Entries exist only for TCP sockets, so the ESTABLISHED and CLOSE paths need no
     // protocol check until one is found (or a reset is seen).
-    let (kind, error, netns, retrans, extra) = if newstate == tcp_state::ESTABLISHED {
+    let (kind, error, netns, retrans, extra) = if newstate == tcp_state::CLOSE {
+        closed(sk, connecting)?
+    } else if connecting {
         established(sk)?
     } else {
-        closed(sk)?
+        return None;
     };
     let key = sock_tuple(sk)?;
     let extra = match kind {
@@ -101,8 +110,9 @@ fn try_set_state(ctx: &RawTracePointContext) -> Option<()> {
     Some(())
 }
 
-/// The connect succeeded: nothing left to diagnose, so the entry goes. If it had been
-/// reported as timing out, that verdict is withdrawn (`CONNECT_LATE`).
+/// The connect succeeded (or met the peer's own SYN): nothing left to diagnose, so the
+/// entry goes. If it had been reported as timing out, that verdict is withdrawn
+/// (`CONNECT_LATE`).
 #[inline(always)]
 fn established(sk: u64) -> Option<(u32, u32, u32, u32, Extra)> {
     // SAFETY: the value is copied out at once.
@@ -123,11 +133,16 @@ fn established(sk: u64) -> Option<(u32, u32, u32, u32, Extra)> {
     ))
 }
 
-/// A socket closing: a connect the application gave up on, an established connection
-/// closing on a reset, or neither.
+/// A socket closing: a connect the application gave up on (`connecting`: it closes from
+/// SYN_SENT), an established connection closing on a reset, or neither.
 #[inline(always)]
-fn closed(sk: u64) -> Option<(u32, u32, u32, u32, Extra)> {
-    if let Some(connect) = CONNECTS.get_ptr_mut(&sk) {
+fn closed(sk: u64, connecting: bool) -> Option<(u32, u32, u32, u32, Extra)> {
+    let connect = if connecting {
+        CONNECTS.get_ptr_mut(&sk)
+    } else {
+        None
+    };
+    if let Some(connect) = connect {
         // Still connecting, so it never sent data and has no stall state of its own in
         // RETRANS: the refused storm's path skips that lookup.
         // For the error report, which comes after the port is released.
@@ -135,6 +150,9 @@ fn closed(sk: u64) -> Option<(u32, u32, u32, u32, Extra)> {
         // SAFETY: the pointer comes from the map.
         unsafe { (*connect).sport = sport };
         if config!(btf_ok) == 0 {
+            // Without the socket's error offsets neither this nor a report can judge the
+            // attempt: it ends here.
+            let _ = CONNECTS.remove(&sk);
             return None;
         }
         // A failed connect has its error set before it closes, and the error report
@@ -226,6 +244,7 @@ fn try_err_report(ctx: &BtfTracePointContext) -> Option<()> {
     let mut key = sock_tuple_btf(sk)?;
     let hard = btf_read::<i32>(sk, config!(sk_err));
     let soft = btf_read::<i32>(sk, config!(sk_err_soft));
+    let state = btf_read_at::<u8>(sk, imm!(SK_STATE)) as u32;
     let queued = if hard == 0 && soft == 0 {
         queued_icmp_error(sk)
     } else {
@@ -234,6 +253,14 @@ fn try_err_report(ctx: &BtfTracePointContext) -> Option<()> {
     // Only connecting sockets (in scope by construction); resets of established
     // connections are judged at their CLOSE transition.
     let connect = CONNECTS.get_ptr_mut(&sk)?;
+    // A connect's error is reported while the socket is in SYN_SENT, or just after it
+    // closed from there (a reset). In any other state the entry is an earlier socket's
+    // at this address, whose attempt ended without its last word (a SYN_SENT exit
+    // removes it): its evidence is not this socket's.
+    if state != tcp_state::SYN_SENT && state != tcp_state::CLOSE {
+        let _ = CONNECTS.remove(&sk);
+        return None;
+    }
     // SAFETY: the pointer comes from the map; the fields are copied out at once.
     let (since, reset) = unsafe {
         (
@@ -294,10 +321,17 @@ fn try_err_report(ctx: &BtfTracePointContext) -> Option<()> {
             return None;
         }
     };
+    // A hard error ends the connect (the kernel closes the socket): nothing more will be
+    // reported for this attempt, and the entry must not wait for eviction where the next
+    // socket at this address could find it.
+    let last = hard != 0 || reset;
     // SAFETY: the pointer comes from the map.
     let (netns, syn_retrans, generation) = unsafe {
         let bit = 1 << kind;
         if (*connect).reported & bit != 0 {
+            if last {
+                let _ = CONNECTS.remove(&sk);
+            }
             return None;
         }
         (*connect).reported |= bit;
@@ -325,10 +359,7 @@ fn try_err_report(ctx: &BtfTracePointContext) -> Option<()> {
             ..connect_evidence(&key, since, generation)
         },
     );
-    if hard != 0 || reset {
-        // A hard error ends the connect (the kernel closes the socket): nothing more
-        // will be reported for this attempt, and the entry must not wait for eviction
-        // where the next socket at this address could find it.
+    if last {
         let _ = CONNECTS.remove(&sk);
     }
     Some(())
