@@ -311,8 +311,8 @@ pub struct AgentUsage {
     pub peak_rss_kib: u64,
     pub rss_before_kib: u64,
     pub rss_after_kib: u64,
-    /// utime + stime during the workload (for the storm: until the agent accounted
-    /// for it).
+    /// utime + stime, its waited-for children's included, during the workload (for the
+    /// storm: until the agent accounted for it).
     pub cpu_s: f64,
     pub wall_s: f64,
     /// `cpu_s / wall_s`, in percent of one core.

@@ -168,7 +168,7 @@ fn first_line(err: &node_diag_testbed::Error) -> String {
 /// CPU time and memory of a process, from `/proc/PID/stat` and `/proc/PID/status`.
 #[derive(Debug, Clone, Copy)]
 pub struct ProcSample {
-    /// utime + stime, in seconds.
+    /// utime + stime + cutime + cstime (its waited-for children's), in seconds.
     pub cpu_secs: f64,
     pub rss_kib: u64,
     pub hwm_kib: u64,
@@ -197,15 +197,22 @@ impl ProcSample {
     }
 }
 
-/// utime + stime (fields 14 and 15) from a `/proc/PID/stat` line; the command name in
-/// parentheses may hold spaces, so fields are counted after its closing parenthesis.
+/// utime + stime + cutime + cstime (fields 14 to 17) from a `/proc/PID/stat` line: the
+/// process's own CPU time and that of the children it waited for, which are the agent's
+/// work too (the `iptables-save` and `nft` it runs every 10 s for Service names). The
+/// command name in parentheses may hold spaces, so fields are counted after its closing
+/// parenthesis.
 fn parse_stat_cpu_ticks(stat: &str) -> Option<u64> {
     let rest = &stat[stat.rfind(')')? + 1..];
     // `rest` starts with field 3 (state): utime is the 12th field after it.
-    let mut fields = rest.split_whitespace().skip(11);
-    let utime: u64 = fields.next()?.parse().ok()?;
-    let stime: u64 = fields.next()?.parse().ok()?;
-    Some(utime + stime)
+    let fields = rest.split_whitespace().skip(11).take(4);
+    let mut ticks = 0;
+    let mut count = 0;
+    for field in fields {
+        ticks += field.parse::<u64>().ok()?;
+        count += 1;
+    }
+    (count == 4).then_some(ticks)
 }
 
 /// A `Name:   123 kB` line of `/proc/PID/status`, in KiB.
@@ -484,8 +491,12 @@ mod tests {
 
     #[test]
     fn stat_cpu_ticks_skip_the_command_name() {
-        let stat = "4242 (node diag) S 1 4242 4242 0 -1 4194560 100 0 0 0 17 5 0 0 20 0 9 0";
-        assert_eq!(parse_stat_cpu_ticks(stat), Some(22));
+        let stat = "4242 (node diag) S 1 4242 4242 0 -1 4194560 100 0 0 0 17 5 3 1 20 0 9 0";
+        assert_eq!(parse_stat_cpu_ticks(stat), Some(26));
+        assert_eq!(
+            parse_stat_cpu_ticks("4242 (x) S 1 4242 4242 0 -1 0 0 0 0 0 17 5"),
+            None
+        );
     }
 
     #[test]
