@@ -89,8 +89,8 @@ fn try_set_state(ctx: &RawTracePointContext) -> Option<()> {
     // Only a socket in SYN_SENT has an entry in CONNECTS, and it leaves that state for
     // ESTABLISHED, CLOSE, or SYN_RECV (a simultaneous open: the peer's SYN answered the
     // connect, as a SYN-ACK would). So a transition from any other state needs no lookup:
-    // a server's new connection (SYN_RECV to ESTABLISHED) and a connection's last close
-    // skip it, about half the lookups a short connection costs.
+    // a server's new connection (SYN_RECV to ESTABLISHED) and both ends' last close skip
+    // it, three of the eight hash lookups a short connection costs here.
     let connecting = ctx.arg::<u64>(1) as u32 == tcp_state::SYN_SENT;
     // Entries exist only for TCP sockets, so the ESTABLISHED and CLOSE paths need no
     // protocol check until one is found (or a reset is seen).
