@@ -266,6 +266,15 @@ impl Topology {
         self.add_forward_rule(node, &format!("tcp dport {dport} drop"))
     }
 
+    /// On `node`, drops forwarded SYNs (without ACK) to port `dport`: the connect's own
+    /// SYN is lost, while the SYN-ACK a simultaneous open answers with passes.
+    pub fn drop_forwarded_syn(&self, node: &str, dport: u16) -> Result<()> {
+        self.add_forward_rule(
+            node,
+            &format!("tcp dport {dport} tcp flags & (syn | ack) == syn drop"),
+        )
+    }
+
     /// On `node`, drops forwarded SYN-ACKs from port `sport`: the connect's return path
     /// (what rp_filter, conntrack INVALID or a policy on the way back do).
     pub fn drop_forwarded_syn_ack(&self, node: &str, sport: u16) -> Result<()> {

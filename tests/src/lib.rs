@@ -153,6 +153,11 @@ impl Topology {
         ok(self.0.drop_forwarded_tcp(node, dport));
     }
 
+    /// See [`node_diag_testbed::Topology::drop_forwarded_syn`].
+    pub fn drop_forwarded_syn(&self, node: &str, dport: u16) {
+        ok(self.0.drop_forwarded_syn(node, dport));
+    }
+
     pub fn drop_forwarded_syn_ack(&self, node: &str, sport: u16) {
         ok(self.0.drop_forwarded_syn_ack(node, sport));
     }

@@ -1,7 +1,7 @@
 //! Verdicts that tell similar-looking failures apart: a dead peer from a PMTUD black hole,
 //! a firewall's reject from a missing listener, an abandoned connect from a healthy one,
-//! a connect that succeeded late from one that never did, and this node's namespaces
-//! from foreign ones. The real agent in node A, real faults in the namespaces.
+//! a connect that succeeded late (or by a simultaneous open) from one that never did, and
+//! this node's namespaces from foreign ones. The real agent in node A, real faults in the namespaces.
 //!
 //! Root, `NODE_DIAG_BIN` set (or `cargo xtask test`), one test at a time:
 //! `cargo test -p node-diag-tests --test verdicts -- --test-threads=1`.
@@ -19,8 +19,8 @@ use node_diag_tests::finding::{assert_shape, field, flow_is, involves};
 use node_diag_tests::netns::{Netns, enter_netns, netns_path};
 use node_diag_tests::topology::Reject;
 use node_diag_tests::{
-    Agent, ConnectOutcome, ServerMode, TcpServer, Topology, cmd, in_netns, ok, tcp_connect,
-    unique_name,
+    Agent, ConnectOutcome, ServerMode, TcpServer, Topology, cmd, in_netns, ok, spawn_in_netns,
+    tcp_connect, unique_name,
 };
 use serde_json::Value;
 use socket2::{Domain, Protocol, Socket, Type};
@@ -666,6 +666,82 @@ fn connect_that_succeeds_late_resolves_its_timeout() {
          connect succeeded ({connected_after:?}): {still:#?}",
         topo.pod_b_ip
     );
+}
+
+/// A connect whose own SYNs are lost, reported as timing out, then completed by the
+/// peer's SYN crossing it (a simultaneous open: the socket goes from SYN_SENT to SYN_RECV
+/// and answers with a SYN-ACK, never receiving one of its own): the timeout is resolved,
+/// as for a late SYN-ACK, and the attempt ends there. The connection's later reset by the
+/// peer is a reset, not a refusal of the connect.
+#[test]
+fn connect_completed_by_a_simultaneous_open_resolves_its_timeout() {
+    let topo = Topology::new();
+    let agent = Agent::start_ready(&topo);
+    let (port, sport) = (9121, 41121);
+    // Pod A's SYNs to pod B:port are lost in node A; pod B's SYN from that port, and the
+    // SYN-ACK pod A answers it with, pass.
+    topo.drop_forwarded_syn(&topo.node_a, port);
+    let flow = pods_flow(&topo, port);
+    let (client_addr, server_addr) = (
+        SocketAddr::from((topo.pod_a_ip, sport)),
+        topo.pod_b_addr(port),
+    );
+    let bound = |local: SocketAddr| -> std::io::Result<Socket> {
+        let socket = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP))?;
+        socket.set_reuse_address(true)?;
+        socket.bind(&local.into())?;
+        Ok(socket)
+    };
+
+    let start = Instant::now();
+    let client = spawn_in_netns(&topo.pod_a, move || {
+        let socket = bound(client_addr)?;
+        socket.connect_timeout(&server_addr.into(), Duration::from_secs(15))?;
+        Ok::<Socket, std::io::Error>(socket)
+    });
+    // syn_retries 2: the second retransmit, at about 3 s, makes it a timeout.
+    let active = agent.wait_finding(
+        |f| kind_on_flow("tcp_timeout", flow)(f) && field(f, "status") == "active",
+        left(start, Duration::from_millis(4500)),
+    );
+    assert_shape(&active);
+    assert_layer(&active, "firewall");
+    assert!(
+        !client.is_finished(),
+        "the connect ended before the crossing SYN"
+    );
+
+    // Pod B connects from pod A's destination port to pod A's connecting port: its SYN
+    // meets pod A's socket in SYN_SENT.
+    let peer = in_netns(&topo.pod_b, || {
+        let socket = bound(server_addr)?;
+        socket.connect_timeout(&client_addr.into(), STEP)?;
+        Ok::<Socket, std::io::Error>(socket)
+    })
+    .unwrap_or_else(|e| panic!("pod B's crossing connect: {e}\n{}", agent.diagnostics()));
+    let client = client
+        .join()
+        .expect("client thread")
+        .unwrap_or_else(|e| panic!("pod A's connect: {e}\n{}", agent.diagnostics()));
+
+    let resolved = agent.wait_finding(
+        |f| kind_on_flow("tcp_timeout", flow)(f) && field(f, "status") == "resolved",
+        STEP,
+    );
+    assert_layer(&resolved, field(&active, "layer"));
+    assert_eq!(resolved["netns"], active["netns"], "{resolved:#}");
+
+    // SO_LINGER 0: pod B's close resets the connection pod A holds open.
+    peer.set_linger(Some(Duration::ZERO)).expect("linger");
+    drop(peer);
+    let reset = agent.wait_finding(kind_on_flow("tcp_reset", flow), STEP);
+    assert_shape(&reset);
+    assert_layer(&reset, "peer");
+    agent.expect_no_finding(
+        kind_on_flow("tcp_refused", flow),
+        Duration::from_millis(500),
+    );
+    drop(client);
 }
 
 /// Pins the calling thread, and the threads it starts from now on, to the first CPU it

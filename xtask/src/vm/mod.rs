@@ -112,6 +112,7 @@ pub const KERNEL_SUBSET: &[&str] = &[
     "remote_icmp_port_unreachable_is_a_firewall_not_the_listener",
     "abandoned_connect_with_local_drop_is_a_timeout",
     "connect_that_succeeds_late_resolves_its_timeout",
+    "connect_completed_by_a_simultaneous_open_resolves_its_timeout",
     "one_socket_connecting_again_is_judged_per_attempt",
     "v4_mapped_sockets_keep_their_evidence",
     "syn_ack_dropped_on_the_return_path_is_this_nodes_firewall",
