@@ -245,11 +245,12 @@ fn try_err_report(ctx: &BtfTracePointContext) -> Option<()> {
     let hard = btf_read::<i32>(sk, config!(sk_err));
     let soft = btf_read::<i32>(sk, config!(sk_err_soft));
     let state = btf_read_at::<u8>(sk, imm!(SK_STATE)) as u32;
-    let queued = if hard == 0 && soft == 0 {
-        queued_icmp_error(sk)
-    } else {
-        None
-    };
+    // The ICMP error this report is about, when the kernel queued it on the socket
+    // (`ip_icmp_error`, before it sets the error). The report can come before the error
+    // is set, or after it (in `sk_err`, or in `sk_err_soft` when the ICMP came while the
+    // connecting thread held the socket's lock): then the queued one must be that error.
+    let set = if hard != 0 { hard } else { soft };
+    let queued = queued_icmp_error(sk).filter(|(errno, _)| set == 0 || *errno == set);
     // Only connecting sockets (in scope by construction); resets of established
     // connections are judged at their CLOSE transition.
     let connect = CONNECTS.get_ptr_mut(&sk)?;
@@ -279,29 +280,29 @@ fn try_err_report(ctx: &BtfTracePointContext) -> Option<()> {
     } else {
         soft
     };
+    if let Some((errno, mut info)) = queued {
+        // The queued error says exactly what it was: received evidence under the
+        // socket's own flow, where the verdict looks for it, unless TC ingress filed
+        // this error there already (with its sender): it did not when NAT changed the
+        // flow the ICMP quotes, or when the classifier was not attached.
+        // SAFETY: the values are copied out at once.
+        let prev = unsafe { ICMP_ERR_RCVD.get(&key) }.map(|i| (i.last_ns, i.count));
+        if !prev.is_some_and(|(last_ns, _)| last_ns >= since) {
+            note_evidence();
+            let _ = store_lru(&ICMP_ERR_RCVD, &key, prev.map(|(_, n)| n), &mut info);
+        }
+        if error == 0 {
+            error = errno;
+        }
+    }
     if error == 0 {
         // An ICMP error that hit the socket while its owner held the lock is only stored
-        // in sk_err_soft after this report. With IP_RECVERR it was queued on the socket,
-        // which says exactly what it was; otherwise the ICMP this kernel generated for
-        // the flow names it, or the one TC ingress saw arrive for it (neither when NAT
-        // changed the flow on the way: its key differs).
-        error = match queued {
-            Some((errno, mut info)) => {
-                // Received evidence under the socket's own flow, where the verdict looks
-                // for it, unless TC ingress filed this error there already (with its
-                // sender): it did not when NAT changed the flow the ICMP quotes.
-                // SAFETY: the values are copied out at once.
-                let prev = unsafe { ICMP_ERR_RCVD.get(&key) }.map(|i| (i.last_ns, i.count));
-                if !prev.is_some_and(|(last_ns, _)| last_ns >= since) {
-                    note_evidence();
-                    let _ = store_lru(&ICMP_ERR_RCVD, &key, prev.map(|(_, n)| n), &mut info);
-                }
-                errno
-            }
-            None => icmp_sent_errno(&key)
-                .or_else(|| icmp_rcvd_errno(&key, since))
-                .unwrap_or(0),
-        };
+        // in sk_err_soft after this report, and queued only on kernels that queue it:
+        // the ICMP this kernel generated for the flow names it, or the one TC ingress saw
+        // arrive for it (neither when NAT changed the flow on the way: its key differs).
+        error = icmp_sent_errno(&key)
+            .or_else(|| icmp_rcvd_errno(&key, since))
+            .unwrap_or(0);
     }
     let (kind, counter) = match error {
         ECONNREFUSED => (event_kind::CONNECT_REFUSED, counter::CONNECT_REFUSED),
