@@ -472,9 +472,16 @@ pub struct Event {
     pub count: u64,
     /// [`VerdictKey::icmp`] of the key the verdict was aggregated under.
     pub icmp_key: u32,
-    pub _pad: u32,
+    /// How far before `ts_ns` the evidence window began, in milliseconds: the ICMP and
+    /// drop evidence in this event was looked up from then on. [`WINDOW_ALL`]: from the
+    /// start (the maps' whole memory). User space compares it with when it was watching
+    /// ICMP from the network, to tell "none received" from "not watched".
+    pub window_ms: u32,
 }
 const _: () = assert!(core::mem::size_of::<Event>() == 256);
+
+/// [`Event::window_ms`] of a verdict whose evidence is not limited to a window.
+pub const WINDOW_ALL: u32 = u32::MAX;
 
 /// Load-time settings, written by the agent into the read-only global [`GLOBAL_CONFIG`].
 #[repr(C)]

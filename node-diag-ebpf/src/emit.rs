@@ -17,8 +17,8 @@ use aya_log_ebpf::{
     warn,
 };
 use node_diag_common::{
-    DropInfo, DropKey, Event, FlowKey, IcmpInfo, VerdictAgg, VerdictKey, aggregated_kind, counter,
-    drop_flag, event_flag, event_kind, icmp_key, verdict_class,
+    DropInfo, DropKey, Event, FlowKey, IcmpInfo, VerdictAgg, VerdictKey, WINDOW_ALL,
+    aggregated_kind, counter, drop_flag, event_flag, event_kind, icmp_key, verdict_class,
 };
 
 use crate::{
@@ -323,13 +323,28 @@ pub fn emit<C: EbpfContext>(
         (*ev).class = class as u32;
         (*ev).count = count;
         (*ev).icmp_key = icmp;
-        (*ev)._pad = 0;
+        (*ev).window_ms = window_ms(ts, since);
     }
     entry.submit(0);
     inc(counter::EVENTS_SENT);
     // Checked here too, so that with logging off even the call is dead code.
     if level_enabled(Level::Debug) {
         log_verdict(ctx, kind, error, key, netns);
+    }
+}
+
+/// [`Event::window_ms`]: how long before `ts` the evidence window that began at `since`
+/// did, in milliseconds ([`WINDOW_ALL`] when it has no beginning).
+#[inline(always)]
+fn window_ms(ts: u64, since: u64) -> u32 {
+    if since == 0 {
+        return WINDOW_ALL;
+    }
+    let ms = ts.saturating_sub(since) / 1_000_000;
+    if ms >= WINDOW_ALL as u64 {
+        WINDOW_ALL - 1
+    } else {
+        ms as u32
     }
 }
 

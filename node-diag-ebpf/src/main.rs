@@ -8,7 +8,9 @@
 //!   which flow's SYN was dropped, so a timeout verdict carries its kernel evidence.
 //! - `icmp`: `icmp:icmp_send` remembers the ICMP errors this kernel generated per flow.
 //! - `tc`: a TC ingress classifier on the node's interfaces remembers ICMP frag-needed /
-//!   packet-too-big received per flow.
+//!   packet-too-big received per flow. The agent attaches it only while trouble shows
+//!   (by default), as any TC ingress program costs every packet the ingress step; each
+//!   event's `window_ms` lets it tell "none received" from "not watched".
 //!
 //! `skb` also records DF packets dropped as too big (`PKT_TOO_BIG`) per flow and egress
 //! device, and frag-needed dropped by netfilter; `tcp` counts full-size retransmits per

@@ -130,6 +130,18 @@ struct RunArgs {
     /// the latter (the pre-6.6 path, to test it, or where TCX misbehaves).
     #[arg(long, value_enum, default_value = "auto", value_name = "MODE")]
     tc_attach: kernel::tc::AttachMode,
+    /// When ICMP errors arriving from the network (frag-needed, unreachable, prohibited)
+    /// are watched, by the TC ingress classifier. `on-trouble` attaches it once something
+    /// shows trouble ICMP could explain (a failed connect other than a plain refusal, SYN
+    /// or full-size retransmits, oversize drops) and detaches it after --icmp-watch-hold
+    /// quiet seconds: no per-packet cost on a healthy node, but the first error of an
+    /// episode goes unseen (its finding says so). `always` keeps it attached.
+    #[arg(long, value_enum, default_value = "on-trouble", value_name = "WHEN")]
+    icmp_watch: agent::icmp_watch::Mode,
+    /// With --icmp-watch on-trouble: seconds the classifier stays attached after the last
+    /// trouble.
+    #[arg(long, default_value_t = 900, value_parser = clap::value_parser!(u64).range(1..=86_400), value_name = "SECONDS")]
+    icmp_watch_hold: u64,
     /// The container runtime's CRI socket, to name the pods of findings. By default the
     /// first of /run/containerd/containerd.sock and /var/run/crio/crio.sock that is a socket.
     /// Without one, findings carry network namespaces and addresses only.
@@ -257,6 +269,8 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
                 all_netns: args.all_netns,
                 ebpf_log: args.ebpf_log,
                 tc_attach: args.tc_attach,
+                icmp_watch: args.icmp_watch,
+                icmp_watch_hold: Duration::from_secs(args.icmp_watch_hold),
                 cri_socket: args.cri_socket,
             }))?;
             // Stop lingering blocking tasks instead of waiting for them.

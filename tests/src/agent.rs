@@ -73,6 +73,15 @@ impl<'t> Agent<'t> {
         agent
     }
 
+    /// [`Agent::start_ready`] with `--icmp-watch always`: the TC classifier attached from
+    /// the start, for tests of what it sees when nothing else would have attached it (a
+    /// PMTUD that works, the first ICMP error of an episode).
+    pub fn start_ready_watching_icmp(topo: &'t Topology) -> Agent<'t> {
+        let mut agent = Agent::start_with_args(topo, &["--icmp-watch", "always"]);
+        agent.wait_ready(READY);
+        agent
+    }
+
     /// Starts the agent in node A with the standard flags.
     pub fn start(topo: &'t Topology) -> Agent<'t> {
         Agent::start_with_args(topo, &[])

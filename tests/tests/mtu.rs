@@ -322,7 +322,8 @@ fn filtered_frag_needed_is_a_pmtud_black_hole() {
 fn frag_needed_from_beyond_this_node_is_counted_as_received() {
     let topo = Topology::new();
     node_diag_tests::narrow_node_b_pod_link(&topo, 1400);
-    let agent = Agent::start_ready(&topo);
+    // PMTUD works here, so nothing is trouble: watched from the start.
+    let agent = Agent::start_ready_watching_icmp(&topo);
     let before = agent.counter(FRAG_RECEIVED);
     let _server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(9004), ServerMode::Echo);
     let reply = tcp_request(
@@ -365,7 +366,13 @@ fn masqueraded_flow_with_frag_needed(filtered: bool) {
     if filtered {
         topo.drop_forwarded_frag_needed(&topo.node_a);
     }
-    let agent = Agent::start_ready(&topo);
+    // Recovering, the flow shows no trouble, so its frag-needed is seen only when ICMP is
+    // watched from the start; filtered, the trouble switches the watch on by itself.
+    let agent = if filtered {
+        Agent::start_ready(&topo)
+    } else {
+        Agent::start_ready_watching_icmp(&topo)
+    };
     let received = agent.counter(FRAG_RECEIVED);
     let port = 9006;
     let _server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(port), ServerMode::Echo);

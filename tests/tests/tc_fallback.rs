@@ -19,7 +19,8 @@ const INTERFACES: [&str; 2] = [UNDERLAY_IF, VXLAN_IF];
 const SHARED_IF: &str = UNDERLAY_IF;
 /// Where the agent never attaches: ICMP errors do not come from a pod's side.
 const POD_SIDE: [&str; 1] = [POD_HOST_IF];
-const NETLINK: [&str; 2] = ["--tc-attach", "netlink"];
+/// Netlink filters, attached from the start (not only once trouble shows).
+const NETLINK: [&str; 4] = ["--tc-attach", "netlink", "--icmp-watch", "always"];
 /// A filter of another tool: u32 and cls_bpf are what this kernel has built in.
 const FOREIGN: [&str; 11] = [
     "protocol", "all", "prio", "1", "u32", "match", "u32", "0", "0", "classid", "1:1",
@@ -141,12 +142,13 @@ fn netlink_mode_sigterm_leaves_no_filter_and_no_clsact() {
     nothing_left(&topo, &INTERFACES, &agent);
 }
 
-/// In the default mode (TCX on this kernel, netlink filters before 6.6), the classifier
-/// goes on the underlay and the overlay, never on a pod's veth.
+/// In the default attach mode (TCX on this kernel, netlink filters before 6.6), the
+/// classifier goes on the underlay and the overlay, never on a pod's veth.
 #[test]
 fn default_mode_leaves_the_pods_veths_alone() {
     let topo = Topology::new();
-    let mut agent = Agent::start_ready(&topo);
+    let mut agent = Agent::start_with_args(&topo, &["--icmp-watch", "always"]);
+    agent.wait_ready(node_diag_tests::agent::READY);
     let log = agent.stderr();
     for i in INTERFACES {
         assert!(
@@ -207,7 +209,8 @@ fn auto_mode_removes_a_killed_netlink_agents_leftovers() {
     agent.kill();
     drop(agent);
 
-    let mut agent = Agent::start_with_args(&topo, &["--tc-attach", "auto"]);
+    let mut agent =
+        Agent::start_with_args(&topo, &["--tc-attach", "auto", "--icmp-watch", "always"]);
     agent.wait_ready(node_diag_tests::agent::READY);
     if !node_diag_tests::kernel_has_tcx() {
         let now = one_filter_each(&topo, &agent, "auto agent without TCX");
@@ -228,6 +231,32 @@ fn auto_mode_removes_a_killed_netlink_agents_leftovers() {
             agent.diagnostics()
         );
     }
+    terminate_ok(&mut agent);
+    nothing_left(&topo, &INTERFACES, &agent);
+}
+
+/// An agent that watches ICMP only once trouble shows (the default) attaches nothing at
+/// start, but still removes what a killed agent left: its filters would otherwise run on
+/// every packet until the next trouble.
+#[test]
+fn on_trouble_agent_removes_a_killed_agents_leftovers_without_attaching() {
+    let topo = Topology::new();
+    let mut agent = start_netlink(&topo);
+    one_filter_each(&topo, &agent, "netlink agent");
+    agent.kill();
+    drop(agent);
+
+    let mut agent = Agent::start_with_args(&topo, &["--tc-attach", "netlink"]);
+    agent.wait_ready(node_diag_tests::agent::READY);
+    assert!(
+        agent
+            .stderr()
+            .contains("deleted TC filters a previous agent left"),
+        "{}",
+        agent.diagnostics()
+    );
+    nothing_left(&topo, &INTERFACES, &agent);
+    assert_eq!(agent.counter("node_diag_icmp_watch"), 0.0);
     terminate_ok(&mut agent);
     nothing_left(&topo, &INTERFACES, &agent);
 }

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use node_diag_tests::finding::{assert_shape, field, flow_is, involves};
 use node_diag_tests::netns::{Netns, enter_netns, netns_path};
-use node_diag_tests::topology::Reject;
+use node_diag_tests::topology::{Reject, UNDERLAY_IF};
 use node_diag_tests::{
     Agent, ConnectOutcome, ServerMode, TcpServer, Topology, cmd, in_netns, ok, spawn_in_netns,
     tcp_connect, unique_name,
@@ -1132,11 +1132,11 @@ fn syn_ack_dropped_on_the_return_path_is_this_nodes_firewall() {
 
 /// firewalld's default and kube-router's policies reject with ICMP host-prohibited: the
 /// connect fails with EHOSTUNREACH, which alone would read as routing. The ICMP that
-/// came back (seen by TC ingress) names a filter.
+/// came back (seen by TC ingress, watched from the start here) names a filter.
 #[test]
 fn remote_icmp_host_prohibited_is_a_firewall_not_routing() {
     let topo = Topology::new();
-    let agent = Agent::start_ready(&topo);
+    let agent = Agent::start_ready_watching_icmp(&topo);
     let port = 9115;
     let _server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(port), ServerMode::Echo);
     topo.reject_forwarded_tcp(&topo.node_b, port, Reject::IcmpHostProhibited);
@@ -1154,6 +1154,93 @@ fn remote_icmp_host_prohibited_is_a_firewall_not_routing() {
     // Node B's filter sent it, from its underlay or overlay address.
     let from = field(&f["evidence"], "icmp_received_from");
     assert!(from == "10.200.0.2" || from == "192.168.77.2", "{f:#}");
+}
+
+const ICMP_WATCH: &str = "node_diag_icmp_watch";
+
+/// Whether node A's underlay has the agent's classifier (a netlink filter, so `tc`
+/// shows it).
+fn classifier_on_underlay(topo: &Topology) -> bool {
+    let out = cmd::try_run_in(
+        &topo.node_a,
+        &["tc", "filter", "show", "dev", UNDERLAY_IF, "ingress"],
+    );
+    String::from_utf8_lossy(&out.stdout).contains("nd_tc_ingress")
+}
+
+/// The same reject under the default `--icmp-watch on-trouble`: on a healthy node no TC
+/// classifier runs, so the first failure's ICMP is not seen arriving. Its type and code
+/// still reach the finding from the socket's own error queue (the kernel queues a
+/// connect's ICMP error there), so the filter is named, though not which host it was.
+/// That failure attaches the classifier; the retry's evidence then names the sender.
+/// After the hold time without trouble the classifier is detached again, its clsact
+/// with it.
+#[test]
+fn icmp_watched_on_trouble_names_the_sender_from_the_next_failure() {
+    let topo = Topology::new();
+    let mut agent =
+        Agent::start_with_args(&topo, &["--tc-attach", "netlink", "--icmp-watch-hold", "4"]);
+    agent.wait_ready(node_diag_tests::agent::READY);
+    let port = 9122;
+    let _server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(port), ServerMode::Echo);
+    topo.reject_forwarded_tcp(&topo.node_b, port, Reject::IcmpHostProhibited);
+    assert_eq!(agent.wait_metric(ICMP_WATCH, STEP), 0.0);
+    assert!(!classifier_on_underlay(&topo), "{}", agent.diagnostics());
+
+    let outcome = tcp_connect(&topo.pod_a, topo.pod_b_addr(port), STEP);
+    assert!(outcome.is_icmp_failure(), "{outcome:?}");
+    let f = agent.wait_finding(
+        kind_on_flow("tcp_unreachable", pods_flow(&topo, port)),
+        Duration::from_secs(1),
+    );
+    assert_shape(&f);
+    assert_layer(&f, "firewall");
+    assert_eq!(f["evidence"]["icmp_received_type"], 3, "{f:#}");
+    assert_eq!(f["evidence"]["icmp_received_code"], 10, "{f:#}");
+    assert!(f["evidence"].get("icmp_received_from").is_none(), "{f:#}");
+    agent.wait_counter_at_least(ICMP_WATCH, 1.0, STEP);
+    assert!(classifier_on_underlay(&topo), "{}", agent.diagnostics());
+
+    // Past the kernel's one-second aggregation window, so that the retry's verdict is an
+    // event of its own, with its evidence, not only a count.
+    thread::sleep(Duration::from_millis(1200));
+    let outcome = tcp_connect(&topo.pod_a, topo.pod_b_addr(port), STEP);
+    assert!(outcome.is_icmp_failure(), "{outcome:?}");
+    // The same finding (kind, layer, flow), its evidence the latest attempt's.
+    let deadline = Instant::now() + node_diag_tests::agent::scaled(STEP);
+    let named = loop {
+        let found = agent.findings_endpoint().into_iter().find(|f| {
+            kind_on_flow("tcp_unreachable", pods_flow(&topo, port))(f)
+                && f["evidence"].get("icmp_received_from").is_some()
+        });
+        match found {
+            Some(f) => break f,
+            None if Instant::now() < deadline => thread::sleep(Duration::from_millis(100)),
+            None => panic!(
+                "no sender named after the watch began\n{}\n{}",
+                agent.metrics_text(),
+                agent.diagnostics()
+            ),
+        }
+    };
+    assert_layer(&named, "firewall");
+    assert_eq!(named["count"], 2, "{named:#}");
+    let from = field(&named["evidence"], "icmp_received_from");
+    assert!(from == "10.200.0.2" || from == "192.168.77.2", "{named:#}");
+
+    // Quiet for the hold time (4 s, checked every 0.5 s): detached, nothing left.
+    let deadline = Instant::now() + node_diag_tests::agent::scaled(Duration::from_secs(10));
+    while agent.counter(ICMP_WATCH) != 0.0 && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(agent.counter(ICMP_WATCH), 0.0, "{}", agent.diagnostics());
+    assert!(!classifier_on_underlay(&topo), "{}", agent.diagnostics());
+    let qdiscs = cmd::run_in(&topo.node_a, &["tc", "qdisc", "show", "dev", UNDERLAY_IF]);
+    assert!(
+        !qdiscs.contains("clsact"),
+        "{qdiscs}\n{}",
+        agent.diagnostics()
+    );
 }
 
 /// Clients that abort (a RST) reset the server's accepted connections, each from a new

@@ -118,6 +118,7 @@ pub struct Metrics {
     frag_needed: Family<DirectionLabel, Counter>,
     oversize: Family<InterfaceLabel, Counter>,
     blackholes: Gauge,
+    icmp_watch: Gauge,
     interface_mtu: Family<InterfaceMtuLabels, Gauge>,
     headroom: Family<InterfaceNetnsLabels, Gauge>,
     conntrack_drops: Family<ReasonLabel, Counter>,
@@ -166,7 +167,7 @@ impl Metrics {
         let frag_needed = Family::<DirectionLabel, Counter>::default();
         registry.register(
             "node_diag_icmp_frag_needed",
-            "ICMP frag-needed / packet-too-big sent by, received by, and dropped on this node",
+            "ICMP frag-needed / packet-too-big sent by, received by (counted while ICMP is watched, see node_diag_icmp_watch), and dropped on this node",
             frag_needed.clone(),
         );
         let oversize = Family::<InterfaceLabel, Counter>::default();
@@ -180,6 +181,12 @@ impl Metrics {
             "node_diag_pmtud_blackholes",
             "Flows black-holed by PMTUD right now",
             blackholes.clone(),
+        );
+        let icmp_watch = Gauge::default();
+        registry.register(
+            "node_diag_icmp_watch",
+            "1 while ICMP errors arriving from the network are watched (the TC classifier attached), 0 otherwise; without the watch, findings say frag-needed received is unknown",
+            icmp_watch.clone(),
         );
         let interface_mtu = Family::<InterfaceMtuLabels, Gauge>::default();
         registry.register(
@@ -239,6 +246,7 @@ impl Metrics {
             frag_needed,
             oversize,
             blackholes,
+            icmp_watch,
             interface_mtu,
             headroom,
             conntrack_drops,
@@ -331,6 +339,10 @@ impl Metrics {
         self.blackholes.set(flows as i64);
     }
 
+    pub fn set_icmp_watch(&self, watching: bool) {
+        self.icmp_watch.set(i64::from(watching));
+    }
+
     /// Replaces the MTU gauges with the current model: each interface's MTU, and its
     /// headroom where the model holds it to a limit.
     pub fn set_mtu_model(&self, interfaces: &[InterfaceMtu]) {
@@ -406,6 +418,7 @@ mod tests {
         assert!(text.contains("node_diag_icmp_frag_needed_total{direction=\"dropped\"} 3"));
         assert!(text.contains("node_diag_icmp_frag_needed_total{direction=\"sent\"} 0"));
         m.set_blackholes(1);
+        m.set_icmp_watch(true);
         m.set_mtu_model(&[InterfaceMtu {
             interface: "eth0".to_string(),
             kind: LinkKind::Veth,
@@ -415,6 +428,7 @@ mod tests {
         }]);
         let text = m.encode().unwrap();
         assert!(text.contains("node_diag_pmtud_blackholes 1"));
+        assert!(text.contains("node_diag_icmp_watch 1"));
         let classic = m.encode_text().unwrap();
         assert!(
             classic.contains("# TYPE node_diag_drops_total counter"),

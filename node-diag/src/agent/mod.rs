@@ -11,6 +11,8 @@
 //! - [`mtu_refresh`]: the MTU model's conditions and gauges, rebuilt on link changes.
 //!
 //! - [`verdicts`]: exact counts for the verdicts the kernel aggregates.
+//! - [`icmp_watch`]: when the TC classifier is attached (always, or while trouble
+//!   shows), and whether an event's evidence window was watched.
 //!
 //! One kernel event travels: ring buffer (`kernel::ring`) → this loop → `correlate` →
 //! metrics + findings store (served on `/findings`) → printed once on stdout. Storms of
@@ -19,6 +21,7 @@
 
 mod conntrack_watch;
 mod http;
+pub mod icmp_watch;
 pub mod metrics;
 mod mtu_refresh;
 mod state;
@@ -44,6 +47,7 @@ use tracing::{debug, info, warn};
 
 use self::{
     conntrack_watch::ConntrackWatch,
+    icmp_watch::IcmpWatch,
     metrics::{KernelTotals, Metrics},
     mtu_refresh::refresh_mtu,
     state::Shared,
@@ -59,7 +63,7 @@ use crate::{
     kernel::{
         caps,
         loader::{self, LoadError},
-        maps::{KernelMaps, MapMissing},
+        maps::{KernelMaps, MapMissing, monotonic_ns},
         tc::{self, TcIngress},
     },
     output::print_finding,
@@ -102,6 +106,10 @@ pub struct RunOptions {
     pub ebpf_log: crate::kernel::ebpf_log::Level,
     /// How the TC ingress classifier is attached (TCX or a netlink filter).
     pub tc_attach: tc::AttachMode,
+    /// When the TC ingress classifier is attached: always, or while trouble shows.
+    pub icmp_watch: icmp_watch::Mode,
+    /// How long it stays attached after the last trouble (`on-trouble`).
+    pub icmp_watch_hold: Duration,
     /// `--cri-socket`: the runtime socket to read pods from (default: the usual ones).
     pub cri_socket: Option<PathBuf>,
 }
@@ -118,6 +126,8 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
     if !missing.is_empty() {
         return Err(AgentError::Privileges(missing.join(", ")));
     }
+    // The programs' maps are empty before this: evidence begins here.
+    let loaded_ns = monotonic_ns();
     let mut loaded = loader::load(&loader::Options {
         syn_retrans_threshold: opts.syn_retries,
         scoped: !opts.all_netns,
@@ -155,8 +165,31 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
             None
         }
     };
+    let mut watch = IcmpWatch::new(opts.icmp_watch, opts.icmp_watch_hold, loaded_ns);
     if let Some(tc) = tc.as_mut() {
-        sync_tc_from(tc, &mut loaded.ebpf, node.as_ref());
+        match watch.mode() {
+            icmp_watch::Mode::Always => {
+                sync_tc_from(tc, &mut loaded.ebpf, node.as_ref());
+                if tc.attached_any() {
+                    watch.attached(loaded_ns);
+                }
+            }
+            icmp_watch::Mode::OnTrouble => {
+                match node.as_ref() {
+                    Some(node) => tc.remove_leftovers(&node.links),
+                    None => match crate::host_network::links() {
+                        Ok(links) => tc.remove_leftovers(&links),
+                        Err(e) => {
+                            warn!(error = %e, "cannot list interfaces; TC filters a previous agent left stay")
+                        }
+                    },
+                }
+                info!(
+                    hold_secs = watch.hold().as_secs(),
+                    "ICMP from the network is watched only once trouble shows (--icmp-watch on-trouble)"
+                );
+            }
+        }
     }
     // Stale from here on: the loop takes a fresh look every refresh.
     drop(node);
@@ -237,7 +270,11 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
                         &mut untranslated,
                     ),
                     conntrack: conntrack.window(&ev, &names),
+                    icmp_watched: watch.covers(&ev),
                 };
+                if watch.event(&ev, Instant::now()) {
+                    start_icmp_watch(tc.as_mut(), &mut loaded.ebpf, &mut watch, "a verdict");
+                }
                 let mut finding = correlate(&ev, &ctx);
                 if let Some(f) = finding.as_mut() {
                     crate::pods::name_pods(f, &pods.current());
@@ -276,7 +313,19 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
                         record(&shared, finding, opts.format);
                     }
                 }
-                let totals = KernelTotals::named(&maps.counts(), &names, bad_records.load(Ordering::Relaxed));
+                let counts = maps.counts();
+                let now = Instant::now();
+                if watch.counters(&counts, now) {
+                    start_icmp_watch(tc.as_mut(), &mut loaded.ebpf, &mut watch, "kernel counters");
+                } else if watch.quiet(now)
+                    && let Some(tc) = tc.as_mut()
+                {
+                    tc.detach_all(&mut loaded.ebpf);
+                    watch.detached(monotonic_ns());
+                    info!(hold_secs = watch.hold().as_secs(), "ICMP watch off: no trouble for the hold time; TC ingress detached");
+                }
+                shared.metrics().set_icmp_watch(watch.armed());
+                let totals = KernelTotals::named(&counts, &names, bad_records.load(Ordering::Relaxed));
                 let blackholes = maps.active_blackholes();
                 let mut metrics = shared.metrics();
                 metrics.sync_kernel(totals);
@@ -298,13 +347,13 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
                     continue;
                 }
                 refresh_mtu(&shared, &pods, opts.format).await;
-                if let Some(tc) = tc.as_mut() {
+                if let Some(tc) = tc.as_mut().filter(|_| watch.armed()) {
                     sync_tc(tc, &mut loaded.ebpf);
                 }
             }
             _ = refresh_tick.tick() => {
                 let node = refresh_namespaces(&mut maps, &mut conntrack, opts.all_netns);
-                if let Some(tc) = tc.as_mut() {
+                if let Some(tc) = tc.as_mut().filter(|_| watch.armed()) {
                     sync_tc_from(tc, &mut loaded.ebpf, node.as_ref());
                 }
             }
@@ -353,6 +402,34 @@ async fn next_change(rx: &mut Option<tokio::sync::mpsc::Receiver<()>>) -> Option
     match rx.as_mut() {
         Some(rx) => rx.recv().await,
         None => std::future::pending().await,
+    }
+}
+
+/// Attaches the classifier now that trouble shows (`why`), and notes since when ICMP is
+/// watched. Without it (unavailable), nothing is watched and findings say so.
+fn start_icmp_watch(
+    tc: Option<&mut TcIngress>,
+    ebpf: &mut aya::Ebpf,
+    watch: &mut IcmpWatch,
+    why: &str,
+) {
+    let Some(tc) = tc else {
+        watch.attach_failed(Instant::now());
+        return;
+    };
+    sync_tc(tc, ebpf);
+    if tc.attached_any() {
+        watch.attached(monotonic_ns());
+        info!(
+            trigger = why,
+            "ICMP watch on: trouble shows; TC ingress attached"
+        );
+    } else {
+        watch.attach_failed(Instant::now());
+        warn!(
+            trigger = why,
+            "trouble shows but TC ingress attached to no interface: ICMP from the network stays unwatched"
+        );
     }
 }
 

@@ -92,6 +92,10 @@ pub struct Context<'a> {
     /// dropped, around that drop (see [`super::conntrack`]); `None` when the drop was
     /// not a `NETFILTER_DROP` or the namespace has no readings.
     pub conntrack: Option<Window>,
+    /// Whether ICMP errors arriving from the network (the TC classifier) were watched
+    /// throughout the event's evidence window. When not, an event without a received
+    /// ICMP error says nothing about whether one came: "unknown", not "none".
+    pub icmp_watched: bool,
 }
 
 /// What the agent knows of the Service and NAT behind a flow's destination: the
@@ -229,7 +233,9 @@ fn with_flow(mut f: Finding, ev: &Event) -> Finding {
 }
 
 /// ICMP frag-needed evidence (generated here, received, dropped by netfilter) as JSON.
-fn frag_evidence(ev: &Event, evidence: &mut Map<String, Value>) {
+/// Received is `null` (unknown) when none was seen and ICMP from the network was not
+/// watched throughout the window.
+fn frag_evidence(ev: &Event, watched: bool, evidence: &mut Map<String, Value>) {
     let sent = (ev.icmp.last_ns != 0 && ev.icmp.icmp_type == 3 && ev.icmp.icmp_code == 4)
         .then_some(ev.icmp);
     evidence.insert(
@@ -239,7 +245,12 @@ fn frag_evidence(ev: &Event, evidence: &mut Map<String, Value>) {
     if let Some(i) = sent.filter(|i| i.mtu != 0) {
         evidence.insert("frag_needed_mtu".into(), json!(i.mtu));
     }
-    evidence.insert("frag_needed_received".into(), json!(ev.icmp_rcvd.count));
+    if watched || ev.icmp_rcvd.count > 0 {
+        evidence.insert("frag_needed_received".into(), json!(ev.icmp_rcvd.count));
+    } else {
+        evidence.insert("frag_needed_received".into(), Value::Null);
+        evidence.insert("icmp_watch".into(), json!("off"));
+    }
     if ev.icmp_rcvd.count > 0 && ev.icmp_rcvd.mtu != 0 {
         evidence.insert("frag_needed_received_mtu".into(), json!(ev.icmp_rcvd.mtu));
     }
@@ -261,7 +272,7 @@ fn df_oversize(ev: &Event, ctx: &Context<'_>) -> Finding {
     evidence.insert("packet_len".into(), json!(ev.len));
     evidence.insert("egress_interface".into(), json!(iface));
     evidence.insert("egress_mtu".into(), json!(ev.mtu));
-    frag_evidence(ev, &mut evidence);
+    frag_evidence(ev, ctx.icmp_watched, &mut evidence);
     // IPv6 has no tracepoint for the packet-too-big the kernel sends, but a forwarding
     // IPv6 node sends one for every such drop (rate-limited): only netfilter dropping it
     // here is visible, and decides.
@@ -323,7 +334,7 @@ fn pmtud_stall(ev: &Event, ctx: &Context<'_>) -> Finding {
     evidence.insert("oversize_drops".into(), json!(ev.drop.count));
     evidence.insert("mss".into(), json!(ev.mtu));
     evidence.insert("segment_len".into(), json!(ev.len));
-    frag_evidence(ev, &mut evidence);
+    frag_evidence(ev, ctx.icmp_watched, &mut evidence);
     let generated_here = ev.icmp.icmp_code == 4 && ev.icmp.count > 0;
     let why = if ev.frag_dropped.count > 0 {
         // A frag-needed this node generated is dropped on its way out; one it forwards
@@ -382,14 +393,18 @@ fn tcp_stall(ev: &Event, ctx: &Context<'_>) -> Finding {
     evidence.insert("segment_len".into(), json!(ev.len));
     evidence.insert("mss".into(), json!(ev.mtu));
     evidence.insert("oversize_drops".into(), json!(0));
-    frag_evidence(ev, &mut evidence);
+    frag_evidence(ev, ctx.icmp_watched, &mut evidence);
     let why = if ev.len < ev.mtu {
         format!(
             "The stalled segment ({} bytes) is shorter than the MSS ({}), so size is not the problem",
             ev.len, ev.mtu
         )
-    } else {
+    } else if ctx.icmp_watched || ev.icmp_rcvd.count > 0 {
         "With no oversize drop and no ICMP frag-needed for this flow, size is not the problem"
+            .to_owned()
+    } else {
+        // A frag-needed from a router beyond this node may have come and gone unwatched.
+        "No oversize drop here and no ICMP frag-needed generated or dropped here, so size is probably not the problem (whether one arrived from the network was not watched)"
             .to_owned()
     };
     let summary = format!(
@@ -542,6 +557,14 @@ fn connect_verdict(ev: &Event, ctx: &Context<'_>) -> Option<Finding> {
     let rst_received = ev.flags & event_flag::RST_RECEIVED != 0;
     if ev.kind == event_kind::CONNECT_REFUSED {
         evidence.insert("rst_received".into(), json!(rst_received));
+    }
+    // An ICMP error ended the connect, but which one and from whom was not watched.
+    let icmp_unseen = received.is_none()
+        && !ctx.icmp_watched
+        && (ev.kind == event_kind::CONNECT_UNREACHABLE
+            || (ev.kind == event_kind::CONNECT_REFUSED && !rst_received));
+    if icmp_unseen {
+        evidence.insert("icmp_watch".into(), json!("off"));
     }
     let abandoned = ev.kind == event_kind::CONNECT_ABANDONED;
     if abandoned {
@@ -707,6 +730,19 @@ fn connect_verdict(ev: &Event, ctx: &Context<'_>) -> Option<Finding> {
                         "Check the route to {dst} on every node on the path (`ip route get {dst}`) and the CNI agent's health."
                     ),
                 ),
+                // An ICMP error from beyond this node that nobody watched: a router's
+                // unreachable and a firewall's prohibited read alike in the errno.
+                Evidence::None if icmp_unseen => (
+                    Kind::TcpUnreachable,
+                    Layer::Unknown,
+                    Severity::Warning,
+                    format!(
+                        "Connection to {dst}:{dport} failed with {errno}: a host on the path answered it with an ICMP error while ICMP from the network was not watched, so whether a router (no route) or a firewall (prohibited) sent it is unknown."
+                    ),
+                    format!(
+                        "Retry: once ICMP is watched (metric `node_diag_icmp_watch` 1, or the agent run with `--icmp-watch always`) the next failure names its sender. Meanwhile check the route to {dst} (`ip route get {dst}`) and the REJECT rules on the path (`nft list ruleset`, NetworkPolicies)."
+                    ),
+                ),
                 Evidence::None => (
                     Kind::TcpUnreachable,
                     Layer::CniRouting,
@@ -844,6 +880,16 @@ mod tests {
     }
 
     fn run_with(ev: &Event, conntrack: Option<Window>) -> Option<Finding> {
+        run_ctx(ev, conntrack, true)
+    }
+
+    /// As the agent correlates an event whose window ICMP from the network was not
+    /// watched in (the classifier not attached yet, or unavailable).
+    fn run_unwatched(ev: &Event) -> Option<Finding> {
+        run_ctx(ev, None, false)
+    }
+
+    fn run_ctx(ev: &Event, conntrack: Option<Window>, icmp_watched: bool) -> Option<Finding> {
         let names = Names::new(reasons(), |_, i| (i == 3).then(|| "vpod0".to_string()));
         correlate(
             ev,
@@ -853,6 +899,7 @@ mod tests {
                 ephemeral_ports: 32768..=60999,
                 translation: Translation::default(),
                 conntrack,
+                icmp_watched,
             },
         )
     }
@@ -867,6 +914,7 @@ mod tests {
                 ephemeral_ports: 32768..=60999,
                 translation,
                 conntrack: None,
+                icmp_watched: true,
             },
         )
     }
@@ -1088,6 +1136,56 @@ mod tests {
     }
 
     #[test]
+    fn unreachable_with_icmp_unwatched_is_unknown_not_routing() {
+        // A firewall's prohibited and a router's unreachable read alike in the errno:
+        // without the ICMP itself, no layer is named and nobody is paged.
+        let f = run_unwatched(&event(event_kind::CONNECT_UNREACHABLE, 113)).unwrap();
+        assert_eq!((f.kind, f.layer), (Kind::TcpUnreachable, Layer::Unknown));
+        assert_eq!(f.severity, Severity::Warning);
+        assert_eq!(f.evidence["icmp_watch"], "off");
+        assert!(f.summary.contains("not watched"), "{}", f.summary);
+        // Evidence from this node still decides: the ICMP it generated itself.
+        let mut ev = event(event_kind::CONNECT_UNREACHABLE, 113);
+        ev.icmp = IcmpInfo {
+            last_ns: 5,
+            icmp_type: 3,
+            icmp_code: 13,
+            netns: 1,
+            ifindex: 2,
+            ..Default::default()
+        };
+        assert_eq!(run_unwatched(&ev).unwrap().layer, Layer::Firewall);
+        // As does a received one, seen before the watch window was known to be whole.
+        let mut ev = event(event_kind::CONNECT_UNREACHABLE, 113);
+        ev.icmp_rcvd = IcmpInfo {
+            last_ns: 5,
+            icmp_type: 3,
+            icmp_code: 1,
+            count: 1,
+            from: [10, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            ..Default::default()
+        };
+        let f = run_unwatched(&ev).unwrap();
+        assert_eq!(f.layer, Layer::CniRouting);
+        assert!(f.evidence.get("icmp_watch").is_none());
+        // Watched, the same errno with no ICMP received names the routing layer, as before.
+        let f = run(&event(event_kind::CONNECT_UNREACHABLE, 113)).unwrap();
+        assert!(f.evidence.get("icmp_watch").is_none());
+    }
+
+    #[test]
+    fn refused_by_rst_does_not_mention_the_icmp_watch() {
+        let mut ev = event(event_kind::CONNECT_REFUSED, 111);
+        ev.flags = event_flag::RST_RECEIVED;
+        let f = run_unwatched(&ev).unwrap();
+        assert_eq!(f.layer, Layer::Listener);
+        assert!(f.evidence.get("icmp_watch").is_none());
+        let f = run_unwatched(&event(event_kind::CONNECT_REFUSED, 111)).unwrap();
+        assert_eq!(f.layer, Layer::Firewall);
+        assert_eq!(f.evidence["icmp_watch"], "off");
+    }
+
+    #[test]
     fn established_reset_is_the_peer() {
         let f = run(&event(event_kind::ESTABLISHED_RESET, 104)).unwrap();
         assert_eq!((f.kind, f.layer), (Kind::TcpReset, Layer::Peer));
@@ -1222,6 +1320,27 @@ mod tests {
             "{}",
             f.summary
         );
+    }
+
+    #[test]
+    fn stall_with_icmp_unwatched_says_frag_needed_received_is_unknown() {
+        let mut ev = event(event_kind::TCP_STALL, 0);
+        ev.retrans = 3;
+        (ev.len, ev.mtu) = (1398, 1398);
+        let f = run_unwatched(&ev).unwrap();
+        assert_eq!((f.kind, f.layer), (Kind::TcpStall, Layer::Unknown));
+        assert_eq!(f.evidence["frag_needed_received"], Value::Null);
+        assert_eq!(f.evidence["icmp_watch"], "off");
+        assert!(f.summary.contains("probably not"), "{}", f.summary);
+        assert!(
+            !f.summary.contains("size is not the problem"),
+            "{}",
+            f.summary
+        );
+        // Watched: none received is a fact.
+        let f = run(&ev).unwrap();
+        assert_eq!(f.evidence["frag_needed_received"], 0);
+        assert!(f.evidence.get("icmp_watch").is_none());
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! TC ingress attachment on this node's interfaces (the namespace the agent runs in, which
 //! holds the underlay, the overlay and the pods' node-side veths; the pods' veths are left
-//! out by the caller). Interfaces are attached as they appear and forgotten as they go.
+//! out by the caller). Interfaces are attached as they appear and forgotten as they go,
+//! while the agent watches ICMP (`agent::icmp_watch` decides when: always, or while
+//! trouble shows).
 //!
 //! Two ways to attach, chosen by [`AttachMode`] (`node-diag run --tc-attach`):
 //!
@@ -178,6 +180,25 @@ impl TcIngress {
                     warn!(interface = %link.name, error = %e, "TC ingress attach failed; frag-needed received there is not seen");
                     self.failed.insert(index, link.name.clone());
                 }
+            }
+        }
+    }
+
+    /// Whether the classifier is attached to some interface.
+    pub fn attached_any(&self) -> bool {
+        !self.attached.is_empty()
+    }
+
+    /// Deletes the filters of ours a killed agent left on `links` (and the `clsact` it
+    /// added, when that leaves it empty), without attaching: for an agent that attaches
+    /// only later, so that a predecessor's filters do not run on every packet meanwhile.
+    pub fn remove_leftovers(&mut self, links: &[Link]) {
+        for link in links
+            .iter()
+            .filter(|l| l.link_type != ARPHRD_LOOPBACK && !l.name.is_empty())
+        {
+            if remove_leftovers(link.index, &link.name) {
+                remove_clsact_if_empty(link.index, &link.name);
             }
         }
     }

@@ -117,6 +117,7 @@ pub const KERNEL_SUBSET: &[&str] = &[
     "v4_mapped_sockets_keep_their_evidence",
     "syn_ack_dropped_on_the_return_path_is_this_nodes_firewall",
     "server_side_resets_aggregate_per_listener",
+    "icmp_watched_on_trouble_names_the_sender_from_the_next_failure",
     // storm
     "refused_storm_is_aggregated_in_the_kernel_and_accounted_exactly",
     "resets_whose_error_the_client_takes_at_once_are_each_the_listeners_refusal",
@@ -142,6 +143,7 @@ pub const KERNEL_SUBSET: &[&str] = &[
     "masqueraded_flow_with_frag_needed_filtered_is_a_black_hole",
     // nat
     "service_rejected_on_this_node_is_the_firewall_not_the_listener",
+    "service_rejected_by_icmp_beyond_this_node_is_a_firewall_not_the_service",
     "no_endpoints_is_the_service_with_nftables",
     // every real tunnel kind
     "tunnels",
