@@ -88,6 +88,12 @@ impl IcmpWatch {
         self.armed_from.is_some()
     }
 
+    /// Whether the classifier is to follow the interfaces as they come and go: always
+    /// (attached to none yet, say before the CNI made its overlay), or while armed.
+    pub fn keeps_attached(&self) -> bool {
+        self.mode == Mode::Always || self.armed()
+    }
+
     /// The classifier was attached at `now_ns` (programs' clock).
     pub fn attached(&mut self, now_ns: u64) {
         if self.armed_from.is_none() {

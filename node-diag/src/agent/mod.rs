@@ -347,14 +347,20 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
                     continue;
                 }
                 refresh_mtu(&shared, &pods, opts.format).await;
-                if let Some(tc) = tc.as_mut().filter(|_| watch.armed()) {
+                if let Some(tc) = tc.as_mut().filter(|_| watch.keeps_attached()) {
                     sync_tc(tc, &mut loaded.ebpf);
+                    if tc.attached_any() {
+                        watch.attached(monotonic_ns());
+                    }
                 }
             }
             _ = refresh_tick.tick() => {
                 let node = refresh_namespaces(&mut maps, &mut conntrack, opts.all_netns);
-                if let Some(tc) = tc.as_mut().filter(|_| watch.armed()) {
+                if let Some(tc) = tc.as_mut().filter(|_| watch.keeps_attached()) {
                     sync_tc_from(tc, &mut loaded.ebpf, node.as_ref());
+                    if tc.attached_any() {
+                        watch.attached(monotonic_ns());
+                    }
                 }
             }
             _ = sigterm.recv() => { info!("SIGTERM: shutting down"); break; }
