@@ -12,7 +12,8 @@
 //! - a flood of UDP datagrams from pod A into a drop rule in node A's forward hook, so
 //!   that `skb:kfree_skb` fires, in the agent's scope, on every packet;
 //! - the agent's programs' average run time against a budget per hook, from one profile
-//!   measurement per workload after the pairs (`kernel.bpf_stats_enabled` on, with an
+//!   measurement per workload after the pairs (the agent with `--icmp-watch always`, so
+//!   that the TC classifier runs in every workload; `kernel.bpf_stats_enabled` on, with an
 //!   empty program on each of the agent's tracepoints for the statistics' own floor, and
 //!   one before the agent's on each, so that the agent's never run first: `floor`), its
 //!   RSS and CPU, and the memory of its eBPF maps (here and computed for a
@@ -517,9 +518,16 @@ impl<'a> Bench<'a> {
         };
         let mut agent = match mode {
             Mode::Agent if self.settings.null => None,
-            Mode::Agent | Mode::Profile => {
-                Some(Agent::start(self.binary, &self.topo, READY_TIMEOUT)?)
-            }
+            // As installed: the TC classifier attached only once trouble shows.
+            Mode::Agent => Some(Agent::start(self.binary, &self.topo, READY_TIMEOUT, &[])?),
+            // The classifier attached from the start, so that its cost per packet is
+            // measured on every workload, not only where trouble attached it.
+            Mode::Profile => Some(Agent::start(
+                self.binary,
+                &self.topo,
+                READY_TIMEOUT,
+                &["--icmp-watch", "always"],
+            )?),
             Mode::Baseline => None,
         };
         // Statistics on, and the empty programs that measure their floor, for the profile

@@ -24,9 +24,15 @@ pub struct Agent<'t> {
 }
 
 impl<'t> Agent<'t> {
-    /// Starts the agent in node A and waits (at most `timeout`) for its ready file.
-    pub fn start(binary: &Path, topo: &'t Topology, timeout: Duration) -> Result<Self> {
-        let mut inner = node_diag_testbed::Agent::start(topo, binary, Some(LISTEN), &[])?;
+    /// Starts the agent in node A with `extra` arguments and waits (at most `timeout`)
+    /// for its ready file.
+    pub fn start(
+        binary: &Path,
+        topo: &'t Topology,
+        timeout: Duration,
+        extra: &[&str],
+    ) -> Result<Self> {
+        let mut inner = node_diag_testbed::Agent::start(topo, binary, Some(LISTEN), extra)?;
         if let Err(err) = inner.wait_ready_or(timeout, interrupted) {
             let what = if interrupted() {
                 "interrupted"
