@@ -169,10 +169,7 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
     if let Some(tc) = tc.as_mut() {
         match watch.mode() {
             icmp_watch::Mode::Always => {
-                sync_tc_from(tc, &mut loaded.ebpf, node.as_ref());
-                if tc.attached_any() {
-                    watch.attached(loaded_ns);
-                }
+                follow_interfaces(tc, &mut loaded.ebpf, node.as_ref(), &mut watch, loaded_ns);
             }
             icmp_watch::Mode::OnTrouble => {
                 match node.as_ref() {
@@ -348,19 +345,13 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
                 }
                 refresh_mtu(&shared, &pods, opts.format).await;
                 if let Some(tc) = tc.as_mut().filter(|_| watch.keeps_attached()) {
-                    sync_tc(tc, &mut loaded.ebpf);
-                    if tc.attached_any() {
-                        watch.attached(monotonic_ns());
-                    }
+                    follow_interfaces(tc, &mut loaded.ebpf, None, &mut watch, monotonic_ns());
                 }
             }
             _ = refresh_tick.tick() => {
                 let node = refresh_namespaces(&mut maps, &mut conntrack, opts.all_netns);
                 if let Some(tc) = tc.as_mut().filter(|_| watch.keeps_attached()) {
-                    sync_tc_from(tc, &mut loaded.ebpf, node.as_ref());
-                    if tc.attached_any() {
-                        watch.attached(monotonic_ns());
-                    }
+                    follow_interfaces(tc, &mut loaded.ebpf, node.as_ref(), &mut watch, monotonic_ns());
                 }
             }
             _ = sigterm.recv() => { info!("SIGTERM: shutting down"); break; }
@@ -423,9 +414,7 @@ fn start_icmp_watch(
         watch.attach_failed(Instant::now());
         return;
     };
-    sync_tc(tc, ebpf);
-    if tc.attached_any() {
-        watch.attached(monotonic_ns());
+    if follow_interfaces(tc, ebpf, None, watch, monotonic_ns()) {
         info!(
             trigger = why,
             "ICMP watch on: trouble shows; TC ingress attached"
@@ -437,6 +426,24 @@ fn start_icmp_watch(
             "trouble shows but TC ingress attached to no interface: ICMP from the network stays unwatched"
         );
     }
+}
+
+/// Brings the classifier's attachments in line with the node's interfaces
+/// ([`sync_tc_from`]) and, when some interface holds it, notes that ICMP from the network
+/// is watched from `now_ns` on. Returns whether any interface holds it.
+fn follow_interfaces(
+    tc: &mut TcIngress,
+    ebpf: &mut aya::Ebpf,
+    node: Option<&LocalNode>,
+    watch: &mut IcmpWatch,
+    now_ns: u64,
+) -> bool {
+    sync_tc_from(tc, ebpf, node);
+    let any = tc.attached_any();
+    if any {
+        watch.attached(now_ns);
+    }
+    any
 }
 
 /// Attaches TC ingress to the agent's namespace's interfaces as they come and go, except
