@@ -875,6 +875,31 @@ mod tests {
         ))
     }
 
+    /// A destination-unreachable of `code` that this node's stack sent (netns 1, ifindex 2).
+    fn icmp_sent_here(code: u32) -> IcmpInfo {
+        IcmpInfo {
+            last_ns: 5,
+            icmp_type: 3,
+            icmp_code: code,
+            netns: 1,
+            ifindex: 2,
+            ..Default::default()
+        }
+    }
+
+    /// One destination-unreachable of `code` received from the IPv4 address `from`.
+    fn icmp_received(code: u32, from: [u8; 4]) -> IcmpInfo {
+        let mut icmp = IcmpInfo {
+            last_ns: 5,
+            icmp_type: 3,
+            icmp_code: code,
+            count: 1,
+            ..Default::default()
+        };
+        icmp.from[..4].copy_from_slice(&from);
+        icmp
+    }
+
     fn run(ev: &Event) -> Option<Finding> {
         run_with(ev, None)
     }
@@ -1063,14 +1088,7 @@ mod tests {
     #[test]
     fn refused_by_local_reject_rule_is_the_firewall() {
         let mut ev = event(event_kind::CONNECT_REFUSED, 111);
-        ev.icmp = IcmpInfo {
-            last_ns: 5,
-            icmp_type: 3,
-            icmp_code: 3,
-            netns: 1,
-            ifindex: 2,
-            ..Default::default()
-        };
+        ev.icmp = icmp_sent_here(3);
         assert_eq!(run(&ev).unwrap().layer, Layer::Firewall);
     }
 
@@ -1124,14 +1142,7 @@ mod tests {
         assert_eq!((f.kind, f.layer), (Kind::TcpUnreachable, Layer::CniRouting));
         assert_eq!(f.evidence["errno"], "EHOSTUNREACH");
         let mut ev = event(event_kind::CONNECT_UNREACHABLE, 113);
-        ev.icmp = IcmpInfo {
-            last_ns: 5,
-            icmp_type: 3,
-            icmp_code: 13,
-            netns: 1,
-            ifindex: 2,
-            ..Default::default()
-        };
+        ev.icmp = icmp_sent_here(13);
         assert_eq!(run(&ev).unwrap().layer, Layer::Firewall);
     }
 
@@ -1146,25 +1157,11 @@ mod tests {
         assert!(f.summary.contains("not watched"), "{}", f.summary);
         // Evidence from this node still decides: the ICMP it generated itself.
         let mut ev = event(event_kind::CONNECT_UNREACHABLE, 113);
-        ev.icmp = IcmpInfo {
-            last_ns: 5,
-            icmp_type: 3,
-            icmp_code: 13,
-            netns: 1,
-            ifindex: 2,
-            ..Default::default()
-        };
+        ev.icmp = icmp_sent_here(13);
         assert_eq!(run_unwatched(&ev).unwrap().layer, Layer::Firewall);
         // As does a received one, seen before the watch window was known to be whole.
         let mut ev = event(event_kind::CONNECT_UNREACHABLE, 113);
-        ev.icmp_rcvd = IcmpInfo {
-            last_ns: 5,
-            icmp_type: 3,
-            icmp_code: 1,
-            count: 1,
-            from: [10, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
-            ..Default::default()
-        };
+        ev.icmp_rcvd = icmp_received(1, [10, 0, 0, 9]);
         let f = run_unwatched(&ev).unwrap();
         assert_eq!(f.layer, Layer::CniRouting);
         assert!(f.evidence.get("icmp_watch").is_none());
@@ -1441,14 +1438,7 @@ mod tests {
     #[test]
     fn icmp_received_from_the_path_decides_the_layer() {
         let mut ev = event(event_kind::CONNECT_UNREACHABLE, 113);
-        ev.icmp_rcvd = IcmpInfo {
-            last_ns: 1,
-            icmp_type: 3,
-            icmp_code: 10,
-            count: 1,
-            from: [10, 200, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
-            ..Default::default()
-        };
+        ev.icmp_rcvd = icmp_received(10, [10, 200, 0, 2]);
         let f = run(&ev).unwrap();
         assert_eq!((f.kind, f.layer), (Kind::TcpUnreachable, Layer::Firewall));
         assert_eq!(f.evidence["icmp_received_code"], 10);
