@@ -1,7 +1,8 @@
 //! Verdicts that tell similar-looking failures apart: a dead peer from a PMTUD black hole,
 //! a firewall's reject from a missing listener, an abandoned connect from a healthy one,
 //! a connect that succeeded late (or by a simultaneous open) from one that never did, and
-//! this node's namespaces from foreign ones. The real agent in node A, real faults in the namespaces.
+//! this node's namespaces from foreign ones. The real agent in node A, real faults in the
+//! namespaces.
 //!
 //! Root, `NODE_DIAG_BIN` set (or `cargo xtask test`), one test at a time:
 //! `cargo test -p node-diag-tests --test verdicts -- --test-threads=1`.
@@ -601,6 +602,7 @@ fn connect_that_succeeds_late_resolves_its_timeout() {
     let port = 9107;
     let mut stuck = StuckListener::start(&topo, port);
     let flow = pods_flow(&topo, port);
+    let before = agent.counter(TIMEOUT);
 
     let start = Instant::now();
     let client = connect_in_background(&topo.pod_a, topo.pod_b_addr(port), Duration::from_secs(10));
@@ -621,6 +623,7 @@ fn connect_that_succeeds_late_resolves_its_timeout() {
     };
     assert_shape(&active);
     assert_layer(&active, "unknown");
+    agent.wait_counter_at_least(TIMEOUT, before + 1.0, STEP);
     assert!(
         !client.is_finished(),
         "the client finished before the queue was drained: {:?}",
@@ -649,6 +652,14 @@ fn connect_that_succeeds_late_resolves_its_timeout() {
     assert!(
         resolved["resolved_at"].is_string(),
         "resolved without resolved_at: {resolved:#}"
+    );
+    // One attempt timed out once: neither its later SYN retransmits nor its success count
+    // again.
+    assert_eq!(
+        agent.counter(TIMEOUT),
+        before + 1.0,
+        "{}",
+        agent.metrics_text()
     );
     let served = agent.findings_endpoint();
     let still: Vec<&Value> = served
@@ -686,6 +697,7 @@ fn connect_completed_by_a_simultaneous_open_resolves_its_timeout() {
         SocketAddr::from((topo.pod_a_ip, sport)),
         topo.pod_b_addr(port),
     );
+    let before = agent.counter(TIMEOUT);
     let bound = |local: SocketAddr| -> std::io::Result<Socket> {
         let socket = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP))?;
         socket.set_reuse_address(true)?;
@@ -706,6 +718,7 @@ fn connect_completed_by_a_simultaneous_open_resolves_its_timeout() {
     );
     assert_shape(&active);
     assert_layer(&active, "firewall");
+    agent.wait_counter_at_least(TIMEOUT, before + 1.0, STEP);
     assert!(
         !client.is_finished(),
         "the connect ended before the crossing SYN"
@@ -730,6 +743,12 @@ fn connect_completed_by_a_simultaneous_open_resolves_its_timeout() {
     );
     assert_layer(&resolved, field(&active, "layer"));
     assert_eq!(resolved["netns"], active["netns"], "{resolved:#}");
+    assert_eq!(
+        agent.counter(TIMEOUT),
+        before + 1.0,
+        "{}",
+        agent.metrics_text()
+    );
 
     // SO_LINGER 0: pod B's close resets the connection pod A holds open.
     peer.set_linger(Some(Duration::ZERO)).expect("linger");
@@ -1130,6 +1149,39 @@ fn syn_ack_dropped_on_the_return_path_is_this_nodes_firewall() {
     agent.wait_counter_at_least(TIMEOUT, before + 1.0, STEP);
 }
 
+/// Pod B serving `port` behind node B's filter, which rejects pod A's connects to it
+/// with ICMP host-prohibited.
+fn server_behind_host_prohibited(topo: &Topology, port: u16) -> TcpServer {
+    let server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(port), ServerMode::Echo);
+    topo.reject_forwarded_tcp(&topo.node_b, port, Reject::IcmpHostProhibited);
+    server
+}
+
+/// Pod A connects to [`server_behind_host_prohibited`] once: the connect fails by ICMP.
+fn connect_host_prohibited(topo: &Topology, port: u16) {
+    let outcome = tcp_connect(&topo.pod_a, topo.pod_b_addr(port), STEP);
+    assert!(outcome.is_icmp_failure(), "{outcome:?}");
+}
+
+/// The finding of a [`connect_host_prohibited`]: unreachable because of a filter, with
+/// the ICMP's type and code.
+fn host_prohibited_finding(topo: &Topology, agent: &Agent, port: u16) -> Value {
+    let f = agent.wait_finding(
+        kind_on_flow("tcp_unreachable", pods_flow(topo, port)),
+        Duration::from_secs(1),
+    );
+    assert_shape(&f);
+    assert_layer(&f, "firewall");
+    assert_eq!(f["evidence"]["icmp_received_type"], 3, "{f:#}");
+    assert_eq!(f["evidence"]["icmp_received_code"], 10, "{f:#}");
+    f
+}
+
+/// Whether `from` is node B, whose filter rejects: its underlay or overlay address.
+fn is_node_b(from: &str) -> bool {
+    from == "10.200.0.2" || from == "192.168.77.2"
+}
+
 /// firewalld's default and kube-router's policies reject with ICMP host-prohibited: the
 /// connect fails with EHOSTUNREACH, which alone would read as routing. The ICMP that
 /// came back (seen by TC ingress, watched from the start here) names a filter.
@@ -1138,22 +1190,14 @@ fn remote_icmp_host_prohibited_is_a_firewall_not_routing() {
     let topo = Topology::new();
     let agent = Agent::start_ready_watching_icmp(&topo);
     let port = 9115;
-    let _server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(port), ServerMode::Echo);
-    topo.reject_forwarded_tcp(&topo.node_b, port, Reject::IcmpHostProhibited);
+    let _server = server_behind_host_prohibited(&topo, port);
 
-    let outcome = tcp_connect(&topo.pod_a, topo.pod_b_addr(port), STEP);
-    assert!(outcome.is_icmp_failure(), "{outcome:?}");
-    let f = agent.wait_finding(
-        kind_on_flow("tcp_unreachable", pods_flow(&topo, port)),
-        Duration::from_secs(1),
+    connect_host_prohibited(&topo, port);
+    let f = host_prohibited_finding(&topo, &agent, port);
+    assert!(
+        is_node_b(field(&f["evidence"], "icmp_received_from")),
+        "{f:#}"
     );
-    assert_shape(&f);
-    assert_layer(&f, "firewall");
-    assert_eq!(f["evidence"]["icmp_received_type"], 3, "{f:#}");
-    assert_eq!(f["evidence"]["icmp_received_code"], 10, "{f:#}");
-    // Node B's filter sent it, from its underlay or overlay address.
-    let from = field(&f["evidence"], "icmp_received_from");
-    assert!(from == "10.200.0.2" || from == "192.168.77.2", "{f:#}");
 }
 
 const ICMP_WATCH: &str = "node_diag_icmp_watch";
@@ -1182,21 +1226,12 @@ fn icmp_watched_on_trouble_names_the_sender_from_the_next_failure() {
         Agent::start_with_args(&topo, &["--tc-attach", "netlink", "--icmp-watch-hold", "4"]);
     agent.wait_ready(node_diag_tests::agent::READY);
     let port = 9122;
-    let _server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(port), ServerMode::Echo);
-    topo.reject_forwarded_tcp(&topo.node_b, port, Reject::IcmpHostProhibited);
+    let _server = server_behind_host_prohibited(&topo, port);
     assert_eq!(agent.wait_metric(ICMP_WATCH, STEP), 0.0);
     assert!(!classifier_on_underlay(&topo), "{}", agent.diagnostics());
 
-    let outcome = tcp_connect(&topo.pod_a, topo.pod_b_addr(port), STEP);
-    assert!(outcome.is_icmp_failure(), "{outcome:?}");
-    let f = agent.wait_finding(
-        kind_on_flow("tcp_unreachable", pods_flow(&topo, port)),
-        Duration::from_secs(1),
-    );
-    assert_shape(&f);
-    assert_layer(&f, "firewall");
-    assert_eq!(f["evidence"]["icmp_received_type"], 3, "{f:#}");
-    assert_eq!(f["evidence"]["icmp_received_code"], 10, "{f:#}");
+    connect_host_prohibited(&topo, port);
+    let f = host_prohibited_finding(&topo, &agent, port);
     assert!(f["evidence"].get("icmp_received_from").is_none(), "{f:#}");
     agent.wait_counter_at_least(ICMP_WATCH, 1.0, STEP);
     assert!(classifier_on_underlay(&topo), "{}", agent.diagnostics());
@@ -1204,8 +1239,7 @@ fn icmp_watched_on_trouble_names_the_sender_from_the_next_failure() {
     // Past the kernel's one-second aggregation window, so that the retry's verdict is an
     // event of its own, with its evidence, not only a count.
     thread::sleep(Duration::from_millis(1200));
-    let outcome = tcp_connect(&topo.pod_a, topo.pod_b_addr(port), STEP);
-    assert!(outcome.is_icmp_failure(), "{outcome:?}");
+    connect_host_prohibited(&topo, port);
     // The same finding (kind, layer, flow), its evidence the latest attempt's.
     let deadline = Instant::now() + node_diag_tests::agent::scaled(STEP);
     let named = loop {
@@ -1225,8 +1259,10 @@ fn icmp_watched_on_trouble_names_the_sender_from_the_next_failure() {
     };
     assert_layer(&named, "firewall");
     assert_eq!(named["count"], 2, "{named:#}");
-    let from = field(&named["evidence"], "icmp_received_from");
-    assert!(from == "10.200.0.2" || from == "192.168.77.2", "{named:#}");
+    assert!(
+        is_node_b(field(&named["evidence"], "icmp_received_from")),
+        "{named:#}"
+    );
 
     // Quiet for the hold time (4 s, checked every 0.5 s): detached, nothing left.
     let deadline = Instant::now() + node_diag_tests::agent::scaled(Duration::from_secs(10));
