@@ -219,22 +219,22 @@ fn verifier_error(e: &ProgramError) -> String {
             io_error,
             verifier_log,
         } => {
-            let log = verifier_log.to_string();
-            let last = log
-                .lines()
-                .rev()
-                .map(str::trim)
-                .find(|l| {
-                    !l.is_empty()
-                        && !l.starts_with("processed ")
-                        && !l.starts_with("verification time")
-                })
-                .unwrap_or_default()
-                .to_owned();
-            format!("{io_error}: {last}")
+            format!("{io_error}: {}", refusal(&verifier_log.to_string()))
         }
         other => other.to_string(),
     }
+}
+
+/// The verifier's reason for refusing a program: its log's last line before the
+/// statistics it always ends with (`verification time`, `stack depth` with
+/// `BPF_LOG_STATS`, then `processed N insns`).
+fn refusal(log: &str) -> &str {
+    const STATS: [&str; 3] = ["processed ", "verification time", "stack depth"];
+    log.lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| !l.is_empty() && !STATS.iter().any(|s| l.starts_with(s)))
+        .unwrap_or_default()
 }
 
 pub fn load(opts: &Options) -> Result<Loaded, LoadError> {
@@ -544,6 +544,28 @@ mod tests {
             btf: false,
             args,
         }
+    }
+
+    #[test]
+    fn a_refusal_is_the_line_before_the_verifiers_statistics() {
+        // The tail of a 6.18 log refusing a helper tracing programs may not call.
+        let log = "\
+650: (85) call bpf_ktime_get_coarse_ns#160
+program of this type cannot use helper bpf_ktime_get_coarse_ns#160
+verification time 3518 usec
+stack depth 16+248+0+0+0+0
+processed 330 insns (limit 1000000) max_states_per_insn 0 total_states 14 peak_states 14 mark_read 0
+";
+        assert_eq!(
+            refusal(log),
+            "program of this type cannot use helper bpf_ktime_get_coarse_ns#160"
+        );
+        // Without BPF_LOG_STATS the log ends with the count alone.
+        assert_eq!(
+            refusal("R1 invalid mem access 'scalar'\nprocessed 12 insns (limit 1000000)\n"),
+            "R1 invalid mem access 'scalar'"
+        );
+        assert_eq!(refusal(""), "");
     }
 
     #[test]
