@@ -197,6 +197,46 @@ mod tests {
     }
 
     #[test]
+    fn a_storm_counted_on_two_cpus_is_accounted_per_cpu() {
+        // Each CPU counts in its own entry from 1, and sends its own first event.
+        let mut t = VerdictTracker::default();
+        let on = |cpu, count| {
+            let mut ev = event(count);
+            ev.cpu = cpu;
+            ev
+        };
+        let (k0, k1) = (
+            VerdictKey::of_event(&on(0, 1)),
+            VerdictKey::of_event(&on(1, 1)),
+        );
+        assert_ne!(k0, k1);
+        assert_eq!(
+            t.event(&on(0, 1), Some(fixtures::refused(1)))
+                .unwrap()
+                .count,
+            1
+        );
+        assert_eq!(
+            t.event(&on(1, 1), Some(fixtures::refused(1)))
+                .unwrap()
+                .count,
+            1
+        );
+        // CPU 0 counted 7 in all, CPU 1 5: 6 + 4 more, neither CPU's count taken as the
+        // other's progress.
+        let r = t.read(&[(k0, agg(7, 100)), (k1, agg(5, 100))], 200, "t");
+        let counts: Vec<u64> = r.findings.iter().map(|f| f.count).collect();
+        assert_eq!(counts, vec![6, 4]);
+        // CPU 1's next event says 6: one more, not 6 - 7.
+        assert_eq!(
+            t.event(&on(1, 6), Some(fixtures::refused(2)))
+                .unwrap()
+                .count,
+            1
+        );
+    }
+
+    #[test]
     fn icmp_codes_that_decide_the_layer_make_different_keys() {
         let mut prohibited = event(1);
         prohibited.icmp_key = node_diag_common::icmp_key(0, 0, 3, 13);
