@@ -185,6 +185,9 @@ pub mod event_kind {
 pub mod flow_flag {
     /// The connecting socket received a RST (`tcp:tcp_receive_reset`).
     pub const RST_RECEIVED: u16 = 1;
+    /// The attempt is over (connected, failed, abandoned or out of scope): the entry
+    /// stays for the next socket at this address to rewrite, and every reader skips it.
+    pub const ENDED: u16 = 2;
 }
 
 /// [`Event::flags`] bits.

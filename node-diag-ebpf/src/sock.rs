@@ -70,7 +70,10 @@ fn try_set_state(ctx: &RawTracePointContext) -> Option<()> {
         // time.
         let netns = sock_netns(sk);
         if !in_scope(netns) {
-            let _ = CONNECTS.remove(&sk);
+            if let Some(connect) = live_connect(sk) {
+                // SAFETY: the pointer comes from CONNECTS.
+                unsafe { end_connect(connect) };
+            }
             return None;
         }
         // The generation first: evidence recorded from here on moves it.
@@ -84,7 +87,7 @@ fn try_set_state(ctx: &RawTracePointContext) -> Option<()> {
             reported: 0,
             evidence_gen,
         };
-        return CONNECTS.insert(&sk, &state, 0).ok();
+        return start_connect(sk, &state);
     }
     // Only a socket in SYN_SENT has an entry in CONNECTS, and it leaves that state for
     // ESTABLISHED, CLOSE, or SYN_RECV (a simultaneous open: the peer's SYN answered the
@@ -111,13 +114,17 @@ fn try_set_state(ctx: &RawTracePointContext) -> Option<()> {
 }
 
 /// The connect succeeded (or met the peer's own SYN): nothing left to diagnose, so the
-/// entry goes. If it had been reported as timing out, that verdict is withdrawn
+/// entry ends. If it had been reported as timing out, that verdict is withdrawn
 /// (`CONNECT_LATE`).
 #[inline(always)]
 fn established(sk: u64) -> Option<(u32, u32, u32, u32, Extra)> {
-    // SAFETY: the value is copied out at once.
-    let connect = unsafe { CONNECTS.get(&sk) }.copied()?;
-    let _ = CONNECTS.remove(&sk);
+    let entry = live_connect(sk)?;
+    // SAFETY: the pointer comes from CONNECTS; the value is copied out before it ends.
+    let connect = unsafe {
+        let connect = *entry;
+        end_connect(entry);
+        connect
+    };
     if connect.reported & (1 << event_kind::CONNECT_TIMEOUT) == 0 {
         return None;
     }
@@ -137,11 +144,7 @@ fn established(sk: u64) -> Option<(u32, u32, u32, u32, Extra)> {
 /// SYN_SENT), an established connection closing on a reset, or neither.
 #[inline(always)]
 fn closed(sk: u64, connecting: bool) -> Option<(u32, u32, u32, u32, Extra)> {
-    let connect = if connecting {
-        CONNECTS.get_ptr_mut(&sk)
-    } else {
-        None
-    };
+    let connect = if connecting { live_connect(sk) } else { None };
     if let Some(connect) = connect {
         // Still connecting, so it never sent data and has no stall state of its own in
         // RETRANS: the refused storm's path skips that lookup.
@@ -152,7 +155,8 @@ fn closed(sk: u64, connecting: bool) -> Option<(u32, u32, u32, u32, Extra)> {
         if config!(btf_ok) == 0 {
             // Without the socket's error offsets neither this nor a report can judge the
             // attempt: it ends here.
-            let _ = CONNECTS.remove(&sk);
+            // SAFETY: the pointer comes from CONNECTS.
+            unsafe { end_connect(connect) };
             return None;
         }
         // A failed connect has its error set before it closes, and the error report
@@ -167,10 +171,13 @@ fn closed(sk: u64, connecting: bool) -> Option<(u32, u32, u32, u32, Extra)> {
         {
             return None;
         }
-        // SAFETY: the pointer comes from the map.
-        let state = unsafe { *connect };
         // No error report follows: this is the attempt's last word.
-        let _ = CONNECTS.remove(&sk);
+        // SAFETY: the pointer comes from CONNECTS; the value is copied out before it ends.
+        let state = unsafe {
+            let state = *connect;
+            end_connect(connect);
+            state
+        };
         if state.reported != 0 {
             return None;
         }
@@ -253,13 +260,14 @@ fn try_err_report(ctx: &BtfTracePointContext) -> Option<()> {
     let queued = queued_icmp_error(sk).filter(|(errno, _)| set == 0 || *errno == set);
     // Only connecting sockets (in scope by construction); resets of established
     // connections are judged at their CLOSE transition.
-    let connect = CONNECTS.get_ptr_mut(&sk)?;
+    let connect = live_connect(sk)?;
     // A connect's error is reported while the socket is in SYN_SENT, or just after it
     // closed from there (a reset). In any other state the entry is an earlier socket's
     // at this address, whose attempt ended without its last word (a SYN_SENT exit
-    // removes it): its evidence is not this socket's.
+    // ends it): its evidence is not this socket's.
     if state != tcp_state::SYN_SENT && state != tcp_state::CLOSE {
-        let _ = CONNECTS.remove(&sk);
+        // SAFETY: the pointer comes from CONNECTS.
+        unsafe { end_connect(connect) };
         return None;
     }
     // SAFETY: the pointer comes from the map; the fields are copied out at once.
@@ -317,21 +325,22 @@ fn try_err_report(ctx: &BtfTracePointContext) -> Option<()> {
             // No verdict for this error, but a hard one still ends the attempt (see
             // below): its entry must not outlive the socket.
             if hard != 0 {
-                let _ = CONNECTS.remove(&sk);
+                // SAFETY: the pointer comes from CONNECTS.
+                unsafe { end_connect(connect) };
             }
             return None;
         }
     };
     // A hard error ends the connect (the kernel closes the socket): nothing more will be
-    // reported for this attempt, and the entry must not wait for eviction where the next
-    // socket at this address could find it.
+    // reported for this attempt, and the entry must not stay live where the next socket
+    // at this address could find it.
     let last = hard != 0 || reset;
     // SAFETY: the pointer comes from the map.
     let (netns, syn_retrans, generation) = unsafe {
         let bit = 1 << kind;
         if (*connect).reported & bit != 0 {
             if last {
-                let _ = CONNECTS.remove(&sk);
+                end_connect(connect);
             }
             return None;
         }
@@ -361,9 +370,53 @@ fn try_err_report(ctx: &BtfTracePointContext) -> Option<()> {
         },
     );
     if last {
-        let _ = CONNECTS.remove(&sk);
+        // SAFETY: the pointer comes from CONNECTS.
+        unsafe { end_connect(connect) };
     }
     Some(())
+}
+
+/// The socket's entry in CONNECTS, unless its attempt has ended.
+///
+/// Entries are ended in place, not deleted, and the socket's next attempt rewrites its
+/// entry in place ([`start_connect`]): an LRU map's delete and its insert of a new key
+/// each take the map's free list under a lock every CPU shares. In a refused storm (each
+/// connect inserted its entry and deleted it) that lock was a fifth of the error
+/// report's time and most of the SYN_SENT transition's; the slab hands freed sockets'
+/// addresses to new ones, so most attempts find an entry to rewrite. Entries left behind
+/// are evicted as any other.
+#[inline(always)]
+pub(crate) fn live_connect(sk: u64) -> Option<*mut FlowState> {
+    let connect = CONNECTS.get_ptr_mut(&sk)?;
+    // SAFETY: the pointer comes from the map.
+    if unsafe { (*connect).flags } & flow_flag::ENDED != 0 {
+        return None;
+    }
+    Some(connect)
+}
+
+/// Ends the attempt whose entry `connect` is: nothing reads it again until the socket at
+/// its address starts another.
+///
+/// # Safety
+/// `connect` must be a pointer CONNECTS returned.
+#[inline(always)]
+pub(crate) unsafe fn end_connect(connect: *mut FlowState) {
+    // SAFETY: the caller's pointer comes from the map.
+    unsafe { (*connect).flags = flow_flag::ENDED };
+}
+
+/// Starts the connect `state` of socket `sk`: over its address's earlier entry, ended or
+/// left behind by a socket freed without its last word, or in a new one.
+#[inline(always)]
+pub(crate) fn start_connect(sk: u64, state: &FlowState) -> Option<()> {
+    if let Some(entry) = CONNECTS.get_ptr_mut(&sk) {
+        // SAFETY: the pointer comes from the map. The earlier socket at this address has
+        // been freed, so none of its hooks can run on the entry any more.
+        unsafe { *entry = *state };
+        return Some(());
+    }
+    CONNECTS.insert(&sk, state, 0).ok()
 }
 
 const SO_EE_ORIGIN_ICMP: u8 = 2;
