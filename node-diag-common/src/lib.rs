@@ -81,6 +81,12 @@ pub const MAP_SCOPE: &str = "SCOPE";
 /// has fully accounted once they are idle. A plain hash map, not an LRU: an entry is never evicted
 /// with counts the agent has not read. When it is full, verdicts go out unaggregated.
 pub const MAP_VERDICT_AGG: &str = "VERDICT_AGG";
+/// Array ifindex -> `u32`: the link-layer header's length on an interface the classifier
+/// is attached to, as the agent knows it from the link's type: [`ETH_HLEN`] on Ethernet
+/// devices, 0 on the others (WireGuard, IPIP: no header) and where unknown. The
+/// classifier reads the first byte it decides on straight from an Ethernet frame, and
+/// through a helper call (relative to the network header) everywhere else.
+pub const MAP_LINK_HDR: &str = "LINK_HDR";
 /// Read-only global holding [`Config`].
 pub const GLOBAL_CONFIG: &str = "CONFIG";
 
@@ -98,6 +104,12 @@ pub const DROP_REASON_SLOTS: u32 = 256;
 pub const DROP_MAP_ENTRIES: u32 = 256;
 /// Capacity of the per-device oversize drop counters (one per egress device), per-CPU.
 pub const DEV_MAP_ENTRIES: u32 = 1024;
+/// Capacity of [`MAP_LINK_HDR`]: interfaces with a larger ifindex (long-lived nodes number
+/// their new interfaces ever higher; the attached ones, the node's own, usually come
+/// first) are read through the helper.
+pub const LINK_MAP_ENTRIES: u32 = 4096;
+/// An Ethernet header's length, in [`MAP_LINK_HDR`].
+pub const ETH_HLEN: u32 = 14;
 /// Capacity of the verdict aggregation map: a storm takes one entry per CPU it runs on
 /// ([`VerdictKey::cpu`]).
 pub const VERDICT_MAP_ENTRIES: u32 = 16384;

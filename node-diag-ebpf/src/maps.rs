@@ -9,8 +9,8 @@ use aya_ebpf::{
 };
 use node_diag_common::{
     DEV_MAP_ENTRIES, DROP_MAP_ENTRIES, DROP_REASON_SLOTS, DropInfo, DropKey, DropSlot,
-    EVENTS_BYTES, FLOW_MAP_ENTRIES, FlowKey, FlowState, IcmpInfo, NatInfo, RetransState,
-    SCOPE_MAP_ENTRIES, VERDICT_MAP_ENTRIES, VerdictAgg, VerdictKey, counter,
+    EVENTS_BYTES, FLOW_MAP_ENTRIES, FlowKey, FlowState, IcmpInfo, LINK_MAP_ENTRIES, NatInfo,
+    RetransState, SCOPE_MAP_ENTRIES, VERDICT_MAP_ENTRIES, VerdictAgg, VerdictKey, counter,
 };
 
 #[map]
@@ -57,6 +57,8 @@ pub static RETRANS: LruHashMap<u64, RetransState> =
 pub static NAT: LruHashMap<FlowKey, NatInfo> = LruHashMap::with_max_entries(FLOW_MAP_ENTRIES, 0);
 #[map]
 pub static SCOPE: HashMap<u32, u32> = HashMap::with_max_entries(SCOPE_MAP_ENTRIES, 0);
+#[map]
+pub static LINK_HDR: Array<u32> = Array::with_max_entries(LINK_MAP_ENTRIES, 0);
 #[map]
 pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);
 #[map]

@@ -13,12 +13,12 @@ use aya_ebpf::{
     macros::classifier,
     programs::TcContext,
 };
-use node_diag_common::{AF_INET, AF_INET6, FlowKey, IcmpInfo, counter};
+use node_diag_common::{AF_INET, AF_INET6, ETH_HLEN, FlowKey, IcmpInfo, counter};
 
 use crate::{
     config::now,
     emit::{bump_lru, inc, note_evidence},
-    maps::{ICMP_ERR_RCVD, ICMP_RCVD},
+    maps::{ICMP_ERR_RCVD, ICMP_RCVD, LINK_HDR},
     packet::{
         ETH_P_IP, ETH_P_IPV6, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP, set_v4,
     },
@@ -49,6 +49,35 @@ fn load<T: Copy>(ctx: &TcContext, off: u32) -> Option<T> {
     (r == 0).then(|| unsafe { v.assume_init() })
 }
 
+/// The byte `off` bytes past the network header, read straight from the frame on an
+/// interface the agent knows as Ethernet ([`LINK_HDR`]): the helper call of [`load`] was
+/// about half of what the classifier cost per packet on its common path (a bench profile
+/// of the overlay transfer: 12-52 ns net with this read, 79-91 with the helper). `None`
+/// where the frame is not that (its EtherType is not the packet's protocol, a VLAN's
+/// say) or the byte is not in the linear part: [`load`] reads it then.
+#[inline(always)]
+fn load_eth_u8(ctx: &TcContext, ifindex: u32, protocol: u16, off: usize) -> Option<u8> {
+    // An array lookup: the verifier inlines it, no helper call.
+    if *LINK_HDR.get(ifindex)? != ETH_HLEN {
+        return None;
+    }
+    const ETH: usize = ETH_HLEN as usize;
+    let (data, end) = (ctx.data(), ctx.data_end());
+    if data + ETH + off + 1 > end {
+        return None;
+    }
+    // SAFETY: the frame's first ETH + off + 1 bytes are in the packet's linear part, as
+    // checked above (and by the verifier).
+    let (ethertype, byte) = unsafe {
+        let frame = data as *const u8;
+        (
+            u16::from_be_bytes([*frame.add(12), *frame.add(13)]),
+            *frame.add(ETH + off),
+        )
+    };
+    (ethertype == protocol).then_some(byte)
+}
+
 #[classifier]
 pub fn nd_tc_ingress(ctx: TcContext) -> i32 {
     let _ = try_tc_ingress(&ctx);
@@ -64,7 +93,11 @@ fn try_tc_ingress(ctx: &TcContext) -> Option<()> {
         return None;
     }
     // Every IP packet passes here: one load decides whether it can be an ICMP error.
-    let l4proto = load::<u8>(ctx, if v4 { 9 } else { 6 })?;
+    let at = if v4 { 9 } else { 6 };
+    let l4proto = match load_eth_u8(ctx, ifindex, protocol, at) {
+        Some(l4proto) => l4proto,
+        None => load::<u8>(ctx, at as u32)?,
+    };
     let (icmp_off, icmp_type, code, mtu) = if v4 {
         if l4proto != IPPROTO_ICMP {
             return None;

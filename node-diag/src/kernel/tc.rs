@@ -36,11 +36,13 @@ use std::collections::{HashMap, HashSet};
 
 use aya::{
     Ebpf,
+    maps::{Array, MapData},
     programs::{
         LinkOrder, ProgramError, SchedClassifier, TcAttachType,
         tc::{self, NlOptions, SchedClassifierLinkId, TcAttachOptions, TcHandle},
     },
 };
+use node_diag_common::{ETH_HLEN, LINK_MAP_ENTRIES, MAP_LINK_HDR};
 use tracing::{debug, info, warn};
 
 use crate::host_network::{
@@ -55,6 +57,7 @@ pub const PRIORITY: u16 = 0x4e44;
 /// Handle of our netlink filter (with [`PRIORITY`] and [`PROGRAM`], what marks it ours).
 pub const HANDLE: u32 = 0x4e44;
 const ARPHRD_LOOPBACK: u16 = 772;
+const ARPHRD_ETHER: u16 = 1;
 
 /// How the classifier is attached (`node-diag run --tc-attach`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -104,6 +107,22 @@ pub struct TcIngress {
     /// `clsact` qdiscs this agent added, or took over from a killed predecessor, by
     /// ifindex: deleted on exit when empty.
     owned_clsact: HashMap<u32, String>,
+    /// The classifier's link-layer header lengths by ifindex (`MAP_LINK_HDR`); `None`
+    /// when the object has no such map (the classifier then reads every packet through
+    /// its helper).
+    link_hdr: Option<Array<MapData, u32>>,
+}
+
+/// The link-layer header the classifier may expect on a link of ARPHRD type
+/// `link_type`: an Ethernet header on Ethernet devices (veth, vxlan, geneve, bridges,
+/// NICs), none assumed elsewhere (WireGuard and IPIP have none; the classifier reads those
+/// packets relative to their network header, which holds everywhere).
+fn link_header_len(link_type: u16) -> u32 {
+    if link_type == ARPHRD_ETHER {
+        ETH_HLEN
+    } else {
+        0
+    }
 }
 
 fn program(ebpf: &mut Ebpf) -> Result<&mut SchedClassifier, TcError> {
@@ -117,12 +136,32 @@ impl TcIngress {
     /// Loads the classifier; attachments follow with [`TcIngress::sync`].
     pub fn load(ebpf: &mut Ebpf, mode: AttachMode) -> Result<Self, TcError> {
         program(ebpf)?.load()?;
+        let link_hdr = ebpf
+            .take_map(MAP_LINK_HDR)
+            .and_then(|map| Array::try_from(map).ok());
         Ok(Self {
             mode,
             attached: HashMap::new(),
             failed: HashMap::new(),
             owned_clsact: HashMap::new(),
+            link_hdr,
         })
+    }
+
+    /// Tells the classifier the link-layer header of interface `index` (0: none
+    /// assumed). Set before attaching, and cleared when the interface goes, since its
+    /// ifindex may come back on a link of another type.
+    fn set_link_header(&mut self, index: u32, len: u32) {
+        let Some(map) = self.link_hdr.as_mut() else {
+            return;
+        };
+        if index >= LINK_MAP_ENTRIES {
+            return;
+        }
+        if let Err(e) = map.set(index, len, 0) {
+            // The helper path reads the packet correctly whatever this holds.
+            debug!(index, error = %e, "cannot set the classifier's link header length");
+        }
     }
 
     /// Attaches to every interface in `links` not attached yet, except those in `skip`
@@ -143,6 +182,7 @@ impl TcIngress {
             .copied()
             .collect();
         for index in gone {
+            self.set_link_header(index, 0);
             if let Some(gone) = self.attached.remove(&index) {
                 // The kernel already dropped the attachment with the interface.
                 let _ = prog.detach(gone.link);
@@ -161,6 +201,7 @@ impl TcIngress {
             if remove_leftovers(index, &link.name) {
                 self.owned_clsact.insert(index, link.name.clone());
             }
+            self.set_link_header(index, link_header_len(link.link_type));
             match attach(prog, self.mode, index, &link.name) {
                 Ok((id, via, created_clsact)) => {
                     info!(interface = %link.name, via = via.as_str(), "TC ingress attached");
@@ -350,5 +391,15 @@ mod tests {
         assert!(!ours("u32", PRIORITY, HANDLE, None));
         // The kernel's per-priority entry (handle 0) is not a filter to delete.
         assert!(!ours("bpf", PRIORITY, 0, None));
+    }
+
+    #[test]
+    fn only_ethernet_links_are_read_past_an_ethernet_header() {
+        assert_eq!(link_header_len(ARPHRD_ETHER), 14);
+        // ARPHRD_NONE (WireGuard, TUN), ARPHRD_TUNNEL (IPIP), ARPHRD_IPGRE: no header to
+        // skip, so the classifier's helper reads relative to the network header.
+        for l3 in [65534, 768, 778] {
+            assert_eq!(link_header_len(l3), 0);
+        }
     }
 }
