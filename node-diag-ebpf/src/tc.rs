@@ -51,8 +51,9 @@ fn load<T: Copy>(ctx: &TcContext, off: u32) -> Option<T> {
 
 /// The byte `off` bytes past the network header, read straight from the frame on an
 /// interface the agent knows as Ethernet ([`LINK_HDR`]): the helper call of [`load`] was
-/// about half of what the classifier cost per packet on its common path (a bench profile
-/// of the overlay transfer: 12-52 ns net with this read, 79-91 with the helper). `None`
+/// about half of what the classifier cost per packet on its common path (profiles of the
+/// overlay transfer: 9-37 ns net with this read, 79-91 with the helper; see
+/// docs/benchmarks.md). `None`
 /// where the frame is not that (its EtherType is not the packet's protocol, a VLAN's
 /// say) or the byte is not in the linear part: [`load`] reads it then.
 #[inline(always)]
