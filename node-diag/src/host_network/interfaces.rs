@@ -9,8 +9,10 @@ use serde::{Serialize, Serializer};
 
 use super::links::Tunnel;
 
-/// `ARPHRD_LOOPBACK`.
-pub(super) const ARPHRD_LOOPBACK: u16 = 772;
+/// `ARPHRD_LOOPBACK`: the link type the inventory and the classifier's attach skip.
+pub(crate) const ARPHRD_LOOPBACK: u16 = 772;
+/// `ARPHRD_ETHER`: links whose frames start with a 14-byte Ethernet header.
+pub(crate) const ARPHRD_ETHER: u16 = 1;
 
 /// What an interface is, from the kernel's `IFLA_INFO_KIND`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -46,7 +46,7 @@ use node_diag_common::{ETH_HLEN, LINK_MAP_ENTRIES, MAP_LINK_HDR};
 use tracing::{debug, info, warn};
 
 use crate::host_network::{
-    Link, NetlinkError,
+    ARPHRD_ETHER, ARPHRD_LOOPBACK, Link, NetlinkError,
     tc::{ClsactSide, TcFilter, clsact_filters, delete_clsact, delete_filter, has_clsact},
 };
 
@@ -56,8 +56,6 @@ pub const PROGRAM: &str = "nd_tc_ingress";
 pub const PRIORITY: u16 = 0x4e44;
 /// Handle of our netlink filter (with [`PRIORITY`] and [`PROGRAM`], what marks it ours).
 pub const HANDLE: u32 = 0x4e44;
-const ARPHRD_LOOPBACK: u16 = 772;
-const ARPHRD_ETHER: u16 = 1;
 
 /// How the classifier is attached (`node-diag run --tc-attach`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
