@@ -3,7 +3,10 @@
 
 use std::{collections::HashMap, io::Write as _, time::Duration};
 
-use crate::{OutputFormat, findings::Finding, output::print_finding};
+use crate::{
+    findings::Finding,
+    output::{OutputFormat, print_finding},
+};
 
 /// Bound on connecting to the agent.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);

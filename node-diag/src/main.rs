@@ -31,7 +31,7 @@ mod services;
 use std::{net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
 
 use clap::{Parser, Subcommand};
-pub use output::OutputFormat;
+use output::OutputFormat;
 
 #[derive(Parser)]
 #[command(
@@ -55,7 +55,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the agent: load the eBPF programs, print findings, serve /metrics and /findings.
-    Run(RunArgs),
+    Run(agent::RunOptions),
     /// Print the findings of a running agent.
     Findings(FindingsArgs),
     /// Check which kernel features the agent can use on this node.
@@ -99,57 +99,6 @@ enum Command {
 }
 
 #[derive(clap::Args)]
-struct RunArgs {
-    /// Address for the HTTP endpoints (/metrics, /findings, /healthz, /readyz).
-    #[arg(long, default_value = "127.0.0.1:9464", value_name = "ADDR")]
-    listen: SocketAddr,
-    /// Output format of findings on stdout.
-    #[arg(short = 'o', long = "format", value_enum, default_value = "text")]
-    format: OutputFormat,
-    /// File written (with the listen address) once every program is attached and the
-    /// HTTP endpoints are up; removed on exit.
-    #[arg(long, value_name = "PATH")]
-    ready_file: Option<PathBuf>,
-    /// SYN retransmits after which a connect is reported as timing out (2 ≈ 3 s).
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=10), value_name = "N")]
-    syn_retries: u32,
-    /// Report for every network namespace on this kernel. By default the agent reports for
-    /// its own namespace and the pod namespaces attached to it by veth.
-    #[arg(long)]
-    all_netns: bool,
-    /// Minimum seconds between repeated prints of the same aggregated finding.
-    #[arg(long, default_value_t = 10, value_name = "SECONDS")]
-    repeat_interval: u64,
-    /// Log level of the eBPF programs themselves, forwarded to stderr under the target
-    /// node_diag::ebpf (whatever --log-level says). They log only verdicts and lost
-    /// events. `off` leaves the log calls out of the verified programs entirely.
-    #[arg(long, value_enum, default_value = "off", value_name = "LEVEL")]
-    ebpf_log: kernel::ebpf_log::Level,
-    /// How the TC ingress classifier is attached: `auto` uses TCX where the kernel has it
-    /// (6.6+) and a netlink filter under a clsact qdisc elsewhere; `netlink` always uses
-    /// the latter (the pre-6.6 path, to test it, or where TCX misbehaves).
-    #[arg(long, value_enum, default_value = "auto", value_name = "MODE")]
-    tc_attach: kernel::tc::AttachMode,
-    /// When ICMP errors arriving from the network (frag-needed, unreachable, prohibited)
-    /// are watched, by the TC ingress classifier. `on-trouble` attaches it once something
-    /// shows trouble ICMP could explain (a failed connect other than a plain refusal, SYN
-    /// or full-size retransmits, oversize drops) and detaches it after --icmp-watch-hold
-    /// quiet seconds: no per-packet cost on a healthy node, but the first error of an
-    /// episode goes unseen (its finding says so). `always` keeps it attached.
-    #[arg(long, value_enum, default_value = "on-trouble", value_name = "WHEN")]
-    icmp_watch: agent::icmp_watch::Mode,
-    /// With --icmp-watch on-trouble: seconds the classifier stays attached after the last
-    /// trouble.
-    #[arg(long, default_value_t = 900, value_parser = clap::value_parser!(u64).range(1..=86_400), value_name = "SECONDS")]
-    icmp_watch_hold: u64,
-    /// The container runtime's CRI socket, to name the pods of findings. By default the
-    /// first of /run/containerd/containerd.sock and /var/run/crio/crio.sock that is a socket.
-    /// Without one, findings carry network namespaces and addresses only.
-    #[arg(long, value_name = "PATH")]
-    cri_socket: Option<PathBuf>,
-}
-
-#[derive(clap::Args)]
 struct FindingsArgs {
     /// URL of the agent's HTTP endpoint.
     #[arg(long, default_value = "http://127.0.0.1:9464", value_name = "URL")]
@@ -174,19 +123,8 @@ struct DoctorArgs {
 
 #[derive(clap::Args)]
 struct ProbeArgs {
-    /// Destination address (IPv4 or IPv6) or name.
-    #[arg(value_name = "DST")]
-    dst: String,
-    /// Also classify a TCP connect to DST:PORT (ok, refused, timed_out, unreachable).
-    #[arg(long, value_name = "PORT")]
-    port: Option<u16>,
-    /// Bound on each wait: the TCP connect, and each echo until one is answered (later
-    /// echoes wait ten times the slowest answer, at least 250 ms, at most this).
-    #[arg(long, default_value_t = 3000, value_parser = clap::value_parser!(u64).range(1..=600_000), value_name = "N")]
-    timeout_ms: u64,
-    /// Largest IP packet size to try (default: the outgoing interface's MTU).
-    #[arg(long, value_parser = clap::value_parser!(u32).range(68..=65_535), value_name = "N")]
-    max_mtu: Option<u32>,
+    #[command(flatten)]
+    probe: probe::ProbeOptions,
     /// Output format.
     #[arg(short = 'o', long = "format", value_enum, default_value = "text")]
     format: OutputFormat,
@@ -260,19 +198,7 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
                 .worker_threads(2)
                 .enable_all()
                 .build()?;
-            rt.block_on(agent::run(agent::RunOptions {
-                listen: args.listen,
-                format: args.format,
-                ready_file: args.ready_file,
-                syn_retries: args.syn_retries,
-                repeat_interval: Duration::from_secs(args.repeat_interval),
-                all_netns: args.all_netns,
-                ebpf_log: args.ebpf_log,
-                tc_attach: args.tc_attach,
-                icmp_watch: args.icmp_watch,
-                icmp_watch_hold: Duration::from_secs(args.icmp_watch_hold),
-                cri_socket: args.cri_socket,
-            }))?;
+            rt.block_on(agent::run(args))?;
             // Stop lingering blocking tasks instead of waiting for them.
             rt.shutdown_timeout(Duration::from_millis(200));
             Ok(ExitCode::SUCCESS)
@@ -299,12 +225,7 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             })
         }
         Command::Probe(args) => {
-            let report = probe::run(&probe::ProbeOptions {
-                dst: args.dst,
-                port: args.port,
-                timeout: Duration::from_millis(args.timeout_ms),
-                max_mtu: args.max_mtu,
-            })?;
+            let report = probe::run(&args.probe)?;
             match args.format {
                 OutputFormat::Text => print!("{}", report.text()),
                 OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),

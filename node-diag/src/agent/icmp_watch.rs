@@ -15,9 +15,9 @@
 
 use std::time::{Duration, Instant};
 
-use node_diag_common::{Event, WINDOW_ALL, counter, event_flag, event_kind};
+use node_diag_common::{Event, WINDOW_ALL, counter, event_flag};
 
-use crate::kernel::maps::KernelCounts;
+use crate::kernel::{event::EventKind, maps::KernelCounts};
 
 /// `node-diag run --icmp-watch`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -133,18 +133,18 @@ impl IcmpWatch {
 
     /// Notes `ev` and says whether it is trouble ICMP could explain, so the classifier
     /// should be attached (or kept) now.
-    pub fn event(&mut self, ev: &Event, now: Instant) -> bool {
-        let refused_by_rst =
-            ev.kind == event_kind::CONNECT_REFUSED && ev.flags & event_flag::RST_RECEIVED != 0;
-        let trouble = match ev.kind {
-            event_kind::CONNECT_REFUSED => !refused_by_rst,
-            event_kind::CONNECT_TIMEOUT
-            | event_kind::CONNECT_UNREACHABLE
-            | event_kind::CONNECT_ABANDONED
-            | event_kind::DF_OVERSIZE
-            | event_kind::PMTUD_STALL
-            | event_kind::TCP_STALL => true,
-            _ => false,
+    pub fn event(&mut self, kind: EventKind, ev: &Event, now: Instant) -> bool {
+        let trouble = match kind {
+            EventKind::ConnectRefused => ev.flags & event_flag::RST_RECEIVED == 0,
+            EventKind::ConnectTimeout
+            | EventKind::ConnectUnreachable
+            | EventKind::ConnectAbandoned
+            | EventKind::DfOversize
+            | EventKind::PmtudStall
+            | EventKind::TcpStall => true,
+            EventKind::EstablishedReset | EventKind::ConnectGaveUp | EventKind::ConnectLate => {
+                false
+            }
         };
         if trouble {
             self.last_trouble = Some(now);
@@ -188,9 +188,18 @@ impl IcmpWatch {
 
 #[cfg(test)]
 mod tests {
+    use node_diag_common::event_kind;
+
     use super::*;
 
     const MS: u64 = 1_000_000;
+
+    impl IcmpWatch {
+        /// [`IcmpWatch::event`] for a raw test event, decoded as the ring's reader does.
+        fn event_raw(&mut self, ev: &Event, now: Instant) -> bool {
+            self.event(EventKind::try_from(ev.kind).unwrap(), ev, now)
+        }
+    }
 
     fn event(kind: u32, ts_ns: u64, window_ms: u32) -> Event {
         Event {
@@ -228,23 +237,23 @@ mod tests {
         let mut w = IcmpWatch::new(Mode::OnTrouble, Duration::from_secs(60), 0);
         let mut refused = event(event_kind::CONNECT_REFUSED, 1, 0);
         refused.flags = event_flag::RST_RECEIVED;
-        assert!(!w.event(&refused, now));
-        assert!(!w.event(&event(event_kind::ESTABLISHED_RESET, 1, 0), now));
+        assert!(!w.event_raw(&refused, now));
+        assert!(!w.event_raw(&event(event_kind::ESTABLISHED_RESET, 1, 0), now));
         // Refused without a RST: an ICMP port-unreachable answered.
         refused.flags = 0;
-        assert!(w.event(&refused, now));
+        assert!(w.event_raw(&refused, now));
         w.attached(1);
-        assert!(!w.event(&event(event_kind::CONNECT_UNREACHABLE, 2, 0), now));
+        assert!(!w.event_raw(&event(event_kind::CONNECT_UNREACHABLE, 2, 0), now));
         // An attempt that attached nothing is retried only after a while.
         let mut failing = IcmpWatch::new(Mode::OnTrouble, Duration::from_secs(60), 0);
         let unreachable = event(event_kind::CONNECT_UNREACHABLE, 1, 0);
-        assert!(failing.event(&unreachable, now));
+        assert!(failing.event_raw(&unreachable, now));
         failing.attach_failed(now);
-        assert!(!failing.event(&unreachable, now + RETRY / 2));
-        assert!(failing.event(&unreachable, now + RETRY));
+        assert!(!failing.event_raw(&unreachable, now + RETRY / 2));
+        assert!(failing.event_raw(&unreachable, now + RETRY));
         // Always: attached from the start, nothing to decide.
         let mut always = IcmpWatch::new(Mode::Always, Duration::ZERO, 0);
-        assert!(!always.event(&event(event_kind::CONNECT_TIMEOUT, 1, 0), now));
+        assert!(!always.event_raw(&event(event_kind::CONNECT_TIMEOUT, 1, 0), now));
     }
 
     #[test]

@@ -4,37 +4,43 @@
 //! qdiscs the agent owns deleted, see `kernel::tc`; dropping the `Ebpf` detaches every
 //! other link).
 //!
+//! [`Agent`] holds what the loop owns, with one method per event source: a kernel
+//! event, the counters' tick, a link notification, the scope refresh, the MTU refresh.
+//!
 //! - [`state`]: what the loop shares with the HTTP handlers ([`http`]).
 //! - [`metrics`]: the Prometheus registry, fed kernel totals and findings.
 //! - [`conntrack_watch`]: each namespace's conntrack counters, the evidence of
 //!   conntrack verdicts.
 //! - [`mtu_refresh`]: the MTU model's conditions and gauges, rebuilt on link changes.
-//!
+//! - [`translate`]: the Service and NAT behind a verdict's destination (kube-proxy's
+//!   rules on their own thread, conntrack off the loop).
 //! - [`verdicts`]: exact counts for the verdicts the kernel aggregates.
 //! - [`icmp_watch`]: when the TC classifier is attached (always, or while trouble
 //!   shows), and whether an event's evidence window was watched.
 //!
-//! One kernel event travels: ring buffer (`kernel::ring`) → this loop → `correlate` →
-//! metrics + findings store (served on `/findings`) → printed once on stdout. Storms of
-//! identical connect verdicts arrive as one event per key per second; the rest of their
-//! count is read from the kernel's `VERDICT_AGG` map on every tick.
+//! One kernel event travels: ring buffer (`kernel::ring`, its kind decoded there) →
+//! [`Agent::on_event`] → `correlate` → metrics + findings store (served on `/findings`)
+//! → printed once on stdout. Storms of identical connect verdicts arrive as one event
+//! per key per second; the rest of their count is read from the kernel's `VERDICT_AGG`
+//! map on every tick.
 
 mod conntrack_watch;
 mod http;
-pub mod icmp_watch;
-pub mod metrics;
+pub(crate) mod icmp_watch;
+pub(crate) mod metrics;
 mod mtu_refresh;
 mod state;
+mod translate;
 mod verdicts;
 
 use std::{
     net::SocketAddr,
+    ops::RangeInclusive,
     path::PathBuf,
     sync::{
         Arc,
         atomic::{AtomicU64, Ordering},
     },
-    sync::{PoisonError, RwLock},
     time::{Duration, Instant, SystemTime},
 };
 
@@ -42,8 +48,9 @@ use node_diag_common::{Event, FlowKey};
 use tokio::{
     signal::unix::{SignalKind, signal},
     sync::mpsc,
+    task::JoinHandle,
 };
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use self::{
     conntrack_watch::ConntrackWatch,
@@ -51,27 +58,28 @@ use self::{
     metrics::{KernelTotals, Metrics},
     mtu_refresh::refresh_mtu,
     state::Shared,
+    translate::Translator,
 };
 use crate::{
-    OutputFormat,
     findings::{
-        Finding, Kind, Layer, Store,
-        correlate::{Context, Translation, correlate, withdrawn},
+        Finding, Kind, Store,
+        correlate::{Context, addr, correlate, withdrawn},
         names::Names,
     },
     host_network::LocalNode,
     kernel::{
         caps,
-        loader::{self, LoadError},
+        event::EventKind,
+        loader::{self, LoadError, Loaded},
         maps::{KernelMaps, MapMissing, monotonic_ns},
         tc::{self, TcIngress},
     },
-    output::print_finding,
-    services::{CatalogWatcher, ServiceCatalog, SourceStatus},
+    output::{OutputFormat, print_finding},
+    pods::PodsHandle,
 };
 
 #[derive(Debug, thiserror::Error)]
-pub enum AgentError {
+pub(crate) enum AgentError {
     #[error(
         "missing capabilities {0}: run as root, or grant CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN (the DaemonSet in deploy/ does)"
     )]
@@ -94,24 +102,56 @@ pub enum AgentError {
     Io(#[from] std::io::Error),
 }
 
-pub struct RunOptions {
-    pub listen: SocketAddr,
-    pub format: OutputFormat,
-    pub ready_file: Option<PathBuf>,
-    pub syn_retries: u32,
-    pub repeat_interval: Duration,
-    /// Report for every network namespace on the kernel, not just this node's.
-    pub all_netns: bool,
-    /// The eBPF programs' own log level.
-    pub ebpf_log: crate::kernel::ebpf_log::Level,
-    /// How the TC ingress classifier is attached (TCX or a netlink filter).
-    pub tc_attach: tc::AttachMode,
-    /// When the TC ingress classifier is attached: always, or while trouble shows.
-    pub icmp_watch: icmp_watch::Mode,
-    /// How long it stays attached after the last trouble (`on-trouble`).
-    pub icmp_watch_hold: Duration,
-    /// `--cri-socket`: the runtime socket to read pods from (default: the usual ones).
-    pub cri_socket: Option<PathBuf>,
+/// `node-diag run`'s options, as the command line gives them.
+#[derive(clap::Args)]
+pub(crate) struct RunOptions {
+    /// Address for the HTTP endpoints (/metrics, /findings, /healthz, /readyz).
+    #[arg(long, default_value = "127.0.0.1:9464", value_name = "ADDR")]
+    listen: SocketAddr,
+    /// Output format of findings on stdout.
+    #[arg(short = 'o', long = "format", value_enum, default_value = "text")]
+    format: OutputFormat,
+    /// File written (with the listen address) once every program is attached and the
+    /// HTTP endpoints are up; removed on exit.
+    #[arg(long, value_name = "PATH")]
+    ready_file: Option<PathBuf>,
+    /// SYN retransmits after which a connect is reported as timing out (2 ≈ 3 s).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=10), value_name = "N")]
+    syn_retries: u32,
+    /// Report for every network namespace on this kernel. By default the agent reports for
+    /// its own namespace and the pod namespaces attached to it by veth.
+    #[arg(long)]
+    all_netns: bool,
+    /// Minimum seconds between repeated prints of the same aggregated finding.
+    #[arg(long, default_value_t = 10, value_name = "SECONDS")]
+    repeat_interval: u64,
+    /// Log level of the eBPF programs themselves, forwarded to stderr under the target
+    /// node_diag::ebpf (whatever --log-level says). They log only verdicts and lost
+    /// events. `off` leaves the log calls out of the verified programs entirely.
+    #[arg(long, value_enum, default_value = "off", value_name = "LEVEL")]
+    pub(crate) ebpf_log: crate::kernel::ebpf_log::Level,
+    /// How the TC ingress classifier is attached: `auto` uses TCX where the kernel has it
+    /// (6.6+) and a netlink filter under a clsact qdisc elsewhere; `netlink` always uses
+    /// the latter (the pre-6.6 path, to test it, or where TCX misbehaves).
+    #[arg(long, value_enum, default_value = "auto", value_name = "MODE")]
+    tc_attach: tc::AttachMode,
+    /// When ICMP errors arriving from the network (frag-needed, unreachable, prohibited)
+    /// are watched, by the TC ingress classifier. `on-trouble` attaches it once something
+    /// shows trouble ICMP could explain (a failed connect other than a plain refusal, SYN
+    /// or full-size retransmits, oversize drops) and detaches it after --icmp-watch-hold
+    /// quiet seconds: no per-packet cost on a healthy node, but the first error of an
+    /// episode goes unseen (its finding says so). `always` keeps it attached.
+    #[arg(long, value_enum, default_value = "on-trouble", value_name = "WHEN")]
+    icmp_watch: icmp_watch::Mode,
+    /// With --icmp-watch on-trouble: seconds the classifier stays attached after the last
+    /// trouble.
+    #[arg(long, default_value_t = 900, value_parser = clap::value_parser!(u64).range(1..=86_400), value_name = "SECONDS")]
+    icmp_watch_hold: u64,
+    /// The container runtime's CRI socket, to name the pods of findings. By default the
+    /// first of /run/containerd/containerd.sock and /var/run/crio/crio.sock that is a socket.
+    /// Without one, findings carry network namespaces and addresses only.
+    #[arg(long, value_name = "PATH")]
+    cri_socket: Option<PathBuf>,
 }
 
 const MAX_FINDINGS: usize = 4096;
@@ -121,122 +161,14 @@ const REFRESH: Duration = Duration::from_secs(2);
 /// change without one in the agent's namespace).
 const MTU_REFRESH: Duration = Duration::from_secs(10);
 
-pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
+pub(crate) async fn run(opts: RunOptions) -> Result<(), AgentError> {
     let missing = caps::missing_for_agent(caps::effective());
     if !missing.is_empty() {
         return Err(AgentError::Privileges(missing.join(", ")));
     }
-    // The programs' maps are empty before this: evidence begins here.
-    let loaded_ns = monotonic_ns();
-    let mut loaded = loader::load(&loader::Options {
-        syn_retrans_threshold: opts.syn_retries,
-        scoped: !opts.all_netns,
-        ebpf_log: opts.ebpf_log,
-    })?;
-    info!(
-        attached = ?loaded.attached,
-        degraded = loaded.degraded.len(),
-        btf = loaded.btf_ok,
-        tracefs = %loaded.tracefs.display(),
-        mounted_tracefs = loaded.mounted_tracefs,
-        drop_reasons = loaded.drop_reasons.len(),
-        "eBPF programs attached"
-    );
-
-    let (ring, mut maps) = KernelMaps::take(&mut loaded.ebpf, loaded.drop_reasons.slots())?;
-    let mut conntrack = ConntrackWatch::default();
-    let node = refresh_namespaces(&mut maps, &mut conntrack, opts.all_netns);
-    // Bound before TC is attached: a second agent in this namespace (the listen address
-    // taken) fails here, before it could mistake the first one's filters for leftovers.
-    let listener = tokio::net::TcpListener::bind(opts.listen)
-        .await
-        .map_err(|source| AgentError::Listen {
-            addr: opts.listen,
-            source,
-        })?;
-    let local = listener.local_addr()?;
+    let (mut agent, mut events) = Agent::start(opts).await?;
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
-
-    let mut tc = match TcIngress::load(&mut loaded.ebpf, opts.tc_attach) {
-        Ok(tc) => Some(tc),
-        Err(e) => {
-            warn!(error = %e, "TC ingress unavailable: frag-needed received is not seen");
-            None
-        }
-    };
-    let mut watch = IcmpWatch::new(opts.icmp_watch, opts.icmp_watch_hold, loaded_ns);
-    if let Some(tc) = tc.as_mut() {
-        match watch.mode() {
-            icmp_watch::Mode::Always => {
-                follow_interfaces(tc, &mut loaded.ebpf, node.as_ref(), &mut watch, loaded_ns);
-            }
-            icmp_watch::Mode::OnTrouble => {
-                match node.as_ref() {
-                    Some(node) => tc.remove_leftovers(&node.links),
-                    None => match crate::host_network::links() {
-                        Ok(links) => tc.remove_leftovers(&links),
-                        Err(e) => {
-                            warn!(error = %e, "cannot list interfaces; TC filters a previous agent left stay")
-                        }
-                    },
-                }
-                info!(
-                    hold_secs = watch.hold().as_secs(),
-                    "ICMP from the network is watched only once trouble shows (--icmp-watch on-trouble)"
-                );
-            }
-        }
-    }
-    // Stale from here on: the loop takes a fresh look every refresh.
-    drop(node);
-
-    let shared = Arc::new(Shared::new(
-        Metrics::new(),
-        Store::new(opts.repeat_interval, MAX_FINDINGS),
-    ));
-    let server = tokio::spawn({
-        let app = http::router(shared.clone());
-        async move {
-            if let Err(e) = axum::serve(listener, app).await {
-                warn!(error = %e, "HTTP server stopped");
-            }
-        }
-    });
-
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    let bad_records = Arc::new(AtomicU64::new(0));
-    let drainer = tokio::spawn(crate::kernel::ring::drain(ring, tx, bad_records.clone()));
-    let ebpf_logs = loaded.ebpf_log.take().map(|logs| {
-        tokio::spawn(async {
-            if let Err(e) = crate::kernel::ebpf_log::drain(logs).await {
-                warn!(error = %e, "eBPF log stream stopped");
-            }
-        })
-    });
-
-    let pods = crate::pods::watch(opts.cri_socket.clone()).await;
-    refresh_mtu(&shared, &pods, opts.format).await;
-
-    if let Some(path) = &opts.ready_file
-        && let Err(source) = std::fs::write(path, format!("{local}\n"))
-    {
-        if let Some(tc) = tc.as_mut() {
-            tc.detach_all(&mut loaded.ebpf);
-        }
-        return Err(AgentError::ReadyFile {
-            path: path.clone(),
-            source,
-        });
-    }
-    let services = watch_services();
-    let mut untranslated = Untranslated::default();
-    shared.set_ready(true);
-    info!(listen = %local, "ready");
-
-    let names = Names::for_this_node(loaded.drop_reasons.clone());
-    let ephemeral_ports = crate::host_network::local_port_range();
-    let mut verdicts = verdicts::VerdictTracker::default();
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     let mut refresh_tick = tokio::time::interval(REFRESH);
     refresh_tick.tick().await;
@@ -251,146 +183,383 @@ pub async fn run(opts: RunOptions) -> Result<(), AgentError> {
     };
     loop {
         tokio::select! {
-            ev = rx.recv() => {
-                let Some(ev) = ev else {
+            ev = events.recv() => {
+                let Some((kind, ev)) = ev else {
                     warn!("event stream ended");
                     break;
                 };
-                let ctx = Context {
-                    names: &names,
-                    now: SystemTime::now(),
-                    ephemeral_ports: ephemeral_ports.clone(),
-                    translation: translate(
-                        &ev,
-                        &maps,
-                        &services.read().unwrap_or_else(PoisonError::into_inner),
-                        &mut untranslated,
-                    ),
-                    conntrack: conntrack.window(&ev, &names),
-                    icmp_watched: watch.covers(&ev),
-                };
-                if watch.event(&ev, Instant::now()) {
-                    start_icmp_watch(tc.as_mut(), &mut loaded.ebpf, &mut watch, "a verdict");
-                }
-                let mut finding = correlate(&ev, &ctx);
-                if let Some(f) = finding.as_mut() {
-                    crate::pods::name_pods(f, &pods.current());
-                }
-                let made = finding.is_some();
-                if let Some(finding) = verdicts.event(&ev, finding) {
-                    if finding.layer == Layer::Conntrack
-                        && let Some(cause) = finding.evidence.get("conntrack_cause").and_then(|c| c.as_str())
-                    {
-                        shared.metrics().conntrack_drops(cause, ev.drop.count);
-                    }
-                    record(&shared, finding, opts.format);
-                } else if !made && let Some((kind, netns, dst, dport)) = withdrawn(&ev) {
-                    // The connect that was timing out got through: a slow listener or a
-                    // transient drop, not a standing failure.
-                    let resolved = shared.store().resolve(
-                        |f| f.kind == kind && f.netns == netns && f.dst == Some(dst) && f.dport == Some(dport),
-                        SystemTime::now(),
-                    );
-                    for f in resolved {
-                        print_finding(&f, opts.format);
-                    }
-                }
+                agent.on_event(kind, ev).await;
             }
-            _ = tick.tick() => {
-                let (entries, now_ns) = maps.verdict_counts();
-                let stamp = crate::findings::rfc3339(SystemTime::now());
-                let read = verdicts.read(&entries, now_ns, &stamp);
-                bad_records.fetch_add(read.lost, Ordering::Relaxed);
-                for finding in read.findings {
-                    record(&shared, finding, opts.format);
-                }
-                for key in &read.forget {
-                    let last = maps.take_verdict(key);
-                    if let Some(finding) = verdicts.forgotten(key, last, &stamp) {
-                        record(&shared, finding, opts.format);
-                    }
-                }
-                let counts = maps.counts();
-                let now = Instant::now();
-                if watch.counters(&counts, now) {
-                    start_icmp_watch(tc.as_mut(), &mut loaded.ebpf, &mut watch, "kernel counters");
-                } else if watch.quiet(now)
-                    && let Some(tc) = tc.as_mut()
-                {
-                    tc.detach_all(&mut loaded.ebpf);
-                    watch.detached(monotonic_ns());
-                    info!(hold_secs = watch.hold().as_secs(), "ICMP watch off: no trouble for the hold time; TC ingress detached");
-                }
-                shared.metrics().set_icmp_watch(watch.armed());
-                let totals = KernelTotals::named(&counts, &names, bad_records.load(Ordering::Relaxed));
-                let blackholes = maps.active_blackholes();
-                let mut metrics = shared.metrics();
-                metrics.sync_kernel(totals);
-                metrics.set_blackholes(blackholes.len());
-                drop(metrics);
-                let resolved = shared.store().resolve(
-                    |f| f.kind == Kind::PmtudBlackhole && !blackholes.iter().any(|k| flow_matches(f, k)),
-                    SystemTime::now(),
-                );
-                for f in resolved {
-                    print_finding(&f, opts.format);
-                }
-            }
-            _ = mtu_tick.tick() => refresh_mtu(&shared, &pods, opts.format).await,
+            _ = tick.tick() => agent.on_tick(),
+            _ = mtu_tick.tick() => agent.refresh_mtu().await,
             changed = next_change(&mut link_changes) => {
                 if changed.is_none() {
                     warn!("link notifications stopped: MTU changes are picked up every {}s", MTU_REFRESH.as_secs());
                     link_changes = None;
                     continue;
                 }
-                refresh_mtu(&shared, &pods, opts.format).await;
-                if let Some(tc) = tc.as_mut().filter(|_| watch.keeps_attached()) {
-                    follow_interfaces(tc, &mut loaded.ebpf, None, &mut watch, monotonic_ns());
-                }
+                agent.on_link_change().await;
             }
-            _ = refresh_tick.tick() => {
-                let node = refresh_namespaces(&mut maps, &mut conntrack, opts.all_netns);
-                if let Some(tc) = tc.as_mut().filter(|_| watch.keeps_attached()) {
-                    follow_interfaces(tc, &mut loaded.ebpf, node.as_ref(), &mut watch, monotonic_ns());
-                }
-            }
+            _ = refresh_tick.tick() => agent.on_refresh(),
             _ = sigterm.recv() => { info!("SIGTERM: shutting down"); break; }
             _ = sigint.recv() => { info!("SIGINT: shutting down"); break; }
         }
     }
-
-    shared.set_ready(false);
-    for f in shared.store().unprinted() {
-        print_finding(&f, opts.format);
-    }
-    drainer.abort();
-    if let Some(task) = ebpf_logs {
-        task.abort();
-    }
-    server.abort();
-    if let Some(path) = &opts.ready_file {
-        let _ = std::fs::remove_file(path);
-    }
-    // Netlink filters first, so the clsact qdiscs they emptied can go.
-    if let Some(tc) = tc.as_mut() {
-        tc.detach_all(&mut loaded.ebpf);
-    }
-    // Dropping the Ebpf detaches every tracepoint link and unloads the programs.
-    drop(loaded);
+    agent.shutdown();
     Ok(())
 }
 
-/// Counts a finding in the metrics and the store, and prints it when the store says so.
-/// A finding with `count` 0 (an event whose verdicts a map read already accounted) only
-/// refreshes a finding the store holds.
-fn record(shared: &Shared, finding: Finding, format: OutputFormat) {
-    if finding.count == 0 && !shared.store().contains(&finding) {
-        return;
+/// What the agent's loop owns.
+struct Agent {
+    opts: RunOptions,
+    loaded: Loaded,
+    maps: KernelMaps,
+    conntrack: ConntrackWatch,
+    /// The TC ingress classifier, when this kernel could load it.
+    tc: Option<TcIngress>,
+    watch: IcmpWatch,
+    shared: Arc<Shared>,
+    pods: PodsHandle,
+    translator: Translator,
+    names: Names,
+    ephemeral_ports: RangeInclusive<u16>,
+    verdicts: verdicts::VerdictTracker,
+    /// Ring-buffer records that could not be decoded, and verdicts whose events never
+    /// came: both are events lost.
+    bad_records: Arc<AtomicU64>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Agent {
+    /// Loads and attaches the programs, binds the listener, starts the HTTP server and
+    /// the ring buffer's drain, and writes the ready file: from its return on, the
+    /// agent is ready and its events arrive on the receiver.
+    async fn start(
+        opts: RunOptions,
+    ) -> Result<(Self, mpsc::UnboundedReceiver<(EventKind, Event)>), AgentError> {
+        // The programs' maps are empty before this: evidence begins here.
+        let loaded_ns = monotonic_ns();
+        let mut loaded = loader::load(&loader::Options {
+            syn_retrans_threshold: opts.syn_retries,
+            scoped: !opts.all_netns,
+            ebpf_log: opts.ebpf_log,
+        })?;
+        info!(
+            attached = ?loaded.attached,
+            degraded = loaded.degraded.len(),
+            btf = loaded.btf_ok,
+            tracefs = %loaded.tracefs.display(),
+            mounted_tracefs = loaded.mounted_tracefs,
+            drop_reasons = loaded.drop_reasons.len(),
+            "eBPF programs attached"
+        );
+        let (ring, maps) = KernelMaps::take(&mut loaded.ebpf, loaded.drop_reasons.slots())?;
+        // Bound before TC is attached: a second agent in this namespace (the listen
+        // address taken) fails here, before it could mistake the first one's filters
+        // for leftovers.
+        let listener = tokio::net::TcpListener::bind(opts.listen)
+            .await
+            .map_err(|source| AgentError::Listen {
+                addr: opts.listen,
+                source,
+            })?;
+        let local = listener.local_addr()?;
+        let tc = match TcIngress::load(&mut loaded.ebpf, opts.tc_attach) {
+            Ok(tc) => Some(tc),
+            Err(e) => {
+                warn!(error = %e, "TC ingress unavailable: frag-needed received is not seen");
+                None
+            }
+        };
+        let watch = IcmpWatch::new(
+            opts.icmp_watch,
+            Duration::from_secs(opts.icmp_watch_hold),
+            loaded_ns,
+        );
+        let shared = Arc::new(Shared::new(
+            Metrics::new(),
+            Store::new(Duration::from_secs(opts.repeat_interval), MAX_FINDINGS),
+        ));
+        let names = Names::for_this_node(loaded.drop_reasons.clone());
+        let mut agent = Self {
+            loaded,
+            maps,
+            conntrack: ConntrackWatch::default(),
+            tc,
+            watch,
+            shared,
+            pods: crate::pods::watch(opts.cri_socket.clone()).await,
+            translator: Translator::start(),
+            names,
+            ephemeral_ports: crate::host_network::local_port_range(),
+            verdicts: verdicts::VerdictTracker::default(),
+            bad_records: Arc::new(AtomicU64::new(0)),
+            tasks: Vec::new(),
+            opts,
+        };
+        let node = agent.refresh_namespaces();
+        agent.start_tc(node.as_ref(), loaded_ns);
+        // Stale from here on: the loop takes a fresh look every refresh.
+        drop(node);
+
+        let app = http::router(agent.shared.clone());
+        agent.tasks.push(tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, app).await {
+                warn!(error = %e, "HTTP server stopped");
+            }
+        }));
+        let (tx, rx) = mpsc::unbounded_channel();
+        let drain = crate::kernel::ring::drain(ring, tx, agent.bad_records.clone());
+        agent.tasks.push(tokio::spawn(async move {
+            if let Err(e) = drain.await {
+                warn!(error = %e, "ring buffer drain stopped");
+            }
+        }));
+        if let Some(logs) = agent.loaded.ebpf_log.take() {
+            agent.tasks.push(tokio::spawn(async {
+                if let Err(e) = crate::kernel::ebpf_log::drain(logs).await {
+                    warn!(error = %e, "eBPF log stream stopped");
+                }
+            }));
+        }
+        agent.refresh_mtu().await;
+        if let Some(path) = &agent.opts.ready_file
+            && let Err(source) = std::fs::write(path, format!("{local}\n"))
+        {
+            let path = path.clone();
+            agent.shutdown();
+            return Err(AgentError::ReadyFile { path, source });
+        }
+        agent.shared.set_ready(true);
+        info!(listen = %local, "ready");
+        Ok((agent, rx))
     }
-    shared.metrics().finding(&finding);
-    let printed = shared.store().record(finding, Instant::now());
-    if let Some(f) = printed {
-        print_finding(&f, format);
+
+    /// The classifier at start: attached now with `--icmp-watch always`; otherwise
+    /// only the filters a previous agent left are removed.
+    fn start_tc(&mut self, node: Option<&LocalNode>, loaded_ns: u64) {
+        let Some(tc) = self.tc.as_mut() else {
+            return;
+        };
+        match self.watch.mode() {
+            icmp_watch::Mode::Always => {
+                follow_interfaces(tc, &mut self.loaded.ebpf, node, &mut self.watch, loaded_ns);
+            }
+            icmp_watch::Mode::OnTrouble => {
+                match node {
+                    Some(node) => tc.remove_leftovers(&node.links),
+                    None => match crate::host_network::links() {
+                        Ok(links) => tc.remove_leftovers(&links),
+                        Err(e) => {
+                            warn!(error = %e, "cannot list interfaces; TC filters a previous agent left stay")
+                        }
+                    },
+                }
+                info!(
+                    hold_secs = self.watch.hold().as_secs(),
+                    "ICMP from the network is watched only once trouble shows (--icmp-watch on-trouble)"
+                );
+            }
+        }
+    }
+
+    /// A kernel verdict: judged, its pods named, counted and recorded; a late success
+    /// resolves the timeout it had been reported as.
+    async fn on_event(&mut self, kind: EventKind, ev: Event) {
+        let translation = self.translator.translate(&ev, &self.maps).await;
+        // Whether the evidence window was watched, before this event attaches anything.
+        let icmp_watched = self.watch.covers(&ev);
+        if self.watch.event(kind, &ev, Instant::now()) {
+            self.start_icmp_watch("a verdict");
+        }
+        let ctx = Context {
+            names: &self.names,
+            now: SystemTime::now(),
+            ephemeral_ports: self.ephemeral_ports.clone(),
+            translation,
+            conntrack: self.conntrack.window(&ev, &self.names),
+            icmp_watched,
+        };
+        let mut finding = correlate(kind, &ev, &ctx);
+        if let Some(f) = finding.as_mut() {
+            f.name_pods(self.pods.current().name(&f.ends()));
+        }
+        let made = finding.is_some();
+        if let Some(finding) = self.verdicts.event(&ev, finding) {
+            if let Some(cause) = finding.evidence.conntrack_cause() {
+                self.shared
+                    .metrics()
+                    .conntrack_drops(cause.as_str(), ev.drop.count);
+            }
+            self.record(finding);
+        } else if !made && let Some(w) = withdrawn(kind, &ev) {
+            // The connect that was timing out got through: a slow listener or a
+            // transient drop, not a standing failure.
+            let resolved = self
+                .shared
+                .store()
+                .resolve(|f| w.covers(f), SystemTime::now());
+            for f in resolved {
+                print_finding(&f, self.opts.format);
+            }
+        }
+    }
+
+    /// Every 500 ms: the verdict counts the kernel aggregated, the counters (and with
+    /// them whether ICMP is watched), the black holes still open.
+    fn on_tick(&mut self) {
+        let (entries, now_ns) = self.maps.verdict_counts();
+        let stamp = crate::findings::rfc3339(SystemTime::now());
+        let read = self.verdicts.read(&entries, now_ns, &stamp);
+        self.bad_records.fetch_add(read.lost, Ordering::Relaxed);
+        for finding in read.findings {
+            self.record(finding);
+        }
+        for key in &read.forget {
+            let last = self.maps.take_verdict(key);
+            if let Some(finding) = self.verdicts.forgotten(key, last, &stamp) {
+                self.record(finding);
+            }
+        }
+        let counts = self.maps.counts();
+        let now = Instant::now();
+        if self.watch.counters(&counts, now) {
+            self.start_icmp_watch("kernel counters");
+        } else if self.watch.quiet(now)
+            && let Some(tc) = self.tc.as_mut()
+        {
+            tc.detach_all(&mut self.loaded.ebpf);
+            self.watch.detached(monotonic_ns());
+            info!(
+                hold_secs = self.watch.hold().as_secs(),
+                "ICMP watch off: no trouble for the hold time; TC ingress detached"
+            );
+        }
+        self.shared.metrics().set_icmp_watch(self.watch.armed());
+        let totals = KernelTotals::named(
+            &counts,
+            &self.names,
+            self.bad_records.load(Ordering::Relaxed),
+        );
+        let blackholes = self.maps.active_blackholes();
+        let mut metrics = self.shared.metrics();
+        metrics.sync_kernel(totals);
+        metrics.set_blackholes(blackholes.len());
+        drop(metrics);
+        let resolved = self.shared.store().resolve(
+            |f| f.kind == Kind::PmtudBlackhole && !blackholes.iter().any(|k| flow_matches(f, k)),
+            SystemTime::now(),
+        );
+        for f in resolved {
+            print_finding(&f, self.opts.format);
+        }
+    }
+
+    /// A link came, went or changed: the MTU model, and the classifier's interfaces.
+    async fn on_link_change(&mut self) {
+        self.refresh_mtu().await;
+        if let Some(tc) = self.tc.as_mut().filter(|_| self.watch.keeps_attached()) {
+            follow_interfaces(
+                tc,
+                &mut self.loaded.ebpf,
+                None,
+                &mut self.watch,
+                monotonic_ns(),
+            );
+        }
+    }
+
+    /// Every [`REFRESH`]: the scope, and the classifier's interfaces.
+    fn on_refresh(&mut self) {
+        let node = self.refresh_namespaces();
+        if let Some(tc) = self.tc.as_mut().filter(|_| self.watch.keeps_attached()) {
+            follow_interfaces(
+                tc,
+                &mut self.loaded.ebpf,
+                node.as_ref(),
+                &mut self.watch,
+                monotonic_ns(),
+            );
+        }
+    }
+
+    async fn refresh_mtu(&self) {
+        refresh_mtu(&self.shared, &self.pods, self.opts.format).await;
+    }
+
+    /// Counts a finding in the metrics and the store, and prints it when the store says
+    /// so. A finding with `count` 0 (an event whose verdicts a map read already
+    /// accounted) only refreshes a finding the store holds.
+    fn record(&self, finding: Finding) {
+        if finding.count == 0 && !self.shared.store().contains(&finding) {
+            return;
+        }
+        self.shared.metrics().finding(&finding);
+        let printed = self.shared.store().record(finding, Instant::now());
+        if let Some(f) = printed {
+            print_finding(&f, self.opts.format);
+        }
+    }
+
+    /// Attaches the classifier now that trouble shows (`why`), and notes since when
+    /// ICMP is watched. Without it (unavailable), nothing is watched and findings say so.
+    fn start_icmp_watch(&mut self, why: &str) {
+        let Some(tc) = self.tc.as_mut() else {
+            self.watch.attach_failed(Instant::now());
+            return;
+        };
+        if follow_interfaces(
+            tc,
+            &mut self.loaded.ebpf,
+            None,
+            &mut self.watch,
+            monotonic_ns(),
+        ) {
+            info!(
+                trigger = why,
+                "ICMP watch on: trouble shows; TC ingress attached"
+            );
+        } else {
+            self.watch.attach_failed(Instant::now());
+            warn!(
+                trigger = why,
+                "trouble shows but TC ingress attached to no interface: ICMP from the network stays unwatched"
+            );
+        }
+    }
+
+    /// Refreshes the scope (unless every namespace is watched) and reads the conntrack
+    /// counters of the namespaces in it; without a scope, the counters wait. Returns
+    /// the look at the node the scope came from.
+    fn refresh_namespaces(&mut self) -> Option<LocalNode> {
+        if self.opts.all_netns {
+            self.conntrack.refresh(None);
+            return None;
+        }
+        let node = refresh_scope(&mut self.maps)?;
+        self.conntrack.refresh(Some(&node.scope));
+        Some(node)
+    }
+
+    /// Prints what the store has not printed yet, stops the tasks, removes the ready
+    /// file and detaches everything.
+    fn shutdown(mut self) {
+        self.shared.set_ready(false);
+        for f in self.shared.store().unprinted() {
+            print_finding(&f, self.opts.format);
+        }
+        for task in &self.tasks {
+            task.abort();
+        }
+        if let Some(path) = &self.opts.ready_file {
+            let _ = std::fs::remove_file(path);
+        }
+        // Netlink filters first, so the clsact qdiscs they emptied can go.
+        if let Some(tc) = self.tc.as_mut() {
+            tc.detach_all(&mut self.loaded.ebpf);
+        }
+        // Dropping the Ebpf detaches every tracepoint link and unloads the programs.
+        drop(self.loaded);
     }
 }
 
@@ -399,32 +568,6 @@ async fn next_change(rx: &mut Option<tokio::sync::mpsc::Receiver<()>>) -> Option
     match rx.as_mut() {
         Some(rx) => rx.recv().await,
         None => std::future::pending().await,
-    }
-}
-
-/// Attaches the classifier now that trouble shows (`why`), and notes since when ICMP is
-/// watched. Without it (unavailable), nothing is watched and findings say so.
-fn start_icmp_watch(
-    tc: Option<&mut TcIngress>,
-    ebpf: &mut aya::Ebpf,
-    watch: &mut IcmpWatch,
-    why: &str,
-) {
-    let Some(tc) = tc else {
-        watch.attach_failed(Instant::now());
-        return;
-    };
-    if follow_interfaces(tc, ebpf, None, watch, monotonic_ns()) {
-        info!(
-            trigger = why,
-            "ICMP watch on: trouble shows; TC ingress attached"
-        );
-    } else {
-        watch.attach_failed(Instant::now());
-        warn!(
-            trigger = why,
-            "trouble shows but TC ingress attached to no interface: ICMP from the network stays unwatched"
-        );
     }
 }
 
@@ -473,163 +616,10 @@ fn sync_tc_from(tc: &mut TcIngress, ebpf: &mut aya::Ebpf, node: Option<&LocalNod
     }
 }
 
-/// Destinations conntrack recently had no translation for: a storm of failures to one
-/// destination asks conntrack once per [`Untranslated::TTL`], not once per connect.
-#[derive(Default)]
-struct Untranslated(std::collections::HashMap<SocketAddr, std::time::Instant>);
-
-impl Untranslated {
-    const TTL: Duration = Duration::from_secs(2);
-    /// Bounds the memory a scan of many destinations can take.
-    const MAX: usize = 4096;
-
-    fn recently(&self, dst: SocketAddr) -> bool {
-        self.0.get(&dst).is_some_and(|t| t.elapsed() < Self::TTL)
-    }
-
-    fn saw(&mut self, dst: SocketAddr) {
-        if self.0.len() >= Self::MAX {
-            self.0.retain(|_, t| t.elapsed() < Self::TTL);
-            if self.0.len() >= Self::MAX {
-                self.0.clear();
-            }
-        }
-        self.0.insert(dst, std::time::Instant::now());
-    }
-}
-
-/// How often kube-proxy's rules are re-read for Service names. kube-proxy itself
-/// resyncs on change and at least every 30 s to an hour; a Service created since the
-/// last read is named from the next one.
-const SERVICES_REFRESH: Duration = Duration::from_secs(10);
-
-/// The Service catalog from kube-proxy's rules in the agent's namespace: read once now
-/// (so findings from the start can name Services), then every [`SERVICES_REFRESH`] on a
-/// thread of its own, since reading runs `iptables-save`/`nft` and may take a moment.
-fn watch_services() -> Arc<RwLock<ServiceCatalog>> {
-    let mut watcher = CatalogWatcher::new();
-    match watcher.refresh() {
-        Ok(_) => {
-            let read: Vec<String> = watcher
-                .sources()
-                .iter()
-                .filter(|s| matches!(s.status, SourceStatus::Read { .. }))
-                .map(|s| s.name.clone())
-                .collect();
-            info!(services = watcher.catalog().len(), from = ?read, "Service names from kube-proxy's rules");
-        }
-        Err(e) => warn!(error = %e, "no Service names: kube-proxy's rules cannot be read"),
-    }
-    let catalog = Arc::new(RwLock::new(watcher.catalog().clone()));
-    let shared = Arc::clone(&catalog);
-    let spawned = std::thread::Builder::new()
-        .name("services".into())
-        .spawn(move || {
-            loop {
-                std::thread::sleep(SERVICES_REFRESH);
-                // Errors are logged by the watcher when what can be read changes.
-                if watcher.refresh().is_ok() {
-                    *shared.write().unwrap_or_else(PoisonError::into_inner) =
-                        watcher.catalog().clone();
-                }
-            }
-        });
-    if let Err(e) = spawned {
-        warn!(error = %e, "cannot start the Service catalog refresh: names stay as read at start");
-    }
-    catalog
-}
-
-/// Where this node's NAT sent the event's connection: conntrack's current entry, else
-/// the translation the kernel hooks saw on its dropped or rejected packets (whose entry
-/// was never confirmed, so conntrack has none); and the Service kube-proxy's rules name.
-fn translate(
-    ev: &Event,
-    maps: &KernelMaps,
-    services: &ServiceCatalog,
-    untranslated: &mut Untranslated,
-) -> Translation {
-    let flow = &ev.flow;
-    let addr = |b: &[u8; 16]| crate::findings::correlate::addr(flow, b);
-    if flow.sport == 0 || flow.dport == 0 {
-        return Translation::default();
-    }
-    let (src, dst) = (
-        SocketAddr::new(addr(&flow.saddr), flow.sport),
-        SocketAddr::new(addr(&flow.daddr), flow.dport),
-    );
-    let tracked = if untranslated.recently(dst) {
-        None
-    } else {
-        match crate::host_network::conntrack::translated_destination(
-            libc::IPPROTO_TCP as u8,
-            src,
-            dst,
-        ) {
-            Ok(found) => found,
-            Err(e) => {
-                debug!(error = %e, %src, %dst, "conntrack lookup failed");
-                None
-            }
-        }
-    };
-    if tracked.is_none() {
-        untranslated.saw(dst);
-    }
-    let backend = tracked.or_else(|| {
-        maps.nat(flow).map(|n| {
-            SocketAddr::new(
-                crate::findings::correlate::addr(flow, &n.backend),
-                n.backend_port,
-            )
-        })
-    });
-    let tcp = crate::services::IPPROTO_TCP;
-    let service = services
-        .by_frontend(dst.ip(), tcp, dst.port())
-        .or_else(|| backend.and_then(|b| services.by_backend(b.ip(), tcp, b.port())));
-    let Some(service) = service else {
-        return Translation {
-            backend,
-            ..Translation::default()
-        };
-    };
-    // Conntrack forgets an entry whose only answer was a RST: with one endpoint the
-    // backend is still certain, with several only the candidates are.
-    let (backend, candidates) = match (backend, service.backends.as_slice()) {
-        (Some(b), _) => (Some(b), Vec::new()),
-        (None, [only]) => (Some(*only), Vec::new()),
-        (None, several) => (None, several.to_vec()),
-    };
-    Translation {
-        backend,
-        candidates,
-        service: Some(service.name.clone()),
-        no_endpoints: service.no_endpoints,
-    }
-}
-
 /// Whether a flow finding is about `key`.
 fn flow_matches(f: &Finding, key: &FlowKey) -> bool {
-    let addr = |b: &[u8; 16]| crate::findings::correlate::addr(key, b);
+    let addr = |b: &[u8; 16]| addr(key, b);
     f.src == Some(addr(&key.saddr)) && f.dst == Some(addr(&key.daddr)) && f.dport == Some(key.dport)
-}
-
-/// Refreshes the scope (unless every namespace is watched) and reads the conntrack
-/// counters of the namespaces in it; without a scope, the counters wait. Returns the
-/// look at the node the scope came from.
-fn refresh_namespaces(
-    maps: &mut KernelMaps,
-    conntrack: &mut ConntrackWatch,
-    all_netns: bool,
-) -> Option<LocalNode> {
-    if all_netns {
-        conntrack.refresh(None);
-        return None;
-    }
-    let node = refresh_scope(maps)?;
-    conntrack.refresh(Some(&node.scope));
-    Some(node)
 }
 
 /// Makes the kernel's scope map this node's current set of network namespaces, and

@@ -9,9 +9,8 @@ use tracing::warn;
 
 use super::state::Shared;
 use crate::{
-    OutputFormat,
     findings::{Kind, Status},
-    output::print_finding,
+    output::{OutputFormat, print_finding},
     pods::PodsHandle,
 };
 
@@ -36,7 +35,7 @@ pub async fn refresh_mtu(shared: &Shared, pods: &PodsHandle, format: OutputForma
     // An interface finding in a pod's namespace names the pod whose interface it is.
     let index = pods.current();
     for f in &mut findings {
-        crate::pods::name_pods(f, &index);
+        f.name_pods(index.name(&f.ends()));
     }
     let printed = shared.store().sync_conditions(
         &[Kind::OverlayMtuMismatch, Kind::PmtudDisabled],

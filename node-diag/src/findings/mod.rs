@@ -3,7 +3,9 @@
 //!
 //! - [`conntrack`] keeps each namespace's conntrack counters, the evidence that tells a
 //!   full table's (or an INVALID packet's) `NETFILTER_DROP` from a rule's.
-//! - [`correlate`] turns one kernel verdict event into a [`Finding`] (pure).
+//! - [`correlate`] turns one kernel verdict event into a [`Finding`] (pure), one
+//!   module per verdict family.
+//! - [`evidence`] types what each finding rests on; serialised flat into `evidence`.
 //! - [`names`] names what the kernel reports by number: drop reasons and interfaces.
 //! - [`store`] aggregates repeats (same kind, layer, flow minus the ephemeral source port,
 //!   and netns) and resolves conditions that went away.
@@ -13,6 +15,7 @@
 
 pub mod conntrack;
 pub mod correlate;
+pub mod evidence;
 #[cfg(test)]
 pub mod fixtures;
 pub mod names;
@@ -25,7 +28,8 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::pods::PodRef;
+pub(crate) use self::evidence::Evidence;
+use crate::pods::{Ends, Named, PodRef};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -143,7 +147,7 @@ pub struct Finding {
     pub severity: Severity,
     pub summary: String,
     pub remediation: String,
-    pub evidence: serde_json::Map<String, serde_json::Value>,
+    pub evidence: Evidence,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub src: Option<IpAddr>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -233,6 +237,28 @@ impl Finding {
     }
 }
 
+impl Finding {
+    /// Where the finding's flow or listener runs, to name its pods from.
+    pub(crate) fn ends(&self) -> Ends {
+        Ends {
+            netns: self.netns,
+            src: self.src,
+            listener: self.listener,
+            peer: self.backend.or(self.dst),
+        }
+    }
+
+    /// Names the finding's pods; fields already set are kept.
+    pub(crate) fn name_pods(&mut self, named: Named) {
+        if self.pod.is_none() {
+            self.pod = named.pod;
+        }
+        if self.peer_pod.is_none() {
+            self.peer_pod = named.peer_pod;
+        }
+    }
+}
+
 pub use store::Store;
 
 #[cfg(test)]
@@ -276,7 +302,7 @@ mod tests {
         ] {
             assert_eq!(serde_json::to_value(layer).unwrap(), layer.as_str());
         }
-        let back: Finding = serde_json::from_value(v).unwrap();
-        assert_eq!(back, f);
+        let back: Finding = serde_json::from_value(v.clone()).unwrap();
+        assert_eq!(serde_json::to_value(&back).unwrap(), v);
     }
 }

@@ -132,6 +132,23 @@ impl Serialize for LinkKind {
     }
 }
 
+/// What an interface is to the MTU model (`crate::mtu` decides which has which).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// A tunnel device: compared with its underlay.
+    Overlay,
+    /// The pod end of a veth whose other end is in the agent's namespace.
+    PodInterface,
+    /// The agent-namespace end of a pod's veth.
+    NodeVeth,
+    /// A device carrying an overlay's encapsulated packets (and, for a veth, its other
+    /// end: two test "nodes" joined by a veth are not a node and its pod).
+    Underlay,
+    /// Anything else: listed, not compared.
+    Other,
+}
+
 /// Address family of a tunnel's outer (underlay) header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]

@@ -41,7 +41,7 @@ mod underlay;
 mod wireguard;
 
 pub(crate) use interfaces::{ARPHRD_ETHER, ARPHRD_LOOPBACK};
-pub use interfaces::{Family, Interface, LinkKind, RouteMetrics, Snapshot, UnderlaySource};
+pub use interfaces::{Family, Interface, LinkKind, Role, RouteMetrics, Snapshot, UnderlaySource};
 pub use inventory::{local_port_range, snapshot};
 pub use links::{Link, UdpEncap, links};
 pub use monitor::watch;

@@ -5,7 +5,8 @@
 //!   attaches the programs of the [`hooks`] table; [`rewrite`] first rewrites the object's
 //!   marked calls for this kernel: kernel-function calls, and settings taken as immediates.
 //! - [`tc`] attaches the TC ingress classifier to the node's interfaces as they come and go.
-//! - [`ring`] drains verdict events from the ring buffer; [`maps`] reads the aggregate maps
+//! - [`ring`] drains verdict events from the ring buffer, their kinds decoded once
+//!   ([`event`]); [`maps`] reads the aggregate maps
 //!   (counts keyed by the kernel's own numbers) and writes the maps the agent owns.
 //! - [`caps`] says which capabilities the process has; [`ebpf_log`] drains the programs'
 //!   own log records (aya-log) into `tracing` when `--ebpf-log` asks for them.
@@ -16,6 +17,7 @@
 pub mod btf;
 pub mod caps;
 pub mod ebpf_log;
+pub mod event;
 pub mod hooks;
 pub mod loader;
 pub mod maps;

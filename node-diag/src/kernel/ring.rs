@@ -1,18 +1,22 @@
-//! Kernel events: decoding ring-buffer records into [`Event`]s and the task that drains
-//! the ring buffer as soon as it is readable.
+//! Kernel events: decoding ring-buffer records into [`Event`]s (their kinds into
+//! [`EventKind`]) and the task that drains the ring buffer as soon as it is readable.
 
 use aya::maps::{MapData, RingBuf};
 use node_diag_common::Event;
 use tokio::{io::unix::AsyncFd, sync::mpsc};
 
+use super::event::{EventKind, UnknownKind};
+
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum DecodeError {
     #[error("ring buffer record of {got} bytes, expected {want}")]
     Size { got: usize, want: usize },
+    #[error(transparent)]
+    Kind(#[from] UnknownKind),
 }
 
 /// Decodes one ring-buffer record. The kernel writes exactly one [`Event`] per record.
-pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
+pub fn decode(bytes: &[u8]) -> Result<(EventKind, Event), DecodeError> {
     let want = size_of::<Event>();
     if bytes.len() < want {
         return Err(DecodeError::Size {
@@ -22,14 +26,15 @@ pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
     }
     // SAFETY: length checked; Event is repr(C), integer-only (every bit pattern is valid);
     // read_unaligned tolerates any alignment of the record.
-    Ok(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<Event>()) })
+    let ev = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<Event>()) };
+    Ok((EventKind::try_from(ev.kind)?, ev))
 }
 
 /// Drains `ring` into `tx` until the receiver goes away. Undecodable records are counted
 /// by the caller through `bad`.
 pub async fn drain(
     ring: RingBuf<MapData>,
-    tx: mpsc::UnboundedSender<Event>,
+    tx: mpsc::UnboundedSender<(EventKind, Event)>,
     bad: std::sync::Arc<std::sync::atomic::AtomicU64>,
 ) -> std::io::Result<()> {
     // SAFETY: the AsyncFd owns the RingBuf, which owns the map fd, so the fd stays open
@@ -74,7 +79,16 @@ mod tests {
         let ev = fixtures::event(event_kind::CONNECT_REFUSED, 111);
         let mut buf = vec![0u8];
         buf.extend(bytes_of(&ev));
-        assert_eq!(decode(&buf[1..]).unwrap(), ev);
+        assert_eq!(decode(&buf[1..]).unwrap(), (EventKind::ConnectRefused, ev));
+    }
+
+    #[test]
+    fn rejects_records_of_unknown_kinds() {
+        let ev = fixtures::event(99, 0);
+        assert_eq!(
+            decode(&bytes_of(&ev)),
+            Err(DecodeError::Kind(UnknownKind(99)))
+        );
     }
 
     #[test]

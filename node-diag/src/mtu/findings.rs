@@ -8,7 +8,10 @@ use super::{
     model::{MtuVerdict, Role, Verdict},
     sysctls::{SysctlVerdict, no_pmtu_disc_meaning},
 };
-use crate::findings::{Finding, Kind, Layer, Severity};
+use crate::findings::{
+    Finding, Kind, Layer, Severity,
+    evidence::{Evidence, MtuEvidence, SysctlEvidence},
+};
 
 fn mismatch_finding(v: &MtuVerdict, now: SystemTime) -> Finding {
     let limit = v.expected_mtu.unwrap_or(0);
@@ -91,39 +94,31 @@ fn mismatch_finding(v: &MtuVerdict, now: SystemTime) -> Finding {
     );
     f.interface = Some(v.interface.clone());
     f.netns = Some(v.netns);
-    let e = &mut f.evidence;
-    let mut put = |k: &str, val: serde_json::Value| {
-        e.insert(k.into(), val);
-    };
-    put("underlay", v.underlay.clone().into());
-    put("underlay_mtu", v.underlay_mtu.into());
-    put("underlay_device_mtu", v.underlay_device_mtu.into());
-    put("underlay_route", v.underlay_route.clone().into());
-    put("underlay_route_mtu", v.underlay_route_mtu.into());
-    put(
-        "underlay_endpoint",
-        v.underlay_endpoint.map(|a| a.to_string()).into(),
-    );
-    put("underlay_endpoints", v.underlay_endpoints.into());
-    put("encapsulation", v.encapsulation.clone().into());
-    put("overhead", v.overhead.into());
-    put("expected_mtu", v.expected_mtu.into());
-    put("actual_mtu", v.mtu.into());
-    put("effective_mtu", v.effective_mtu.into());
-    put("route", v.route.clone().into());
-    put("route_mtu", v.route_mtu.into());
-    put("route_advmss", v.route_advmss.into());
-    put("headroom", v.headroom.into());
-    put("overhead_breakdown", v.overhead_breakdown.clone().into());
-    put(
-        "underlay_source",
-        serde_json::to_value(v.underlay_source).unwrap_or_default(),
-    );
-    put("family", serde_json::to_value(v.family).unwrap_or_default());
-    put("overlay", v.overlay.clone().into());
-    put("overlay_mtu", v.overlay_mtu.into());
-    put("role", serde_json::to_value(v.role).unwrap_or_default());
-    put("netns_name", v.netns_name.clone().into());
+    f.evidence = Evidence::Mtu(Box::new(MtuEvidence {
+        underlay: v.underlay.clone(),
+        underlay_mtu: v.underlay_mtu,
+        underlay_device_mtu: v.underlay_device_mtu,
+        underlay_route: v.underlay_route.clone(),
+        underlay_route_mtu: v.underlay_route_mtu,
+        underlay_endpoint: v.underlay_endpoint,
+        underlay_endpoints: v.underlay_endpoints,
+        underlay_source: v.underlay_source,
+        encapsulation: v.encapsulation.clone(),
+        overhead: v.overhead,
+        overhead_breakdown: v.overhead_breakdown.clone(),
+        expected_mtu: v.expected_mtu,
+        actual_mtu: v.mtu,
+        effective_mtu: v.effective_mtu,
+        route: v.route.clone(),
+        route_mtu: v.route_mtu,
+        route_advmss: v.route_advmss,
+        headroom: v.headroom,
+        family: v.family,
+        overlay: v.overlay.clone(),
+        overlay_mtu: v.overlay_mtu,
+        role: Some(v.role),
+        netns_name: v.netns_name.clone(),
+    }));
     f
 }
 
@@ -150,13 +145,12 @@ fn sysctl_finding(s: &SysctlVerdict, now: SystemTime) -> Option<Finding> {
         now,
     );
     f.netns = Some(s.netns);
-    f.evidence
-        .insert("sysctl".into(), "net.ipv4.ip_no_pmtu_disc".into());
-    f.evidence.insert("value".into(), value.into());
-    f.evidence
-        .insert("tcp_mtu_probing".into(), s.tcp_mtu_probing.into());
-    f.evidence
-        .insert("netns_name".into(), s.netns_name.clone().into());
+    f.evidence = Evidence::Sysctl(SysctlEvidence {
+        sysctl: "net.ipv4.ip_no_pmtu_disc",
+        value,
+        tcp_mtu_probing: s.tcp_mtu_probing,
+        netns_name: s.netns_name.clone(),
+    });
     Some(f)
 }
 
@@ -221,7 +215,7 @@ mod tests {
             "{}",
             f.remediation
         );
-        let e = &f.evidence;
+        let e = &f.evidence.to_map();
         assert_eq!(e["underlay"], "ul0");
         assert_eq!(e["underlay_mtu"], 1500);
         assert_eq!(e["encapsulation"], "VXLAN");
@@ -266,8 +260,8 @@ mod tests {
         );
         assert!(f.summary.contains("the route to 10.0.0.2"), "{}", f.summary);
         assert!(f.remediation.starts_with("Set vxu's MTU to 1450"));
-        assert_eq!(f.evidence["underlay_source"], "route_to_remote");
-        assert_eq!(f.evidence["headroom"], -50);
+        assert_eq!(f.evidence.to_map()["underlay_source"], "route_to_remote");
+        assert_eq!(f.evidence.to_map()["headroom"], -50);
     }
 
     #[test]

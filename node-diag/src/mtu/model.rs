@@ -19,24 +19,9 @@ use std::{collections::HashSet, fmt::Write as _, net::IpAddr};
 use serde::Serialize;
 
 use super::encapsulation::Encapsulation;
+// The roles are the host network's; the model decides which interface has which.
+pub use crate::host_network::Role;
 use crate::host_network::{Family, Interface, LinkKind, RouteMetrics, Snapshot, UnderlaySource};
-
-/// What an interface is to the model.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Role {
-    /// A tunnel device: compared with its underlay.
-    Overlay,
-    /// The pod end of a veth whose other end is in the agent's namespace.
-    PodInterface,
-    /// The agent-namespace end of a pod's veth.
-    NodeVeth,
-    /// A device carrying an overlay's encapsulated packets (and, for a veth, its other
-    /// end: two test "nodes" joined by a veth are not a node and its pod).
-    Underlay,
-    /// Anything else: listed, not compared.
-    Other,
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -822,9 +807,9 @@ mod tests {
             .iter()
             .find(|f| f.interface.as_deref() == Some("eth0"))
             .unwrap();
-        assert_eq!(f.evidence["route"], "default via 10.244.1.1");
-        assert_eq!(f.evidence["route_mtu"], 1500);
-        assert_eq!(f.evidence["effective_mtu"], 1500);
+        assert_eq!(f.evidence.to_map()["route"], "default via 10.244.1.1");
+        assert_eq!(f.evidence.to_map()["route_mtu"], 1500);
+        assert_eq!(f.evidence.to_map()["effective_mtu"], 1500);
         assert!(
             f.remediation
                 .starts_with("Set the mtu of the pod's routes in netns pod-a (default via"),
@@ -1010,8 +995,11 @@ mod tests {
             vx.detail
         );
         let f = &findings(&snap, SystemTime::UNIX_EPOCH)[0];
-        assert_eq!(f.evidence["underlay_endpoint"], "192.168.77.9");
-        assert_eq!(f.evidence["underlay_source"], "route_to_fdb_destination");
+        assert_eq!(f.evidence.to_map()["underlay_endpoint"], "192.168.77.9");
+        assert_eq!(
+            f.evidence.to_map()["underlay_source"],
+            "route_to_fdb_destination"
+        );
     }
 
     #[test]

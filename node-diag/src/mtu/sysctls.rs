@@ -105,7 +105,7 @@ mod tests {
             (Kind::PmtudDisabled, Layer::HostSysctl, Severity::Warning)
         );
         assert_eq!(f.netns, Some(POD));
-        assert_eq!(f.evidence["value"], 1);
+        assert_eq!(f.evidence.to_map()["value"], 1);
         assert!(
             f.summary
                 .contains("net.ipv4.ip_no_pmtu_disc is 1 in netns pod-a")

@@ -17,12 +17,13 @@ pub mod cri;
 pub mod index;
 pub mod watch;
 
-use std::path::{Path, PathBuf};
+use std::{
+    net::{IpAddr, SocketAddr},
+    path::{Path, PathBuf},
+};
 
 pub use index::{PodIndex, PodRef};
 pub use watch::{PodsHandle, watch};
-
-use crate::findings::Finding;
 
 /// Where the runtimes listen by default, tried in this order.
 pub const DEFAULT_SOCKETS: [&str; 2] =
@@ -42,33 +43,45 @@ pub fn socket_path(configured: Option<&Path>) -> Option<PathBuf> {
         .find(|p| std::fs::metadata(p).is_ok_and(|m| m.file_type().is_socket()))
 }
 
-/// Names the pods of a finding: `pod` is the local side (its netns, else its source
-/// address), `peer_pod` the other end when it is a pod of this node (the backend NAT
-/// sent the connection to, else the destination). Fields already set are kept.
-pub fn name_pods(f: &mut Finding, pods: &PodIndex) {
-    if f.pod.is_none() {
-        f.pod = f
-            .netns
-            .and_then(|n| pods.by_netns.get(&n))
-            .or_else(|| f.src.and_then(|ip| pods.by_ip.get(&ip)))
-            .or_else(|| f.listener.and_then(|l| pods.by_ip.get(&l.ip())))
-            .cloned();
-    }
-    if f.peer_pod.is_none() {
-        f.peer_pod = f
-            .backend
-            .or(f.dst)
-            .and_then(|ip| pods.by_ip.get(&ip))
-            .cloned();
+/// Where a flow or listener runs, as a finding knows it: what its pods are named from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Ends {
+    /// The local side's network namespace.
+    pub(crate) netns: Option<u32>,
+    /// The local side's address.
+    pub(crate) src: Option<IpAddr>,
+    /// A server-side finding's listener.
+    pub(crate) listener: Option<SocketAddr>,
+    /// The other end: the backend NAT sent the connection to, else the destination.
+    pub(crate) peer: Option<IpAddr>,
+}
+
+/// The pods at a finding's two ends, where they run on this node.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Named {
+    pub(crate) pod: Option<PodRef>,
+    pub(crate) peer_pod: Option<PodRef>,
+}
+
+impl PodIndex {
+    /// The pods at `ends`: the local one by its netns, else its source address (or
+    /// listener's); the peer by its address.
+    pub(crate) fn name(&self, ends: &Ends) -> Named {
+        Named {
+            pod: ends
+                .netns
+                .and_then(|n| self.by_netns.get(&n))
+                .or_else(|| ends.src.and_then(|ip| self.by_ip.get(&ip)))
+                .or_else(|| ends.listener.and_then(|l| self.by_ip.get(&l.ip())))
+                .cloned(),
+            peer_pod: ends.peer.and_then(|ip| self.by_ip.get(&ip)).cloned(),
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::net::IpAddr;
-
     use super::*;
-    use crate::findings::fixtures::refused;
 
     fn pod(name: &str) -> PodRef {
         PodRef {
@@ -88,45 +101,50 @@ mod tests {
         idx
     }
 
-    #[test]
-    fn local_pod_from_netns_then_src() {
-        let idx = index();
-        let mut f = refused(4000);
-        f.netns = Some(4026532317);
-        f.src = Some("10.9.9.9".parse().unwrap());
-        name_pods(&mut f, &idx);
-        assert_eq!(f.pod.as_ref().map(|p| p.name.as_str()), Some("cart"));
+    /// A flow from 10.0.0.1 (`src`) in netns 1 to `peer`.
+    fn ends(peer: &str) -> Ends {
+        Ends {
+            netns: Some(1),
+            src: Some("10.0.0.1".parse().unwrap()),
+            listener: None,
+            peer: Some(peer.parse().unwrap()),
+        }
+    }
 
-        let mut f = refused(4000);
-        f.netns = Some(1);
-        name_pods(&mut f, &idx);
-        assert_eq!(f.pod.as_ref().map(|p| p.name.as_str()), Some("cart"));
+    fn name_of(p: &Option<PodRef>) -> Option<&str> {
+        p.as_ref().map(|p| p.name.as_str())
     }
 
     #[test]
-    fn peer_pod_prefers_backend() {
+    fn local_pod_from_netns_then_src() {
         let idx = index();
-        let mut f = refused(4000);
-        name_pods(&mut f, &idx);
-        assert_eq!(f.peer_pod.as_ref().map(|p| p.name.as_str()), Some("db"));
-        let mut f = refused(4000);
-        f.backend = Some("10.0.0.9".parse::<IpAddr>().unwrap());
-        name_pods(&mut f, &idx);
+        let by_netns = Ends {
+            netns: Some(4026532317),
+            src: Some("10.9.9.9".parse().unwrap()),
+            ..ends("10.0.0.2")
+        };
+        assert_eq!(name_of(&idx.name(&by_netns).pod), Some("cart"));
+        assert_eq!(name_of(&idx.name(&ends("10.0.0.2")).pod), Some("cart"));
+    }
+
+    #[test]
+    fn peer_pod_is_the_peer_address() {
+        let idx = index();
+        assert_eq!(name_of(&idx.name(&ends("10.0.0.2")).peer_pod), Some("db"));
         assert_eq!(
-            f.peer_pod.as_ref().map(|p| p.name.as_str()),
+            name_of(&idx.name(&ends("10.0.0.9")).peer_pod),
             Some("db-backend")
         );
     }
 
     #[test]
     fn host_network_flow_names_nobody() {
-        let mut f = refused(4000);
-        f.src = Some("192.168.1.1".parse().unwrap());
-        f.dst = Some("192.168.1.2".parse().unwrap());
-        f.netns = Some(4026531840);
-        name_pods(&mut f, &index());
-        assert_eq!(f.pod, None);
-        assert_eq!(f.peer_pod, None);
+        let host = Ends {
+            netns: Some(4026531840),
+            src: Some("192.168.1.1".parse().unwrap()),
+            ..ends("192.168.1.2")
+        };
+        assert_eq!(index().name(&host), Named::default());
     }
 
     #[test]

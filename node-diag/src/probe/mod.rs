@@ -85,17 +85,29 @@ pub enum ProbeError {
     Receive(io::Error),
 }
 
-/// What `node-diag probe` was asked to do.
-#[derive(Debug, Clone)]
-pub struct ProbeOptions {
-    /// Address (or name) to probe.
-    pub dst: String,
-    /// TCP port to connect to, if any.
-    pub port: Option<u16>,
+/// What `node-diag probe` was asked to do, as the command line gives it.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct ProbeOptions {
+    /// Destination address (IPv4 or IPv6) or name.
+    #[arg(value_name = "DST")]
+    pub(crate) dst: String,
+    /// Also classify a TCP connect to DST:PORT (ok, refused, timed_out, unreachable).
+    #[arg(long, value_name = "PORT")]
+    pub(crate) port: Option<u16>,
+    /// Bound on each wait: the TCP connect, and each echo until one is answered (later
+    /// echoes wait ten times the slowest answer, at least 250 ms, at most this).
+    #[arg(long, default_value_t = 3000, value_parser = clap::value_parser!(u64).range(1..=600_000), value_name = "N")]
+    pub(crate) timeout_ms: u64,
+    /// Largest IP packet size to try (default: the outgoing interface's MTU).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(68..=65_535), value_name = "N")]
+    pub(crate) max_mtu: Option<u32>,
+}
+
+impl ProbeOptions {
     /// Bound on every wait: each echo, and the TCP connect.
-    pub timeout: Duration,
-    /// Largest packet size to try, when lower than the interface MTU.
-    pub max_mtu: Option<u32>,
+    fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms)
+    }
 }
 
 /// Resolves DST: an address literal, else a name (IPv4 answers first).
@@ -144,9 +156,9 @@ pub fn run(opts: &ProbeOptions) -> Result<Report, ProbeError> {
     let egress = egress(dst)?;
     let ceiling = Ceiling::new(egress.mtu, opts.max_mtu, family);
     tracing::debug!(%dst, interface = %egress.interface, mtu = egress.mtu, ceiling = ceiling.size, "probing");
-    let mut prober = IcmpProber::open(dst, opts.timeout)?;
+    let mut prober = IcmpProber::open(dst, opts.timeout())?;
     let found = search(family.min_mtu(), ceiling.size, |size| prober.probe(size))?;
-    let tcp = opts.port.map(|p| tcp_check(dst, p, opts.timeout));
+    let tcp = opts.port.map(|p| tcp_check(dst, p, opts.timeout()));
     Ok(Report::new(dst, egress, ceiling, found, tcp))
 }
 

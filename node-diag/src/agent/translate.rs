@@ -1,0 +1,167 @@
+//! The Service and NAT behind a verdict's destination: kube-proxy's rules read on a
+//! thread of their own (running `iptables-save`/`nft` may take a moment), conntrack
+//! asked off the event loop, the kernel's NAT map for translations conntrack never
+//! confirmed.
+
+use std::{
+    collections::HashMap,
+    net::SocketAddr,
+    sync::{Arc, PoisonError, RwLock},
+    time::{Duration, Instant},
+};
+
+use node_diag_common::Event;
+use tracing::{debug, info, warn};
+
+use crate::{
+    findings::correlate::{Translation, addr},
+    kernel::maps::KernelMaps,
+    services::{CatalogWatcher, IPPROTO_TCP, ServiceCatalog, SourceStatus},
+};
+
+/// How often kube-proxy's rules are re-read for Service names. kube-proxy itself
+/// resyncs on change and at least every 30 s to an hour; a Service created since the
+/// last read is named from the next one.
+const SERVICES_REFRESH: Duration = Duration::from_secs(10);
+
+/// Finds the Service and NAT behind verdicts' destinations.
+pub(super) struct Translator {
+    services: Arc<RwLock<ServiceCatalog>>,
+    untranslated: Untranslated,
+}
+
+impl Translator {
+    /// Reads kube-proxy's rules once now (so findings from the start can name Services),
+    /// then every [`SERVICES_REFRESH`] on a thread of its own.
+    pub(super) fn start() -> Self {
+        Self {
+            services: watch_services(),
+            untranslated: Untranslated::default(),
+        }
+    }
+
+    /// Where this node's NAT sent the event's connection: conntrack's current entry,
+    /// else the translation the kernel hooks saw on its dropped or rejected packets
+    /// (whose entry was never confirmed, so conntrack has none); and the Service
+    /// kube-proxy's rules name.
+    pub(super) async fn translate(&mut self, ev: &Event, maps: &KernelMaps) -> Translation {
+        let flow = &ev.flow;
+        if flow.sport == 0 || flow.dport == 0 {
+            return Translation::default();
+        }
+        let (src, dst) = (
+            SocketAddr::new(addr(flow, &flow.saddr), flow.sport),
+            SocketAddr::new(addr(flow, &flow.daddr), flow.dport),
+        );
+        let tracked = if self.untranslated.recently(dst) {
+            None
+        } else {
+            // A netlink round trip: off the event loop, which the HTTP server shares.
+            let lookup = tokio::task::spawn_blocking(move || {
+                crate::host_network::conntrack::translated_destination(IPPROTO_TCP, src, dst)
+            });
+            match lookup.await {
+                Ok(Ok(found)) => found,
+                Ok(Err(e)) => {
+                    debug!(error = %e, %src, %dst, "conntrack lookup failed");
+                    None
+                }
+                Err(e) => {
+                    debug!(error = %e, %src, %dst, "conntrack lookup task failed");
+                    None
+                }
+            }
+        };
+        if tracked.is_none() {
+            self.untranslated.saw(dst);
+        }
+        let backend = tracked.or_else(|| {
+            maps.nat(flow)
+                .map(|n| SocketAddr::new(addr(flow, &n.backend), n.backend_port))
+        });
+        let services = self.services.read().unwrap_or_else(PoisonError::into_inner);
+        let service = services
+            .by_frontend(dst.ip(), IPPROTO_TCP, dst.port())
+            .or_else(|| backend.and_then(|b| services.by_backend(b.ip(), IPPROTO_TCP, b.port())));
+        let Some(service) = service else {
+            return Translation {
+                backend,
+                ..Translation::default()
+            };
+        };
+        // Conntrack forgets an entry whose only answer was a RST: with one endpoint the
+        // backend is still certain, with several only the candidates are.
+        let (backend, candidates) = match (backend, service.backends.as_slice()) {
+            (Some(b), _) => (Some(b), Vec::new()),
+            (None, [only]) => (Some(*only), Vec::new()),
+            (None, several) => (None, several.to_vec()),
+        };
+        Translation {
+            backend,
+            candidates,
+            service: Some(service.name.clone()),
+            no_endpoints: service.no_endpoints,
+        }
+    }
+}
+
+/// Destinations conntrack recently had no translation for: a storm of failures to one
+/// destination asks conntrack once per [`Untranslated::TTL`], not once per connect.
+#[derive(Default)]
+struct Untranslated(HashMap<SocketAddr, Instant>);
+
+impl Untranslated {
+    const TTL: Duration = Duration::from_secs(2);
+    /// Bounds the memory a scan of many destinations can take.
+    const MAX: usize = 4096;
+
+    fn recently(&self, dst: SocketAddr) -> bool {
+        self.0.get(&dst).is_some_and(|t| t.elapsed() < Self::TTL)
+    }
+
+    fn saw(&mut self, dst: SocketAddr) {
+        if self.0.len() >= Self::MAX {
+            self.0.retain(|_, t| t.elapsed() < Self::TTL);
+            if self.0.len() >= Self::MAX {
+                self.0.clear();
+            }
+        }
+        self.0.insert(dst, Instant::now());
+    }
+}
+
+/// The Service catalog from kube-proxy's rules in the agent's namespace, kept current
+/// by a thread of its own.
+fn watch_services() -> Arc<RwLock<ServiceCatalog>> {
+    let mut watcher = CatalogWatcher::new();
+    match watcher.refresh() {
+        Ok(_) => {
+            let read: Vec<String> = watcher
+                .sources()
+                .iter()
+                .filter(|s| matches!(s.status, SourceStatus::Read { .. }))
+                .map(|s| s.name.clone())
+                .collect();
+            info!(services = watcher.catalog().len(), from = ?read, "Service names from kube-proxy's rules");
+        }
+        Err(e) => warn!(error = %e, "no Service names: kube-proxy's rules cannot be read"),
+    }
+    let catalog = Arc::new(RwLock::new(watcher.catalog().clone()));
+    let shared = Arc::clone(&catalog);
+    let spawned = std::thread::Builder::new()
+        .name("services".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(SERVICES_REFRESH);
+                // Errors are logged by the watcher when what can be read changes.
+                if watcher.refresh().is_ok() {
+                    *shared.write().unwrap_or_else(PoisonError::into_inner) =
+                        watcher.catalog().clone();
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        warn!(error = %e, "cannot start the Service catalog refresh: names stay as read at start");
+    }
+    catalog
+}

@@ -1,0 +1,371 @@
+//! The MTU family: DF packets dropped as too big, flows stalled on full-size segments
+//! with MTU evidence (PMTUD black holes), and stalls without it (a silent peer).
+
+use node_diag_common::{AF_INET, Event};
+
+use super::{Context, addr, with_flow};
+use crate::findings::{
+    Finding, Kind, Layer, Severity,
+    evidence::{
+        BlackholeEvidence, Evidence, FragEvidence, IcmpWatch, NetfilterHook, OversizeEvidence,
+        StallEvidence,
+    },
+};
+
+/// ICMP destination unreachable, and its code "fragmentation needed".
+const ICMP_DEST_UNREACH: u32 = 3;
+const ICMP_FRAG_NEEDED: u32 = 4;
+
+/// MSS clamping, the stop-gap for every MTU fault.
+const CLAMP_MSS: &str = "iptables -t mangle -A POSTROUTING -p tcp --tcp-flags SYN,RST SYN -j TCPMSS --clamp-mss-to-pmtu";
+
+/// ICMP frag-needed evidence (generated here, received, dropped by netfilter). Received
+/// is unknown (`null`) when none was seen and ICMP from the network was not watched
+/// throughout the window.
+fn frag_evidence(ev: &Event, watched: bool) -> FragEvidence {
+    let sent = (ev.icmp.last_ns != 0
+        && ev.icmp.icmp_type == ICMP_DEST_UNREACH
+        && ev.icmp.icmp_code == ICMP_FRAG_NEEDED)
+        .then_some(ev.icmp);
+    let seen = watched || ev.icmp_rcvd.count > 0;
+    FragEvidence {
+        frag_needed_sent: sent.map_or(0, |i| i.count),
+        frag_needed_mtu: sent.filter(|i| i.mtu != 0).map(|i| i.mtu),
+        frag_needed_received: seen.then_some(ev.icmp_rcvd.count),
+        frag_needed_received_mtu: (ev.icmp_rcvd.count > 0 && ev.icmp_rcvd.mtu != 0)
+            .then_some(ev.icmp_rcvd.mtu),
+        frag_needed_dropped: ev.frag_dropped.count,
+        icmp_watch: (!seen).then_some(IcmpWatch::Off),
+    }
+}
+
+/// Whether this node generated a frag-needed for the flow.
+fn frag_needed_generated(ev: &Event) -> bool {
+    ev.icmp.icmp_code == ICMP_FRAG_NEEDED && ev.icmp.count > 0
+}
+
+pub(super) fn df_oversize(ev: &Event, ctx: &Context<'_>) -> Finding {
+    let flow = &ev.flow;
+    let (src, dst) = (addr(flow, &flow.saddr), addr(flow, &flow.daddr));
+    let iface = ctx
+        .names
+        .interface(ev.drop.netns, ev.drop.ifindex)
+        .unwrap_or_else(|| format!("ifindex {}", ev.drop.ifindex));
+    // IPv6 has no tracepoint for the packet-too-big the kernel sends, but a forwarding
+    // IPv6 node sends one for every such drop (rate-limited): only netfilter dropping it
+    // here is visible, and decides.
+    let v6 = flow.family != AF_INET;
+    let pmtud_worked = ev.frag_dropped.count == 0 && (v6 || frag_needed_generated(ev));
+    let (severity, tail, remediation) = if pmtud_worked {
+        (
+            Severity::Info,
+            if v6 {
+                "; the kernel answers each with an ICMPv6 packet-too-big and none was dropped here, so PMTUD can recover the flow"
+            } else {
+                "; ICMP frag-needed went back to the sender, so PMTUD can recover the flow"
+            },
+            format!(
+                "Nothing is broken yet, but every new flow pays a drop and a retransmit: set the pod/CNI MTU to at most {} so packets fit the overlay.",
+                ev.mtu
+            ),
+        )
+    } else {
+        (
+            Severity::Warning,
+            if v6 {
+                "; this node's netfilter drops the ICMPv6 packet-too-big meant for the sender, so it cannot learn the path MTU"
+            } else {
+                "; no ICMP frag-needed went back, so the sender cannot learn the path MTU"
+            },
+            format!(
+                "Set the pod/CNI MTU to at most {}, or clamp TCP MSS (`{CLAMP_MSS}`).",
+                ev.mtu
+            ),
+        )
+    };
+    let summary = format!(
+        "DF packets of {src} -> {dst}:{} ({} bytes) are dropped: larger than {iface}'s MTU {}{tail}.",
+        flow.dport, ev.len, ev.mtu
+    );
+    let mut f = with_flow(
+        Finding::new(
+            Kind::DfOversizeDrop,
+            Layer::OverlayMtu,
+            severity,
+            summary,
+            remediation,
+            ctx.now,
+        ),
+        ev,
+    );
+    f.evidence = Evidence::Oversize(OversizeEvidence {
+        drop_reason: ctx.names.drop_reason(ev.drop.reason),
+        packet_len: ev.len,
+        egress_interface: iface.clone(),
+        egress_mtu: ev.mtu,
+        frag: frag_evidence(ev, ctx.icmp_watched),
+        candidate_backends: Vec::new(),
+    });
+    f.interface = Some(iface);
+    f
+}
+
+pub(super) fn pmtud_stall(ev: &Event, ctx: &Context<'_>) -> Finding {
+    let flow = &ev.flow;
+    let (src, dst) = (addr(flow, &flow.saddr), addr(flow, &flow.daddr));
+    let generated_here = frag_needed_generated(ev);
+    let mut evidence = BlackholeEvidence {
+        fullsize_retransmits: ev.retrans,
+        oversize_drops: ev.drop.count,
+        mss: ev.mtu,
+        segment_len: ev.len,
+        frag: frag_evidence(ev, ctx.icmp_watched),
+        ..Default::default()
+    };
+    let why = if ev.frag_dropped.count > 0 {
+        // A frag-needed this node generated is dropped on its way out; one it forwards
+        // is dropped in forward (or input, when addressed to the node itself).
+        let hook = if generated_here {
+            NetfilterHook::Output
+        } else {
+            NetfilterHook::Forward
+        };
+        evidence.netfilter_hook = Some(hook);
+        evidence.drop_reason = Some("NETFILTER_DROP");
+        format!(
+            "the ICMP frag-needed meant for the sender is dropped by netfilter on this node ({} hook, {} times)",
+            hook.as_str(),
+            ev.frag_dropped.count
+        )
+    } else if ev.icmp_rcvd.count > 0 {
+        format!(
+            "ICMP frag-needed (MTU {}) reached this node {} times but the sender never shrank its segments (filtered before the pod, or PMTUD disabled there)",
+            ev.icmp_rcvd.mtu, ev.icmp_rcvd.count
+        )
+    } else if generated_here {
+        format!(
+            "this node generated ICMP frag-needed (MTU {}) {} times, but it never took effect at the sender: it is lost or ignored between this node and the sender",
+            ev.icmp.mtu, ev.icmp.count
+        )
+    } else {
+        // The kernel reports a black hole only with MTU evidence: here, oversize drops.
+        format!(
+            "its full-size packets are dropped on this node as larger than the egress MTU ({} times) and no frag-needed goes back",
+            ev.drop.count
+        )
+    };
+    let summary = format!(
+        "PMTUD black hole: {src}:{} -> {dst}:{} keeps retransmitting full-size segments ({} in a row, {} bytes, MSS {}) and {why}.",
+        flow.sport, flow.dport, ev.retrans, ev.len, ev.mtu
+    );
+    let remediation = format!(
+        "Fix the MTU (pod/CNI MTU = underlay MTU - overlay overhead); clamp TCP MSS (`{CLAMP_MSS}`); allow ICMP type 3 code 4; or set `sysctl -w net.ipv4.tcp_mtu_probing=1` on the sender."
+    );
+    let mut f = with_flow(
+        Finding::new(
+            Kind::PmtudBlackhole,
+            Layer::IcmpFiltered,
+            Severity::Critical,
+            summary,
+            remediation,
+            ctx.now,
+        ),
+        ev,
+    );
+    f.evidence = Evidence::Blackhole(evidence);
+    f
+}
+
+/// The same stall as a black hole, but with no sign that size is the problem: the peer
+/// stopped answering altogether.
+pub(super) fn tcp_stall(ev: &Event, ctx: &Context<'_>) -> Finding {
+    let flow = &ev.flow;
+    let (src, dst) = (addr(flow, &flow.saddr), addr(flow, &flow.daddr));
+    let why = if ev.len < ev.mtu {
+        format!(
+            "The stalled segment ({} bytes) is shorter than the MSS ({}), so size is not the problem",
+            ev.len, ev.mtu
+        )
+    } else if ctx.icmp_watched || ev.icmp_rcvd.count > 0 {
+        "With no oversize drop and no ICMP frag-needed for this flow, size is not the problem"
+            .to_owned()
+    } else {
+        // A frag-needed from a router beyond this node may have come and gone unwatched.
+        "No oversize drop here and no ICMP frag-needed generated or dropped here, so size is probably not the problem (whether one arrived from the network was not watched)"
+            .to_owned()
+    };
+    let summary = format!(
+        "Connection {src}:{} -> {dst}:{} stalled: the same segment was retransmitted {} times and nothing came back. {why}: the peer went silent (node or pod gone, a firewall or NetworkPolicy applied mid-connection, an idle timeout on a middlebox).",
+        flow.sport, flow.dport, ev.retrans
+    );
+    let remediation = format!(
+        "Check that {dst} is still up and reachable (`ping`, the pod's status, its node), then rules changed on the path to {dst}:{}. If only large transfers hang while small requests work, run `node-diag probe {dst}` to look for a path MTU black hole beyond this node.",
+        flow.dport
+    );
+    let mut f = with_flow(
+        Finding::new(
+            Kind::TcpStall,
+            Layer::Unknown,
+            Severity::Warning,
+            summary,
+            remediation,
+            ctx.now,
+        ),
+        ev,
+    );
+    f.evidence = Evidence::Stall(StallEvidence {
+        retransmits: ev.retrans,
+        segment_len: ev.len,
+        mss: ev.mtu,
+        oversize_drops: 0,
+        frag: frag_evidence(ev, ctx.icmp_watched),
+        candidate_backends: Vec::new(),
+    });
+    f
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv6Addr;
+
+    use node_diag_common::event_kind;
+    use serde_json::Value;
+
+    use super::super::testkit::*;
+    use crate::findings::{Kind, Layer, Severity};
+
+    #[test]
+    fn oversize_drop_without_frag_needed_is_a_warning() {
+        let mut ev = event(event_kind::DF_OVERSIZE, 0);
+        ev.drop = dropped(93, 1, 77, 3);
+        ev.mtu = 1450;
+        ev.len = 1500;
+        let f = run(&ev).unwrap();
+        assert_eq!((f.kind, f.layer), (Kind::DfOversizeDrop, Layer::OverlayMtu));
+        assert_eq!(f.severity, Severity::Warning);
+        assert_eq!(f.interface.as_deref(), Some("vpod0"));
+        assert_eq!(f.evidence.to_map()["egress_mtu"], 1450);
+        assert_eq!(f.evidence.to_map()["packet_len"], 1500);
+        assert!(f.summary.contains("MTU 1450"), "{}", f.summary);
+    }
+
+    #[test]
+    fn oversize_drop_with_frag_needed_sent_back_is_info() {
+        let mut ev = event(event_kind::DF_OVERSIZE, 0);
+        ev.icmp = frag_needed_sent(1, 1450);
+        let f = run(&ev).unwrap();
+        assert_eq!(f.severity, Severity::Info);
+        assert_eq!(f.evidence.to_map()["frag_needed_sent"], 1);
+        assert_eq!(f.evidence.to_map()["frag_needed_mtu"], 1450);
+    }
+
+    #[test]
+    fn stall_with_locally_dropped_frag_needed_names_the_hook() {
+        let mut ev = event(event_kind::PMTUD_STALL, 0);
+        ev.retrans = 3;
+        ev.mtu = 1448;
+        ev.len = 1448;
+        ev.icmp = frag_needed_sent(4, 0);
+        ev.frag_dropped = dropped(12, 4, 77, 0);
+        let f = run(&ev).unwrap();
+        assert_eq!(
+            (f.kind, f.layer),
+            (Kind::PmtudBlackhole, Layer::IcmpFiltered)
+        );
+        assert_eq!(f.severity, Severity::Critical);
+        assert_eq!(f.evidence.to_map()["netfilter_hook"], "output");
+        assert_eq!(f.evidence.to_map()["frag_needed_dropped"], 4);
+        assert!(f.remediation.contains("tcp_mtu_probing=1"));
+    }
+
+    #[test]
+    fn black_hole_on_oversize_drops_alone_names_them() {
+        let mut ev = event(event_kind::PMTUD_STALL, 0);
+        ev.drop = dropped(12, 2, 1, 3);
+        let f = run(&ev).unwrap();
+        assert_eq!(f.layer, Layer::IcmpFiltered);
+        assert!(
+            f.summary.contains("larger than the egress MTU (2 times)"),
+            "{}",
+            f.summary
+        );
+        assert!(f.evidence.to_map().get("netfilter_hook").is_none());
+    }
+
+    #[test]
+    fn stall_without_mtu_evidence_is_a_silent_peer_not_a_black_hole() {
+        let mut ev = event(event_kind::TCP_STALL, 0);
+        ev.retrans = 3;
+        let f = run(&ev).unwrap();
+        assert_eq!((f.kind, f.layer), (Kind::TcpStall, Layer::Unknown));
+        assert_eq!(f.severity, Severity::Warning);
+        assert_eq!(f.evidence.to_map()["oversize_drops"], 0);
+        assert_eq!(f.evidence.to_map()["frag_needed_dropped"], 0);
+        assert!(
+            f.summary.contains("size is not the problem"),
+            "{}",
+            f.summary
+        );
+    }
+
+    #[test]
+    fn stall_with_icmp_unwatched_says_frag_needed_received_is_unknown() {
+        let mut ev = event(event_kind::TCP_STALL, 0);
+        ev.retrans = 3;
+        (ev.len, ev.mtu) = (1398, 1398);
+        let f = run_unwatched(&ev).unwrap();
+        assert_eq!((f.kind, f.layer), (Kind::TcpStall, Layer::Unknown));
+        assert_eq!(f.evidence.to_map()["frag_needed_received"], Value::Null);
+        assert_eq!(f.evidence.to_map()["icmp_watch"], "off");
+        assert!(f.summary.contains("probably not"), "{}", f.summary);
+        assert!(
+            !f.summary.contains("size is not the problem"),
+            "{}",
+            f.summary
+        );
+        // Watched: none received is a fact.
+        let f = run(&ev).unwrap();
+        assert_eq!(f.evidence.to_map()["frag_needed_received"], 0);
+        assert!(f.evidence.to_map().get("icmp_watch").is_none());
+    }
+
+    #[test]
+    fn stall_of_a_short_segment_says_size_is_not_the_problem() {
+        let mut ev = event(event_kind::TCP_STALL, 0);
+        ev.retrans = 3;
+        (ev.len, ev.mtu) = (200, 1398);
+        let f = run(&ev).unwrap();
+        assert_eq!((f.kind, f.layer), (Kind::TcpStall, Layer::Unknown));
+        assert_eq!(f.evidence.to_map()["segment_len"], 200);
+        assert!(
+            f.summary
+                .contains("(200 bytes) is shorter than the MSS (1398)"),
+            "{}",
+            f.summary
+        );
+    }
+
+    #[test]
+    fn ipv6_oversize_drop_is_not_called_unanswered() {
+        let mut ev = event(event_kind::DF_OVERSIZE, 0);
+        ev.flow.family = node_diag_common::AF_INET6;
+        ev.flow.daddr = "fd00::2".parse::<Ipv6Addr>().unwrap().octets();
+        (ev.mtu, ev.len) = (1450, 1500);
+        let f = run(&ev).unwrap();
+        assert_eq!(f.severity, Severity::Info, "{}", f.summary);
+        assert!(f.summary.contains("packet-too-big"), "{}", f.summary);
+        assert!(
+            !f.summary.contains("no ICMP frag-needed went back"),
+            "{}",
+            f.summary
+        );
+        ev.frag_dropped = dropped(12, 1, 0, 0);
+        let f = run(&ev).unwrap();
+        assert_eq!(f.severity, Severity::Warning);
+        assert!(
+            f.summary.contains("drops the ICMPv6 packet-too-big"),
+            "{}",
+            f.summary
+        );
+    }
+}
