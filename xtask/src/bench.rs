@@ -55,7 +55,7 @@ use self::{
     load::{ConnStats, DropRule, EchoServer, FloodStats, IperfServer, StormStats},
     report::Report,
 };
-use crate::{cmd, prereqs};
+use crate::{cmd, prereqs, say::bench as say};
 
 /// Tools the bench drives: (binary, Debian package).
 const BENCH_TOOLS: &[(&str, &str)] = &[
@@ -410,15 +410,15 @@ pub fn run(options: &Options) -> Result<()> {
 
     catch_signals();
     let machine = report::Machine::describe();
-    println!(
-        "[bench] {command_line}: {} run(s), {} s per workload ({} s per profile), {} conn/s \
+    say(format_args!(
+        "{command_line}: {} run(s), {} s per workload ({} s per profile), {} conn/s \
          offered, {} storm connects",
         settings.runs,
         settings.duration_s,
         settings.profile_duration_s,
         settings.conn_rate,
         settings.storm_connects
-    );
+    ));
     let started = Instant::now();
     let samples = (|| {
         let _stats = BpfStats::set(false)?;
@@ -436,7 +436,8 @@ pub fn run(options: &Options) -> Result<()> {
     println!();
     print!("{}", report.markdown());
     report.write_json(&out)?;
-    println!("\n[bench] JSON: {}", out.display());
+    println!();
+    say(format_args!("JSON: {}", out.display()));
     Ok(())
 }
 
@@ -451,7 +452,7 @@ struct Bench<'a> {
 
 impl<'a> Bench<'a> {
     fn new(binary: &'a Path, settings: &'a Settings) -> Result<Self> {
-        println!("[bench] topology: two nodes, vxlan overlay, a pod per node");
+        say("topology: two nodes, vxlan overlay, a pod per node");
         let topo = build_topology()?;
         let servers = (
             IperfServer::start(&topo.pod_b, IPERF_PORT)?,
@@ -486,7 +487,7 @@ impl<'a> Bench<'a> {
                     let sample = self.measure(run, workload, mode).with_context(|| {
                         format!("run {}: {} ({mode:?})", run + 1, workload.label())
                     })?;
-                    println!("[bench] {}", report::progress_line(&sample));
+                    say(report::progress_line(&sample));
                     samples.push(sample);
                 }
             }
@@ -502,7 +503,7 @@ impl<'a> Bench<'a> {
             let sample = self
                 .measure(self.settings.runs, workload, Mode::Profile)
                 .with_context(|| format!("profile: {}", workload.label()))?;
-            println!("[bench] {}", report::progress_line(&sample));
+            say(report::progress_line(&sample));
             samples.push(sample);
         }
         Ok(samples)
@@ -696,7 +697,9 @@ const NETNS_PREFIX: &str = "ndb-";
 /// that died without cleaning up (their pid is gone), with pod A tuned for the load.
 fn build_topology() -> Result<Topology> {
     for name in netns::remove_stale(NETNS_PREFIX) {
-        println!("[bench] deleted netns {name} left by a bench that died");
+        say(format_args!(
+            "deleted netns {name} left by a bench that died"
+        ));
     }
     let topo = Topology::build(&format!("{NETNS_PREFIX}{}", std::process::id()))?;
     // Pod A opens tens of thousands of short connections: give it every port.
@@ -848,7 +851,9 @@ impl BpfStats {
         fs::write(BPF_STATS, value)
             .with_context(|| format!("cannot write {value} to {BPF_STATS}"))?;
         if previous != value {
-            println!("[bench] kernel.bpf_stats_enabled: {previous} -> {value}");
+            say(format_args!(
+                "kernel.bpf_stats_enabled: {previous} -> {value}"
+            ));
         }
         Ok(Self { previous })
     }

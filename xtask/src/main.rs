@@ -15,6 +15,7 @@ mod bench;
 mod cmd;
 mod cross;
 mod prereqs;
+mod say;
 mod suite;
 mod vm;
 

@@ -17,7 +17,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use cargo_metadata::{Artifact, Message};
 
-use crate::{agent, cmd, cross, prereqs, vm};
+use crate::{agent, cmd, cross, prereqs, say::test as say, vm};
 
 /// The integration-test package.
 const TESTS_PACKAGE: &str = "node-diag-tests";
@@ -81,19 +81,19 @@ pub fn run(options: &Options) -> Result<()> {
     step("deploy checks", deploy_checks())?;
 
     match privilege {
-        None => println!("[test] integration tests: skipped (--skip-integration)"),
+        None => say("integration tests: skipped (--skip-integration)"),
         Some(privilege) => {
             integration(&privilege, options.filter.as_slice())?;
             vm_integration(options)?;
         }
     }
     if options.filter.is_some() {
-        println!("[test] cross builds: skipped (--filter runs only the matching tests)");
+        say("cross builds: skipped (--filter runs only the matching tests)");
     } else {
         cross::run().context("test step `cross builds` failed")?;
     }
     bench_smoke(options)?;
-    println!("[test] all steps passed");
+    say("all steps passed");
     Ok(())
 }
 
@@ -102,19 +102,21 @@ pub fn run(options: &Options) -> Result<()> {
 fn vm_integration(options: &Options) -> Result<()> {
     const STEP: &str = "integration tests in VMs";
     if options.vm.is_empty() {
-        println!("[test] {STEP}: skipped (--vm none)");
+        say(format_args!("{STEP}: skipped (--vm none)"));
         return Ok(());
     }
     if !cmd::is_root() {
-        println!("[test] {STEP}: skipped (needs root: run `cargo xtask test` as root)");
+        say(format_args!(
+            "{STEP}: skipped (needs root: run `cargo xtask test` as root)"
+        ));
         return Ok(());
     }
     let subset = !options.vm_whole_suite && options.filter.is_none();
-    println!(
-        "[test] {STEP}: cargo xtask integration --kernel {}{}",
+    say(format_args!(
+        "{STEP}: cargo xtask integration --kernel {}{}",
         options.vm.join(" --kernel "),
         if subset { " --subset" } else { "" }
-    );
+    ));
     vm::run(&vm::Options {
         kernels: options.vm.clone(),
         arch: None,
@@ -129,7 +131,7 @@ fn vm_integration(options: &Options) -> Result<()> {
 
 /// Announces `cmd` as step `name`, runs it, and names the step if it fails.
 fn step(name: &str, mut cmd: Command) -> Result<()> {
-    println!("[test] {name}: {}", cmd::display(&cmd));
+    say(format_args!("{name}: {}", cmd::display(&cmd)));
     cmd::run(&mut cmd).with_context(|| format!("test step `{name}` failed"))
 }
 
@@ -139,11 +141,13 @@ fn step(name: &str, mut cmd: Command) -> Result<()> {
 fn bench_smoke(options: &Options) -> Result<()> {
     const STEP: &str = "bench smoke";
     if options.filter.is_some() {
-        println!("[test] {STEP}: skipped (--filter)");
+        say(format_args!("{STEP}: skipped (--filter)"));
     } else if options.skip_integration {
-        println!("[test] {STEP}: skipped (--skip-integration)");
+        say(format_args!("{STEP}: skipped (--skip-integration)"));
     } else if !cmd::is_root() {
-        println!("[test] {STEP}: skipped (needs root: run `cargo xtask test` as root)");
+        say(format_args!(
+            "{STEP}: skipped (needs root: run `cargo xtask test` as root)"
+        ));
     } else {
         step(STEP, cargo(&["xtask", "bench", "--smoke"]))?;
     }
@@ -177,11 +181,11 @@ pub(crate) fn integration(privilege: &cmd::Privilege, filters: &[String]) -> Res
         cmd::Privilege::Root => {
             let mut test = cargo(&["test", "-p", TESTS_PACKAGE, "--"]);
             test.args(&harness_args).env(BIN_ENV, &agent);
-            println!(
-                "[test] {STEP}: {BIN_ENV}={} {}",
+            say(format_args!(
+                "{STEP}: {BIN_ENV}={} {}",
                 agent.display(),
                 cmd::display(&test)
-            );
+            ));
             cmd::run(&mut test).with_context(|| format!("test step `{STEP}` failed"))
         }
         cmd::Privilege::Sudo(_) => {
@@ -193,11 +197,11 @@ pub(crate) fn integration(privilege: &cmd::Privilege, filters: &[String]) -> Res
                     .current_dir(&manifest_dir)
                     .env("CARGO_MANIFEST_DIR", &manifest_dir)
                     .env(BIN_ENV, &agent);
-                println!(
-                    "[test] {STEP}: {BIN_ENV}={} {}",
+                say(format_args!(
+                    "{STEP}: {BIN_ENV}={} {}",
                     agent.display(),
                     cmd::display(&test)
-                );
+                ));
                 cmd::run(&mut test).with_context(|| format!("test step `{STEP}` failed"))?;
             }
             Ok(())
@@ -235,7 +239,7 @@ pub(crate) fn test_build_command() -> Command {
 pub(crate) fn build_test_binaries_with(mut build: Command) -> Result<(PathBuf, Vec<PathBuf>)> {
     build.stdout(Stdio::piped());
     let line = cmd::display(&build);
-    println!("[test] integration tests (build): {line}");
+    say(format_args!("integration tests (build): {line}"));
     let mut child = build
         .spawn()
         .with_context(|| format!("failed to spawn `{line}`"))?;

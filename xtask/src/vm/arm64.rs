@@ -49,7 +49,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::{agent, cmd, cross, suite};
+use crate::{agent, cmd, cross, say::integration as say, suite};
 
 /// The Rust target of arm64 nodes.
 pub const TARGET: &str = "aarch64-unknown-linux-gnu";
@@ -339,10 +339,6 @@ pub fn cross_build(release: bool) -> Result<CrossBuild> {
         test_manifest_dir,
         test_binaries,
     })
-}
-
-fn say(what: impl std::fmt::Display) {
-    println!("[integration] {what}");
 }
 
 #[cfg(test)]

@@ -36,7 +36,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use serde::Serialize;
 
-use crate::{agent, cmd, prereqs, suite};
+use crate::{agent, cmd, prereqs, say::integration as say, suite};
 
 /// An architecture the matrix boots.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
@@ -757,10 +757,6 @@ fn merge_readme(readme: &str, outcomes: &[Outcome]) -> Result<String> {
     }
     out.push_str(&readme[end..]);
     Ok(out)
-}
-
-fn say(what: impl fmt::Display) {
-    println!("[integration] {what}");
 }
 
 #[cfg(test)]
