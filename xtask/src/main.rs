@@ -14,6 +14,7 @@ mod agent;
 mod bench;
 mod cmd;
 mod cross;
+mod integration_tests;
 mod prereqs;
 mod say;
 mod suite;

@@ -16,7 +16,7 @@ use anyhow::{Context as _, Result, bail};
 
 use crate::{cmd, say::integration as say};
 
-use super::Arch;
+use super::arch::Arch;
 
 /// A kernel series of the matrix, e.g. Debian's 6.1 LTS.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -20,12 +20,14 @@
 //! results) and the matrix's outcome in `target/vm/results.json` and `results.md`, the
 //! table the README's kernel support section records.
 
-// Not wired into the matrix yet.
+mod arch;
 mod arm64;
 mod guest;
 mod initramfs;
 mod kernel;
 mod qemu;
+
+pub use self::arch::Arch;
 
 use std::{
     fmt, fs,
@@ -36,41 +38,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use serde::Serialize;
 
-use crate::{agent, cmd, prereqs, say::integration as say, suite};
-
-/// An architecture the matrix boots.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Arch {
-    #[value(name = "x86_64")]
-    X86_64,
-    #[value(name = "aarch64")]
-    Aarch64,
-}
-
-impl Arch {
-    /// Debian's name for it (package suffixes, `dpkg --add-architecture`).
-    pub fn debian(self) -> &'static str {
-        match self {
-            Self::X86_64 => "amd64",
-            Self::Aarch64 => "arm64",
-        }
-    }
-
-    /// Whether binaries built for the host run on it (this machine is x86_64).
-    pub fn is_host(self) -> bool {
-        self == Self::X86_64
-    }
-}
-
-impl fmt::Display for Arch {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::X86_64 => "x86_64",
-            Self::Aarch64 => "aarch64",
-        })
-    }
-}
+use crate::{agent, cmd, integration_tests, prereqs, say::integration as say};
 
 /// The tests an aarch64 guest runs when no `--filter` is given: TCG emulating another
 /// architecture is several times slower, so the subset that proves the eBPF object
@@ -383,7 +351,7 @@ fn build_arm64() -> Result<Build> {
 
 fn build_host() -> Result<Build> {
     agent::build(false)?;
-    let (manifest_dir, binaries) = suite::build_test_binaries()?;
+    let (manifest_dir, binaries) = integration_tests::build_test_binaries()?;
     Ok(Build {
         agent: agent::binary(false)?,
         manifest_dir,
@@ -394,7 +362,7 @@ fn build_host() -> Result<Build> {
 fn run_host(options: &Options) -> Result<Outcome> {
     agent::build(false)?;
     let privilege = cmd::Privilege::Root;
-    let ok = suite::integration(&privilege, &options.filters).is_ok();
+    let ok = integration_tests::run(&privilege, &options.filters).is_ok();
     let release = cmd::output(cmd::command("uname").arg("-r"))?
         .trim()
         .to_owned();
