@@ -100,17 +100,35 @@ const DEFAULT_DURATION_S: u64 = 3;
 const PROFILE_MIN_S: u64 = 10;
 
 /// Options of `cargo xtask bench`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct Options {
+    /// Tiny sizes (1 run, 2 s per workload, 2,000 storm connects), for CI.
+    #[arg(long)]
     pub smoke: bool,
+    /// Baseline/agent pairs per workload (default 21; 1 with --smoke).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100))]
     pub runs: Option<u32>,
+    /// Seconds per throughput, connection and drop-flood measurement (default 3; 2
+    /// with --smoke).
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..=600))]
     pub duration: Option<u64>,
+    /// Short connections offered per second (default 10000).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub conn_rate: Option<u32>,
+    /// Refused connects in the storm (default 50000; 2000 with --smoke).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     pub storm: Option<u64>,
-    /// Only these workloads (all when empty).
+    /// Measure only this workload (repeatable; default all). Rows of the workloads
+    /// left out are left out of the table.
+    #[arg(long = "workload", value_name = "NAME")]
     pub workloads: Vec<Workload>,
-    /// No agent on either side of a pair (see [`Settings::null`]).
+    /// A null run: both measurements of every pair without the agent, and no profile.
+    /// Its ratios show what this machine's noise alone does to them: how far from
+    /// 1.000 a median lands when the agent costs nothing.
+    #[arg(long)]
     pub null: bool,
+    /// Where to write the JSON results (default target/bench/bench.json).
+    #[arg(long, value_name = "PATH")]
     pub out: Option<PathBuf>,
 }
 

@@ -23,15 +23,21 @@ use crate::{
 const EBPF_PACKAGE: &str = "node-diag-ebpf";
 
 /// Options of `cargo xtask test`.
+#[derive(Debug, clap::Args)]
 pub struct Options {
-    /// Stop after the unit tests.
+    /// Stop after the unit tests; skip the privileged integration tests.
+    #[arg(long)]
     pub skip_integration: bool,
-    /// Only the integration tests whose name contains this.
+    /// Run only the integration tests whose name contains NAME.
+    #[arg(long, value_name = "NAME")]
     pub filter: Option<String>,
-    /// Kernels to run the integration tests on in a VM as well (`cargo xtask
-    /// integration --kernel K`); empty for none.
+    /// Also run the integration tests in a VM on this kernel (see `integration`);
+    /// repeatable; `none` skips it. The guest runs the kernel subset (see
+    /// `integration --subset`) unless --vm-whole-suite or --filter is given.
+    #[arg(long = "vm", value_name = "KERNEL", default_value = "6.1")]
     pub vm: Vec<String>,
-    /// The whole suite in those VMs instead of the kernel subset.
+    /// Run the whole integration suite in the VMs, not the kernel subset.
+    #[arg(long)]
     pub vm_whole_suite: bool,
 }
 
@@ -97,7 +103,14 @@ pub fn run(options: &Options) -> Result<()> {
 /// is where kernel differences show: verifier limits, tracepoint layouts, TC attachment.
 fn vm_integration(options: &Options) -> Result<()> {
     const STEP: &str = "integration tests in VMs";
-    if options.vm.is_empty() {
+    // `--vm none` leaves the step out.
+    let kernels: Vec<String> = options
+        .vm
+        .iter()
+        .filter(|k| *k != "none")
+        .cloned()
+        .collect();
+    if kernels.is_empty() {
         say(format_args!("{STEP}: skipped (--vm none)"));
         return Ok(());
     }
@@ -110,16 +123,16 @@ fn vm_integration(options: &Options) -> Result<()> {
     let subset = !options.vm_whole_suite && options.filter.is_none();
     say(format_args!(
         "{STEP}: cargo xtask integration --kernel {}{}",
-        options.vm.join(" --kernel "),
+        kernels.join(" --kernel "),
         if subset { " --subset" } else { "" }
     ));
     vm::run(&vm::Options {
-        kernels: options.vm.clone(),
+        kernels,
         arch: None,
         filters: options.filter.iter().cloned().collect(),
         subset,
         keep: false,
-        timeout: vm::DEFAULT_TIMEOUT,
+        timeout: vm::DEFAULT_TIMEOUT.as_secs() / 60,
         update_readme: false,
     })
     .with_context(|| format!("test step `{STEP}` failed"))

@@ -121,22 +121,39 @@ pub const KERNEL_SUBSET: &[&str] = &[
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(75 * 60);
 
 /// Options of `cargo xtask integration`.
+#[derive(Debug, clap::Args)]
 pub struct Options {
-    /// `host`, a series name (`6.1`, `6.12`) or `all`; repeatable.
+    /// Kernels: host, 6.1, 6.12 or all (host, 6.1 and 6.12 on x86_64, plus the
+    /// arm64 subset on 6.1). Repeatable.
+    #[arg(long = "kernel", value_name = "KERNEL", default_value = "host")]
     pub kernels: Vec<String>,
-    /// Only this architecture (`all` otherwise means x86_64 plus the arm64 subset).
+    /// Only this guest architecture (aarch64 runs a subset unless --filter is given).
+    #[arg(long, value_enum)]
     pub arch: Option<Arch>,
-    /// libtest name filters.
+    /// Run only the tests whose name contains NAME (repeatable: any matches).
+    #[arg(long = "filter", value_name = "NAME")]
     pub filters: Vec<String>,
-    /// Without filters, an x86_64 guest runs [`KERNEL_SUBSET`] instead of the whole suite.
+    /// In x86_64 guests, run only the kernel subset (`cargo xtask test`'s VM step):
+    /// the tests where kernels differ, not the whole suite.
+    #[arg(long, conflicts_with = "filters")]
     pub subset: bool,
-    /// Keep each run's directory (initramfs, console log, results); print its path.
+    /// Keep each guest's run directory (initramfs, console log, results).
+    #[arg(long)]
     pub keep: bool,
-    /// Deadline per guest.
-    pub timeout: Duration,
-    /// Record the outcome in the README's kernel support table (rows of kernels not run
-    /// stay as they were).
+    /// Minutes a guest may run before it is killed and the run fails.
+    #[arg(long, value_name = "MINUTES", default_value_t = DEFAULT_TIMEOUT.as_secs() / 60,
+          value_parser = clap::value_parser!(u64).range(1..=600))]
+    pub timeout: u64,
+    /// Record the outcome in README.md's kernel support table.
+    #[arg(long)]
     pub update_readme: bool,
+}
+
+impl Options {
+    /// Deadline per guest.
+    fn deadline(&self) -> Duration {
+        Duration::from_secs(self.timeout * 60)
+    }
 }
 
 /// One entry of the matrix.
@@ -510,7 +527,7 @@ fn run_vm(
         let boot = machine.boot(
             &prefix,
             &run_dir.join("console.log"),
-            options.timeout,
+            options.deadline(),
             false,
             &[
                 INIT_UP,
@@ -539,7 +556,7 @@ fn run_vm(
     let error = if !boot.exited {
         Some(format!(
             "the guest did not finish within {} (console: {})",
-            minutes(options.timeout.as_secs()),
+            minutes(options.deadline().as_secs()),
             run_dir.join("console.log").display()
         ))
     } else if let Some(line) = boot
