@@ -27,7 +27,7 @@ use node_diag_testbed::{
     process::die_with_parent,
 };
 
-use super::interrupted;
+use super::signal::interrupted;
 use crate::cmd;
 
 /// Bytes each short connection sends and gets echoed back.

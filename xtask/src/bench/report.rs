@@ -8,11 +8,12 @@ use anyhow::{Context as _, Result};
 use serde::Serialize;
 
 #[cfg(test)]
-use super::AgentUsage;
+use super::sample::AgentUsage;
 use super::{
-    CONN_THREADS, FLOOD_PORT, FLOOD_THREADS, LOSS_PER_MILLE, Mode, ProgramRuns, Sample, Settings,
-    Workload,
     agent::{self, MapMemory},
+    sample::{Mode, ProgramRuns, Sample},
+    settings::Settings,
+    workload::{CONN_THREADS, FLOOD_PORT, FLOOD_THREADS, LOSS_PER_MILLE, Workload},
 };
 
 /// Targets from the performance issue. Ratios are medians of the pair ratios.
