@@ -77,7 +77,7 @@ impl Sample {
 }
 
 /// What the agent used during one workload.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub(crate) struct AgentUsage {
     /// VmHWM from start-up to the workload (then reset).
     pub startup_peak_rss_kib: u64,
