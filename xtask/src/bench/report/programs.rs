@@ -30,13 +30,9 @@ pub(super) fn program_budget(name: &str) -> Option<(f64, &'static str)> {
 /// Per-program figures over the profile measurements of every workload.
 #[derive(Debug, Clone, Serialize)]
 pub(super) struct ProgramSummary {
-    #[serde(rename = "type")]
-    pub kind: String,
-    /// The tracepoint it runs on (none for the TC classifier).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tracepoint: Option<String>,
-    pub run_cnt: u64,
-    pub run_time_ns: u64,
+    /// Its type, tracepoint and runs summed over the profile measurements.
+    #[serde(flatten)]
+    pub runs: ProgramRuns,
     /// As the kernel's statistics measured it.
     pub avg_ns: Option<f64>,
     /// `avg_ns` less the floor: the program's own work.
@@ -165,10 +161,11 @@ pub(super) fn programs(samples: &[Sample], floor: Option<f64>) -> BTreeMap<Strin
         let Some(agent) = &sample.agent else { continue };
         for (name, runs) in &agent.programs {
             let entry = out.entry(name.clone()).or_insert_with(|| ProgramSummary {
-                kind: runs.kind.clone(),
-                tracepoint: runs.tracepoint.clone(),
-                run_cnt: 0,
-                run_time_ns: 0,
+                runs: ProgramRuns {
+                    run_cnt: 0,
+                    run_time_ns: 0,
+                    ..runs.clone()
+                },
                 avg_ns: None,
                 net_ns: None,
                 floor_ns: None,
@@ -177,8 +174,8 @@ pub(super) fn programs(samples: &[Sample], floor: Option<f64>) -> BTreeMap<Strin
                 net_ns_by_workload: BTreeMap::new(),
                 run_cnt_by_workload: BTreeMap::new(),
             });
-            entry.run_cnt += runs.run_cnt;
-            entry.run_time_ns += runs.run_time_ns;
+            entry.runs.run_cnt += runs.run_cnt;
+            entry.runs.run_time_ns += runs.run_time_ns;
             let matched = runs
                 .tracepoint
                 .as_ref()
@@ -216,9 +213,9 @@ pub(super) fn programs(samples: &[Sample], floor: Option<f64>) -> BTreeMap<Strin
         *total = total.zip(acc.floor_ns).map(|(a, b)| a + b);
     }
     for (name, entry) in &mut out {
-        entry.avg_ns = avg(entry.run_cnt, entry.run_time_ns as f64);
+        entry.avg_ns = avg(entry.runs.run_cnt, entry.runs.run_time_ns as f64);
         let charged = floors.get(name).copied().flatten();
-        entry.floor_ns = charged.and_then(|ns| avg(entry.run_cnt, ns));
+        entry.floor_ns = charged.and_then(|ns| avg(entry.runs.run_cnt, ns));
         entry.net_ns = entry
             .avg_ns
             .zip(entry.floor_ns)
@@ -317,8 +314,14 @@ mod tests {
         assert_eq!(floor(&samples), (2_000, Some(43.0)));
         let summary = programs(&samples, floor(&samples).1);
         let x = &summary["nd_x"];
-        assert_eq!((x.run_cnt, x.run_time_ns), (400, 111_000));
-        assert_eq!(x.tracepoint.as_deref(), Some("tp_x"));
+        assert_eq!((x.runs.run_cnt, x.runs.run_time_ns), (400, 111_000));
+        assert_eq!(x.runs.tracepoint.as_deref(), Some("tp_x"));
+        // The JSON keeps the runs' fields at the summary's top level.
+        let json = serde_json::to_value(x).unwrap();
+        assert_eq!(
+            (&json["type"], &json["tracepoint"], &json["run_cnt"]),
+            (&"tracing".into(), &"tp_x".into(), &400.into())
+        );
         assert_eq!(x.avg_ns, Some(277.5));
         // Each workload's runs net of tp_x's floor there: (70_000 + 12_000) / 400.
         assert_eq!(x.net_ns, Some(205.0));

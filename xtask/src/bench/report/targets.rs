@@ -129,19 +129,19 @@ pub(super) fn rows(
     ));
     for (name, program) in programs {
         let net = program.net_ns;
-        let floor = match &program.tracepoint {
+        let floor = match &program.runs.tracepoint {
             Some(tp) => format!("the floor on `{tp}`"),
             None => "the bench's floor".to_owned(),
         };
         let row = Row::new(
             format!(
                 "avg run time `{name}` ({}), net of {floor} (as measured)",
-                program.kind
+                program.runs.kind
             ),
             [None, program.avg_ns, net],
             [
                 "—".to_owned(),
-                format!("{} runs", program.run_cnt),
+                format!("{} runs", program.runs.run_cnt),
                 format!(
                     "{} ({})",
                     fmt(net, |ns| format!("{ns:.0} ns")),
