@@ -2,7 +2,7 @@
 //!
 //! fmt, clippy, build, unit tests, the deploy checks (`deploy/tests/check.py`), then the
 //! integration tests, which load the real eBPF programs and so need root (on this kernel,
-//! then their kernel subset in a Debian 6.1 guest, `vm::KERNEL_SUBSET`), the release
+//! then their kernel subset in a Debian 6.1 guest, `vm/subset.rs`), the release
 //! cross builds for the container image's platforms (`cross.rs`), and last the bench
 //! smoke run. How the integration tests run, as root or through `sudo -E`, is
 //! `integration_tests.rs`'s.
