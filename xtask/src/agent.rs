@@ -7,7 +7,7 @@ use std::{ffi::OsString, os::unix::process::CommandExt as _, path::PathBuf};
 
 use anyhow::{Context as _, Result};
 
-use crate::{cmd, prereqs};
+use crate::{cmd, prereqs, say};
 
 /// The agent's package and binary name.
 pub const PACKAGE: &str = "node-diag";
@@ -19,7 +19,7 @@ pub fn build(release: bool) -> Result<()> {
     if release {
         build.arg("--release");
     }
-    println!("[build] {}", cmd::display(&build));
+    say::say("build", cmd::display(&build));
     cmd::run(&mut build)
 }
 
@@ -42,7 +42,7 @@ pub fn run(release: bool, args: &[OsString]) -> Result<()> {
     let mut agent = privilege.command(binary(release)?);
     agent.arg("run").args(args);
     let line = cmd::display(&agent);
-    println!("[run] {line}");
+    say::say("run", &line);
     // exec only returns on failure.
     let err = agent.exec();
     Err(err).with_context(|| format!("failed to exec `{line}`"))

@@ -26,6 +26,13 @@ pub fn cargo() -> Command {
     command(env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
 }
 
+/// [`cargo`] with `args`.
+pub fn cargo_with(args: &[&str]) -> Command {
+    let mut cargo = cargo();
+    cargo.args(args);
+    cargo
+}
+
 /// Runs `cmd` with inherited stdio; fails unless it exits successfully.
 pub fn run(cmd: &mut Command) -> Result<()> {
     let line = display(cmd);

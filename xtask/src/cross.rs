@@ -21,7 +21,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use object::{Architecture, Endianness, Object as _, ObjectSection as _, ObjectSymbol as _};
 
-use crate::{agent, cmd};
+use crate::{agent, cmd, say::cross_builds as say};
 
 /// Programs every build of the agent embeds (names from node-diag-ebpf), with the
 /// section their program type puts them in (aya's `#[tracepoint]`, `#[raw_tracepoint]`,
@@ -73,10 +73,6 @@ pub const TARGETS: &[Target] = &[
         runner: Some("qemu-aarch64"),
     },
 ];
-
-fn say(what: impl std::fmt::Display) {
-    println!("[test] cross builds: {what}");
-}
 
 /// Builds and checks every target; fails on the first broken build, skips (with the
 /// reason) a target whose Rust standard library cannot be installed.

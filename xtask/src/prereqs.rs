@@ -4,14 +4,13 @@
 //! can be installed are installed; the rest fail with the command that fixes them.
 
 use std::{
-    fmt::Display,
     path::{Path, PathBuf},
     process::Command,
 };
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::cmd;
+use crate::{cmd, say::prereqs as say};
 
 /// LLVM major version of the nightly rustc; bpf-linker must be built against the same.
 const LLVM_MAJOR: u32 = 22;
@@ -93,10 +92,6 @@ pub fn ensure(tools: Tools) -> Result<()> {
         test_tools(&mut apt)?;
     }
     Ok(())
-}
-
-fn say(step: &str, state: impl Display) {
-    println!("[prereqs] {step}: {state}");
 }
 
 fn rustup() -> Command {

@@ -9,7 +9,7 @@ use node_diag_testbed::{Topology, metrics};
 use serde::Serialize;
 use serde_json::Value;
 
-use super::interrupted;
+use super::signal::interrupted;
 use crate::cmd;
 
 /// Where the agent listens, inside node A's namespace.

@@ -32,6 +32,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 use super::agent::{RunStats, fdinfo_field};
+use crate::say::bench as say;
 
 /// Every tracepoint the agent's programs hook (its TC classifier aside: the floor of a
 /// classifier's statistics is the same clock reads around the same kind of call).
@@ -82,7 +83,7 @@ impl EmptyPrograms {
             );
         }
         for error in errors {
-            println!("[bench] floor: {error} (left out)");
+            say(format_args!("floor: {error} (left out)"));
         }
         Ok(Self { attached })
     }

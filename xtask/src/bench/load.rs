@@ -27,7 +27,7 @@ use node_diag_testbed::{
     process::die_with_parent,
 };
 
-use super::interrupted;
+use super::signal::{check_interrupted, interrupted};
 use crate::cmd;
 
 /// Bytes each short connection sends and gets echoed back.
@@ -281,19 +281,14 @@ pub fn short_connections(
         })
         .collect::<Result<Vec<JoinHandle<Result<Worker>>>>>()?;
     let mut total = Worker::default();
-    for worker in workers {
-        let worker = worker
-            .join()
-            .unwrap_or_else(|payload| std::panic::resume_unwind(payload))?;
+    join_all(workers, |worker| {
         total.completed += worker.completed;
         total.failed += worker.failed;
         total.skipped += worker.skipped;
         total.latencies_us.extend(worker.latencies_us);
-        total.first_error = total.first_error.or(worker.first_error);
-    }
-    if interrupted() {
-        bail!("interrupted");
-    }
+        total.first_error = total.first_error.take().or(worker.first_error);
+    })?;
+    check_interrupted()?;
     let elapsed = duration.as_secs_f64();
     total.latencies_us.sort_unstable();
     Ok(ConnStats {
@@ -448,18 +443,13 @@ pub fn refused_storm(
         })
         .collect::<Result<Vec<_>>>()?;
     let mut total_stats = StormStats::default();
-    for worker in workers {
-        let stats = worker
-            .join()
-            .unwrap_or_else(|payload| std::panic::resume_unwind(payload))?;
+    join_all(workers, |stats| {
         total_stats.attempted += stats.attempted;
         total_stats.refused += stats.refused;
         total_stats.other += stats.other;
-        total_stats.first_other = total_stats.first_other.or(stats.first_other);
-    }
-    if interrupted() {
-        bail!("interrupted");
-    }
+        total_stats.first_other = total_stats.first_other.take().or(stats.first_other);
+    })?;
+    check_interrupted()?;
     total_stats.elapsed_s = began.elapsed().as_secs_f64();
     total_stats.rate = total_stats.refused as f64 / total_stats.elapsed_s;
     if total_stats.attempted < total {
@@ -588,6 +578,17 @@ pub struct FloodStats {
     pub first_error: Option<String>,
 }
 
+/// Joins the load threads in order, handing each one's figures to `add`; a thread's
+/// panic resumes here, and the first thread's error ends the join.
+fn join_all<T>(workers: Vec<JoinHandle<Result<T>>>, mut add: impl FnMut(T)) -> Result<()> {
+    for worker in workers {
+        add(worker
+            .join()
+            .unwrap_or_else(|payload| std::panic::resume_unwind(payload))?);
+    }
+    Ok(())
+}
+
 /// From `netns`, `threads` threads send small UDP datagrams to `target` back to back for
 /// `duration`; `rule` drops them on the way and counts what reached it.
 pub fn drop_flood(
@@ -616,18 +617,13 @@ pub fn drop_flood(
         })
         .collect::<Result<Vec<_>>>()?;
     let mut total = FloodStats::default();
-    for worker in workers {
-        let stats = worker
-            .join()
-            .unwrap_or_else(|payload| std::panic::resume_unwind(payload))
-            .with_context(|| format!("flood sender in {netns}"))?;
+    join_all(workers, |stats| {
         total.sent += stats.sent;
         total.failed += stats.failed;
-        total.first_error = total.first_error.or(stats.first_error);
-    }
-    if interrupted() {
-        bail!("interrupted");
-    }
+        total.first_error = total.first_error.take().or(stats.first_error);
+    })
+    .with_context(|| format!("flood sender in {netns}"))?;
+    check_interrupted()?;
     total.dropped = rule.dropped()?.saturating_sub(dropped_before);
     total.elapsed_s = duration.as_secs_f64();
     total.sent_rate = total.sent as f64 / total.elapsed_s;

@@ -17,11 +17,11 @@
 //! the subset (refused, timeout, reset, SIGTERM, PMTUD black hole) passing on both.
 //!
 //! - qemu: `qemu-system-aarch64 -machine virt -cpu max,pauth-impdef=on -accel
-//!   tcg,thread=multi -smp 2 -m 2048` ([`QEMU_CPU`]). Plain `-cpu max` emulates pointer
-//!   authentication with the architected QARMA algorithm, which Debian's kernel uses on
-//!   every function call: boot and doctor take 2.5 times longer.
-//! - Kernel command line: `console=ttyAMA0` ([`CONSOLE`], the virt machine's PL011,
-//!   built in), plus `rdinit=/init panic=-1` as for x86_64.
+//!   tcg,thread=multi -smp 2 -m 2048` ([`super::arch::Arch::tcg_cpu`]). Plain `-cpu
+//!   max` emulates pointer authentication with the architected QARMA algorithm, which
+//!   Debian's kernel uses on every function call: boot and doctor take 2.5 times longer.
+//! - Kernel command line: `console=ttyAMA0` ([`super::arch::Arch::console`], the virt
+//!   machine's PL011, built in), plus `rdinit=/init panic=-1` as for x86_64.
 //! - Modules: `-virtfs` on the virt machine is a virtio-9p PCI device, so the same
 //!   [`super::ROOT_MODULES`] as x86_64. arm64 6.1 ships plain `.ko` files, has `virtio`
 //!   and `virtio_ring` built in, and resolves them to `virtio_pci_legacy_dev
@@ -49,7 +49,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::{agent, cmd, cross, suite};
+use crate::{agent, cmd, cross, integration_tests, say::integration as say};
 
 /// The Rust target of arm64 nodes.
 pub const TARGET: &str = "aarch64-unknown-linux-gnu";
@@ -129,12 +129,6 @@ const REQUIRED: &[&str] = &[
 /// mmdebstrap's hook that makes the root merged-/usr (`/bin` → `usr/bin`...), as
 /// bookworm systems are; the extract variant does not do it by itself.
 const MERGED_USR_HOOKS: &str = "/usr/share/mmdebstrap/hooks/merged-usr";
-
-/// `-cpu` for TCG: every feature of `max`, with a cheap pointer-authentication hash.
-pub const QEMU_CPU: &str = "max,pauth-impdef=on";
-
-/// The serial console of the virt machine.
-pub const CONSOLE: &str = "ttyAMA0";
 
 /// Changing what [`userland`] does (beyond the package list and hook) bumps this.
 const RECIPE: u32 = 1;
@@ -329,20 +323,16 @@ pub fn cross_build(release: bool) -> Result<CrossBuild> {
         .join(profile)
         .join(agent::PACKAGE);
 
-    let mut tests = suite::test_build_command();
+    let mut tests = integration_tests::test_build_command();
     tests.args(["--target", TARGET]);
     cross::set_linker(&mut tests, target, &host)?;
-    let (test_manifest_dir, test_binaries) = suite::build_test_binaries_with(tests)
+    let (test_manifest_dir, test_binaries) = integration_tests::build_test_binaries_with(tests)
         .with_context(|| format!("cross build of the integration tests for {TARGET} failed"))?;
     Ok(CrossBuild {
         agent,
         test_manifest_dir,
         test_binaries,
     })
-}
-
-fn say(what: impl std::fmt::Display) {
-    println!("[integration] {what}");
 }
 
 #[cfg(test)]

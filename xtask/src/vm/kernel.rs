@@ -14,9 +14,9 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::cmd;
+use crate::{cmd, say::integration as say};
 
-use super::Arch;
+use super::arch::Arch;
 
 /// A kernel series of the matrix, e.g. Debian's 6.1 LTS.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -251,10 +251,6 @@ fn resolve(dep: &str, builtin: &str, wanted: &[&str]) -> Result<Vec<String>> {
         visit(&name, &deps, &mut seen, &mut order);
     }
     Ok(order)
-}
-
-fn say(what: impl std::fmt::Display) {
-    println!("[integration] {what}");
 }
 
 #[cfg(test)]

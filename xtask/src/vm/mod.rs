@@ -20,12 +20,16 @@
 //! results) and the matrix's outcome in `target/vm/results.json` and `results.md`, the
 //! table the README's kernel support section records.
 
-// Not wired into the matrix yet.
+mod arch;
 mod arm64;
 mod guest;
 mod initramfs;
 mod kernel;
 mod qemu;
+mod results;
+mod subset;
+
+pub use self::arch::Arch;
 
 use std::{
     fmt, fs,
@@ -34,141 +38,50 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
-use serde::Serialize;
 
-use crate::{agent, cmd, prereqs, suite};
-
-/// An architecture the matrix boots.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Arch {
-    #[value(name = "x86_64")]
-    X86_64,
-    #[value(name = "aarch64")]
-    Aarch64,
-}
-
-impl Arch {
-    /// Debian's name for it (package suffixes, `dpkg --add-architecture`).
-    pub fn debian(self) -> &'static str {
-        match self {
-            Self::X86_64 => "amd64",
-            Self::Aarch64 => "arm64",
-        }
-    }
-
-    /// Whether binaries built for the host run on it (this machine is x86_64).
-    pub fn is_host(self) -> bool {
-        self == Self::X86_64
-    }
-}
-
-impl fmt::Display for Arch {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::X86_64 => "x86_64",
-            Self::Aarch64 => "aarch64",
-        })
-    }
-}
-
-/// The tests an aarch64 guest runs when no `--filter` is given: TCG emulating another
-/// architecture is several times slower, so the subset that proves the eBPF object
-/// passes the arm64 verifier and its BTF offsets resolve: doctor (always run), refused,
-/// timeout, reset, the PMTUD black hole and a clean shutdown.
-pub const ARM64_SUBSET: &[&str] = &[
-    "refused_connect_is_a_listener_problem",
-    "forward_drop_timeout_is_a_firewall_problem",
-    "reset_by_peer_is_reported_as_reset_not_refused",
-    "sigterm_exits_cleanly_and_detaches",
-    "filtered_frag_needed_is_a_pmtud_black_hole",
-];
-
-/// The tests `cargo xtask test` runs in its x86_64 guest when no `--filter` is given
-/// (`integration --subset` runs them too). The whole suite under TCG takes 45-50 minutes,
-/// which CI's 90 cannot hold beside everything else on a slow day, and most of it tests
-/// user space the host run already proved. These are the tests where the kernel differs:
-/// every program through this kernel's verifier and read paths (probe reads before 6.2),
-/// each verdict's kernel evidence (resets sent and received, ICMP errors through the TC
-/// classifier, drop reasons by this kernel's numbering, retransmits and stalls), TC
-/// attachment through netlink and its cleanup after SIGTERM and `kill -9` (no TCX before
-/// 6.6), conntrack drops, IPv6 and IPv4-mapped sockets, the PMTUD black hole, Services
-/// rejected by netfilter, and the real tunnels (Geneve, WireGuard, IPIP, GRE), which this
-/// machine's kernel does not have. Each name matches one test, except `tunnels`, which
-/// matches that binary's module.
-pub const KERNEL_SUBSET: &[&str] = &[
-    // scenarios
-    "refused_connect_is_a_listener_problem",
-    "reset_sent_for_a_closed_port_counts_on_the_node_that_sent_it",
-    "forward_drop_timeout_is_a_firewall_problem",
-    "reset_by_peer_is_reported_as_reset_not_refused",
-    "missing_pod_route_is_a_cni_routing_problem",
-    "sigterm_exits_cleanly_and_detaches",
-    "drop_beyond_this_node_is_a_timeout_of_unknown_layer",
-    "doctor_has_every_program_accepted_and_reads_as_this_kernel_allows",
-    // verdicts
-    "dead_peer_bulk_transfer_is_a_stall_not_a_black_hole",
-    "local_reject_with_tcp_reset_is_this_nodes_firewall",
-    "remote_icmp_port_unreachable_is_a_firewall_not_the_listener",
-    "abandoned_connect_with_local_drop_is_a_timeout",
-    "connect_that_succeeds_late_resolves_its_timeout",
-    "connect_completed_by_a_simultaneous_open_resolves_its_timeout",
-    "one_socket_connecting_again_is_judged_per_attempt",
-    "v4_mapped_sockets_keep_their_evidence",
-    "syn_ack_dropped_on_the_return_path_is_this_nodes_firewall",
-    "server_side_resets_aggregate_per_listener",
-    "icmp_watched_on_trouble_names_the_sender_from_the_next_failure",
-    // storm
-    "refused_storm_is_aggregated_in_the_kernel_and_accounted_exactly",
-    "resets_whose_error_the_client_takes_at_once_are_each_the_listeners_refusal",
-    // tc_fallback
-    "netlink_mode_sigterm_leaves_no_filter_and_no_clsact",
-    "killed_agents_filters_are_replaced_and_their_clsact_removed_on_exit",
-    "foreign_clsact_and_filter_survive_start_and_sigterm",
-    "netlink_filter_sees_frag_needed_from_beyond_this_node",
-    // drops, conntrack
-    "drops_are_counted_by_reason_in_this_nodes_namespaces_only",
-    "syn_dropped_by_a_full_conntrack_table_is_conntrack",
-    "syn_ack_dropped_as_invalid_is_conntrack",
-    // ipv6
-    "ipv6_port_unreachable_reject_is_a_firewall_not_the_listener",
-    "ipv6_admin_prohibited_is_a_firewall",
-    "ipv6_closed_port_is_the_listener",
-    "ipv6_oversize_drop_with_pmtud_working_is_info",
-    // mtu
-    "filtered_frag_needed_is_a_pmtud_black_hole",
-    "oversized_pod_mtu_with_icmp_allowed_is_an_oversize_drop_that_recovers",
-    "unbound_vxlan_above_its_underlay_is_an_overlay_mismatch",
-    "frag_needed_from_beyond_this_node_is_counted_as_received",
-    "masqueraded_flow_with_frag_needed_filtered_is_a_black_hole",
-    // nat
-    "service_rejected_on_this_node_is_the_firewall_not_the_listener",
-    "service_rejected_by_icmp_beyond_this_node_is_a_firewall_not_the_service",
-    "no_endpoints_is_the_service_with_nftables",
-    // every real tunnel kind
-    "tunnels",
-];
+use self::{
+    results::{Outcome, doctor_summary, merge_readme, minutes, table},
+    subset::{guest_filters, suite_name},
+};
+use crate::{agent, cmd, integration_tests, prereqs, say::integration as say};
 
 /// How long a guest may run: the whole suite under TCG takes most of it.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(75 * 60);
 
 /// Options of `cargo xtask integration`.
+#[derive(Debug, clap::Args)]
 pub struct Options {
-    /// `host`, a series name (`6.1`, `6.12`) or `all`; repeatable.
+    /// Kernels: host, 6.1, 6.12 or all (host, 6.1 and 6.12 on x86_64, plus the
+    /// arm64 subset on 6.1). Repeatable.
+    #[arg(long = "kernel", value_name = "KERNEL", default_value = "host")]
     pub kernels: Vec<String>,
-    /// Only this architecture (`all` otherwise means x86_64 plus the arm64 subset).
+    /// Only this guest architecture (aarch64 runs a subset unless --filter is given).
+    #[arg(long, value_enum)]
     pub arch: Option<Arch>,
-    /// libtest name filters.
+    /// Run only the tests whose name contains NAME (repeatable: any matches).
+    #[arg(long = "filter", value_name = "NAME")]
     pub filters: Vec<String>,
-    /// Without filters, an x86_64 guest runs [`KERNEL_SUBSET`] instead of the whole suite.
+    /// In x86_64 guests, run only the kernel subset (`cargo xtask test`'s VM step):
+    /// the tests where kernels differ, not the whole suite.
+    #[arg(long, conflicts_with = "filters")]
     pub subset: bool,
-    /// Keep each run's directory (initramfs, console log, results); print its path.
+    /// Keep each guest's run directory (initramfs, console log, results).
+    #[arg(long)]
     pub keep: bool,
-    /// Deadline per guest.
-    pub timeout: Duration,
-    /// Record the outcome in the README's kernel support table (rows of kernels not run
-    /// stay as they were).
+    /// Minutes a guest may run before it is killed and the run fails.
+    #[arg(long, value_name = "MINUTES", default_value_t = DEFAULT_TIMEOUT.as_secs() / 60,
+          value_parser = clap::value_parser!(u64).range(1..=600))]
+    pub timeout: u64,
+    /// Record the outcome in README.md's kernel support table.
+    #[arg(long)]
     pub update_readme: bool,
+}
+
+impl Options {
+    /// Deadline per guest.
+    fn deadline(&self) -> Duration {
+        Duration::from_secs(self.timeout * 60)
+    }
 }
 
 /// One entry of the matrix.
@@ -233,28 +146,6 @@ fn entries(kernels: &[String], arch: Option<Arch>) -> Result<Vec<Entry>> {
         }
     }
     Ok(out)
-}
-
-/// The outcome of one matrix entry.
-#[derive(Debug, Serialize)]
-pub struct Outcome {
-    pub kernel: String,
-    pub arch: Arch,
-    /// `uname -r` (the host's for `host`).
-    pub release: String,
-    /// `host`, `kvm` or `tcg`.
-    pub accel: String,
-    /// Which tests: `whole suite`, `arm64 subset` or the filters.
-    pub suite: String,
-    /// Test binaries: (name, exit code, seconds).
-    pub tests: Vec<(String, i32, u64)>,
-    /// The agent's `doctor` verdict and how it attaches TC programs there.
-    pub doctor: String,
-    pub tc_attach: String,
-    pub passed: bool,
-    pub seconds: u64,
-    /// Why it failed, when it did not get as far as a test failure.
-    pub error: Option<String>,
 }
 
 pub fn run(options: &Options) -> Result<()> {
@@ -383,7 +274,7 @@ fn build_arm64() -> Result<Build> {
 
 fn build_host() -> Result<Build> {
     agent::build(false)?;
-    let (manifest_dir, binaries) = suite::build_test_binaries()?;
+    let (manifest_dir, binaries) = integration_tests::build_test_binaries()?;
     Ok(Build {
         agent: agent::binary(false)?,
         manifest_dir,
@@ -394,7 +285,7 @@ fn build_host() -> Result<Build> {
 fn run_host(options: &Options) -> Result<Outcome> {
     agent::build(false)?;
     let privilege = cmd::Privilege::Root;
-    let ok = suite::integration(&privilege, &options.filters).is_ok();
+    let ok = integration_tests::run(&privilege, &options.filters).is_ok();
     let release = cmd::output(cmd::command("uname").arg("-r"))?
         .trim()
         .to_owned();
@@ -415,28 +306,6 @@ fn run_host(options: &Options) -> Result<Outcome> {
         seconds: 0,
         error: (!ok).then(|| "a test failed (output above)".to_owned()),
     })
-}
-
-fn suite_name(filters: &[String], subset: bool, arch: Arch) -> String {
-    match (filters.is_empty(), arch) {
-        (true, Arch::X86_64) if subset => "kernel subset".into(),
-        (true, Arch::X86_64) => "whole suite".into(),
-        (true, Arch::Aarch64) => "arm64 subset".into(),
-        (false, _) => format!("filter: {}", filters.join(" ")),
-    }
-}
-
-/// The name filters a guest of `arch` runs with.
-fn guest_filters(filters: &[String], subset: bool, arch: Arch) -> Vec<String> {
-    if !filters.is_empty() {
-        return filters.to_vec();
-    }
-    let named: &[&str] = match arch {
-        Arch::Aarch64 => ARM64_SUBSET,
-        Arch::X86_64 if subset => KERNEL_SUBSET,
-        Arch::X86_64 => &[],
-    };
-    named.iter().map(|s| (*s).to_owned()).collect()
 }
 
 fn run_vm(
@@ -542,7 +411,7 @@ fn run_vm(
         let boot = machine.boot(
             &prefix,
             &run_dir.join("console.log"),
-            options.timeout,
+            options.deadline(),
             false,
             &[
                 INIT_UP,
@@ -571,7 +440,7 @@ fn run_vm(
     let error = if !boot.exited {
         Some(format!(
             "the guest did not finish within {} (console: {})",
-            minutes(options.timeout.as_secs()),
+            minutes(options.deadline().as_secs()),
             run_dir.join("console.log").display()
         ))
     } else if let Some(line) = boot
@@ -661,108 +530,6 @@ fn read_results(path: &Path) -> Vec<(String, i32, u64)> {
         .collect()
 }
 
-/// Doctor checks about the node rather than its kernel: a guest has no container
-/// runtime, and the table is about kernels.
-const NODE_CHECKS: &[&str] = &["container runtime"];
-
-/// (verdict, TC attachment) from `node-diag doctor -o json`. The verdict is the kernel's:
-/// degraded only by checks not about the node (`ready (no CRI)` when a missing container
-/// runtime socket was the only shortfall).
-fn doctor_summary(json: &str) -> (String, String) {
-    let Ok(value) = serde_json::from_str::<serde_json::Value>(json) else {
-        return ("no report".into(), "?".into());
-    };
-    let checks = value["checks"].as_array().cloned().unwrap_or_default();
-    let mut verdict = value["verdict"].as_str().unwrap_or("?").to_owned();
-    let shortfalls: Vec<&str> = checks
-        .iter()
-        .filter(|c| c["status"] != "ok")
-        .filter_map(|c| c["name"].as_str())
-        .collect();
-    if verdict == "degraded"
-        && !shortfalls.is_empty()
-        && shortfalls.iter().all(|name| NODE_CHECKS.contains(name))
-    {
-        verdict = "ready (no CRI)".into();
-    }
-    let tc = checks
-        .iter()
-        .find(|c| c["name"] == "tc attach")
-        .and_then(|c| c["detail"].as_str())
-        .map(|d| d.split([' ', ',']).next().unwrap_or(d).to_owned())
-        .unwrap_or_else(|| "?".into());
-    (verdict, tc)
-}
-
-fn minutes(seconds: u64) -> String {
-    format!("{}m{:02}s", seconds / 60, seconds % 60)
-}
-
-/// The markdown table of a matrix run.
-fn table(outcomes: &[Outcome]) -> String {
-    let mut t = format!("{TABLE_HEAD}\n| --- | --- | --- | --- | --- | --- | --- | --- | ---: |\n");
-    for o in outcomes {
-        t.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
-            o.kernel,
-            o.arch,
-            o.release,
-            o.accel,
-            o.tc_attach,
-            o.doctor,
-            o.suite,
-            if o.passed { "passed" } else { "FAILED" },
-            minutes(o.seconds)
-        ));
-    }
-    t
-}
-
-/// Markers around the README's kernel support table.
-const README_BEGIN: &str = "<!-- kernel-support:begin -->";
-const README_END: &str = "<!-- kernel-support:end -->";
-const TABLE_HEAD: &str =
-    "| kernel | arch | release | accel | TC attach | doctor | suite | result | wall time |";
-
-/// The README with this run's rows in its kernel support table: a row per (kernel,
-/// arch), replaced when run again, others kept; host first, then by kernel and arch.
-fn merge_readme(readme: &str, outcomes: &[Outcome]) -> Result<String> {
-    let (Some(begin), Some(end)) = (readme.find(README_BEGIN), readme.find(README_END)) else {
-        bail!("README.md has no {README_BEGIN} … {README_END} block");
-    };
-    let block = &readme[begin + README_BEGIN.len()..end];
-    let mut rows: Vec<(String, String)> = block
-        .lines()
-        .filter(|l| l.starts_with("| ") && !l.starts_with(TABLE_HEAD) && !l.starts_with("| ---"))
-        .filter_map(|l| {
-            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
-            Some((format!("{} {}", cells.get(1)?, cells.get(2)?), l.to_owned()))
-        })
-        .collect();
-    let fresh = table(outcomes);
-    for line in fresh.lines().skip(2) {
-        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
-        let key = format!("{} {}", cells[1], cells[2]);
-        rows.retain(|(k, _)| *k != key);
-        rows.push((key, line.to_owned()));
-    }
-    rows.sort_by_key(|(k, _)| (!k.starts_with("host"), k.ends_with("aarch64"), k.clone()));
-    let mut out = String::from(&readme[..begin + README_BEGIN.len()]);
-    out.push('\n');
-    out.push_str(&fresh.lines().take(2).collect::<Vec<_>>().join("\n"));
-    out.push('\n');
-    for (_, row) in rows {
-        out.push_str(&row);
-        out.push('\n');
-    }
-    out.push_str(&readme[end..]);
-    Ok(out)
-}
-
-fn say(what: impl fmt::Display) {
-    println!("[integration] {what}");
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -776,50 +543,6 @@ mod tests {
             .collect()
     }
 
-    /// A renamed test would silently leave the subset, and a name that is part of another
-    /// would bring that one in: every name (a libtest substring filter) must select one
-    /// test function of the integration suite, or, for `tunnels`, just its module.
-    #[test]
-    fn every_subset_name_selects_one_integration_test() {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/tests");
-        let mut sources = String::new();
-        for entry in fs::read_dir(&dir).unwrap() {
-            sources.push_str(&fs::read_to_string(entry.unwrap().path()).unwrap());
-        }
-        let tests: Vec<&str> = sources
-            .split("#[test]")
-            .skip(1)
-            .filter_map(|after| after.split("fn ").nth(1)?.split('(').next())
-            .collect();
-        assert!(tests.len() > 100, "found only {} tests", tests.len());
-        for name in KERNEL_SUBSET.iter().chain(ARM64_SUBSET) {
-            let selected = tests.iter().filter(|t| t.contains(name)).count();
-            let modules = sources.matches(&format!("mod {name} {{")).count();
-            assert_eq!(
-                (selected, modules),
-                if modules == 1 { (0, 1) } else { (1, 0) },
-                "{name} selects {selected} test functions and names {modules} modules"
-            );
-        }
-    }
-
-    #[test]
-    fn filters_win_then_the_arch_subset_then_the_kernel_subset() {
-        let given = vec!["mtu".to_owned()];
-        assert_eq!(guest_filters(&given, true, Arch::X86_64), given);
-        assert_eq!(
-            guest_filters(&[], true, Arch::Aarch64).len(),
-            ARM64_SUBSET.len()
-        );
-        assert_eq!(
-            guest_filters(&[], true, Arch::X86_64).len(),
-            KERNEL_SUBSET.len()
-        );
-        assert!(guest_filters(&[], false, Arch::X86_64).is_empty());
-        assert_eq!(suite_name(&[], true, Arch::X86_64), "kernel subset");
-        assert_eq!(suite_name(&[], false, Arch::X86_64), "whole suite");
-    }
-
     #[test]
     fn all_is_host_both_series_and_the_arm64_subset() {
         assert_eq!(
@@ -831,62 +554,5 @@ mod tests {
         assert_eq!(names(&[], None), ["host"]);
         assert!(entries(&["5.4".to_owned()], None).is_err());
         assert!(entries(&["host".to_owned()], Some(Arch::Aarch64)).is_err());
-    }
-
-    fn outcome(kernel: &str, arch: Arch, passed: bool) -> Outcome {
-        Outcome {
-            kernel: kernel.into(),
-            arch,
-            release: "r".into(),
-            accel: "tcg".into(),
-            suite: "whole suite".into(),
-            tests: Vec::new(),
-            doctor: "ready".into(),
-            tc_attach: "tcx".into(),
-            passed,
-            seconds: 61,
-            error: None,
-        }
-    }
-
-    #[test]
-    fn readme_rows_are_replaced_per_kernel_and_kept_otherwise() {
-        let readme = format!("intro\n{README_BEGIN}\n{README_END}\nrest\n");
-        let once = merge_readme(
-            &readme,
-            &[
-                outcome("6.1", Arch::X86_64, false),
-                outcome("host", Arch::X86_64, true),
-            ],
-        )
-        .unwrap();
-        let twice = merge_readme(&once, &[outcome("6.1", Arch::X86_64, true)]).unwrap();
-        let rows: Vec<&str> = twice.lines().filter(|l| l.starts_with("| ")).collect();
-        assert_eq!(rows.len(), 4, "{twice}");
-        assert!(rows[2].starts_with("| host |"), "{twice}");
-        assert!(
-            rows[3].starts_with("| 6.1 | x86_64 |") && rows[3].contains("passed"),
-            "{twice}"
-        );
-        assert!(twice.starts_with("intro\n") && twice.ends_with(&format!("{README_END}\nrest\n")));
-        assert!(merge_readme("no block", &[]).is_err());
-    }
-
-    #[test]
-    fn doctor_summary_reads_verdict_and_tc_attach() {
-        let json = r#"{"checks":[{"name":"tc attach","status":"ok","detail":"netlink clsact filters (no TCX before Linux 6.6)"}],"verdict":"ready"}"#;
-        assert_eq!(
-            doctor_summary(json),
-            ("ready".to_owned(), "netlink".to_owned())
-        );
-        assert_eq!(doctor_summary("").0, "no report");
-    }
-
-    #[test]
-    fn doctor_summary_leaves_a_missing_cri_socket_out_of_the_kernels_verdict() {
-        let only_cri = r#"{"checks":[{"name":"btf","status":"ok"},{"name":"container runtime","status":"warn"}],"verdict":"degraded"}"#;
-        assert_eq!(doctor_summary(only_cri).0, "ready (no CRI)");
-        let kernel_too = r#"{"checks":[{"name":"btf","status":"warn"},{"name":"container runtime","status":"warn"}],"verdict":"degraded"}"#;
-        assert_eq!(doctor_summary(kernel_too).0, "degraded");
     }
 }

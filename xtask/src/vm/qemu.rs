@@ -17,7 +17,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use super::Arch;
+use super::arch::Arch;
 use crate::cmd;
 
 /// How qemu runs the guest's CPUs.
@@ -77,26 +77,12 @@ impl Machine<'_> {
     fn command(&self) -> std::process::Command {
         let (qemu, _) = binary(self.arch);
         let mut q = cmd::command(qemu);
-        let console = match self.arch {
-            Arch::X86_64 => "ttyS0",
-            Arch::Aarch64 => {
-                q.args(["-machine", "virt"]);
-                super::arm64::CONSOLE
-            }
-        };
+        if self.arch == Arch::Aarch64 {
+            q.args(["-machine", "virt"]);
+        }
         match self.accel {
             Accel::Kvm => q.args(["-accel", "kvm", "-cpu", "host"]),
-            Accel::Tcg => q.args([
-                "-accel",
-                "tcg,thread=multi",
-                "-cpu",
-                match self.arch {
-                    Arch::X86_64 => "max",
-                    // Emulating the standard pointer-authentication algorithm on every
-                    // call of Debian's kernel makes the guest ~2.5x slower.
-                    Arch::Aarch64 => super::arm64::QEMU_CPU,
-                },
-            ]),
+            Accel::Tcg => q.args(["-accel", "tcg,thread=multi", "-cpu", self.arch.tcg_cpu()]),
         };
         q.args(["-smp", &self.cpus.to_string()])
             .args(["-m", &format!("{}M", self.memory_mib)])
@@ -108,7 +94,8 @@ impl Machine<'_> {
             .arg(self.initramfs)
             .arg("-append")
             .arg(format!(
-                "console={console} rdinit=/init panic=-1 oops=panic loglevel=4"
+                "console={} rdinit=/init panic=-1 oops=panic loglevel=4",
+                self.arch.console()
             ));
         for share in self.shares {
             q.arg("-virtfs").arg(format!(

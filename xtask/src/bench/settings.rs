@@ -1,0 +1,146 @@
+//! What a bench run measures and for how long: the command's options, and the sizes
+//! they resolve to (the defaults, `--smoke`'s), which the report records.
+
+use std::{path::PathBuf, time::Duration};
+
+use serde::Serialize;
+
+use super::{sample::Mode, workload::Workload};
+
+/// Pairs per workload, and seconds per measurement, by default. Many short pairs rather
+/// than a few long ones: this host's speed drifts by 10–20 % over tens of seconds, and
+/// two measurements of a pair lie closer together the shorter they are. On a baseline
+/// throughput series taken here, 21 pairs of 3 s put the median of the pair ratios
+/// within about ±2 % (one standard deviation) of what it would be with a free agent;
+/// 7 pairs of 10 s, about ±5 % (docs/benchmarks.md, "Noise").
+pub(super) const DEFAULT_RUNS: u32 = 21;
+pub(super) const DEFAULT_DURATION_S: u64 = 3;
+/// Shortest profile measurement: a hook that runs rarely in a workload (the retransmit
+/// hook in a clean transfer) runs there cold, at the start, and a short profile would
+/// weigh those cold runs more than a node does.
+pub(super) const PROFILE_MIN_S: u64 = 10;
+
+/// Options of `cargo xtask bench`.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct Options {
+    /// Tiny sizes (1 run, 2 s per workload, 2,000 storm connects), for CI.
+    #[arg(long)]
+    pub smoke: bool,
+    /// Baseline/agent pairs per workload (default 21; 1 with --smoke).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub runs: Option<u32>,
+    /// Seconds per throughput, connection and drop-flood measurement (default 3; 2
+    /// with --smoke).
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..=600))]
+    pub duration: Option<u64>,
+    /// Short connections offered per second (default 10000).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub conn_rate: Option<u32>,
+    /// Refused connects in the storm (default 50000; 2000 with --smoke).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    pub storm: Option<u64>,
+    /// Measure only this workload (repeatable; default all). Rows of the workloads
+    /// left out are left out of the table.
+    #[arg(long = "workload", value_name = "NAME")]
+    pub workloads: Vec<Workload>,
+    /// A null run: both measurements of every pair without the agent, and no profile.
+    /// Its ratios show what this machine's noise alone does to them: how far from
+    /// 1.000 a median lands when the agent costs nothing.
+    #[arg(long)]
+    pub null: bool,
+    /// Where to write the JSON results (default target/bench/bench.json).
+    #[arg(long, value_name = "PATH")]
+    pub out: Option<PathBuf>,
+}
+
+/// The sizes this bench runs with.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Settings {
+    pub smoke: bool,
+    pub runs: u32,
+    pub duration_s: u64,
+    /// Seconds of each profile measurement: at least [`PROFILE_MIN_S`] (not with
+    /// `--smoke`), so the per-program figures rest on as many runs as before the pairs
+    /// became short.
+    pub profile_duration_s: u64,
+    /// Offered short connections per second.
+    pub conn_rate: u32,
+    /// Refused connects in the storm.
+    pub storm_connects: u64,
+    /// The workloads measured, in the bench's order.
+    pub workloads: Vec<Workload>,
+    /// A null (A/A) run: the "agent" measurement of each pair runs without the agent
+    /// too, and there is no profile, so the ratios measure the machine's noise alone.
+    pub null: bool,
+}
+
+impl Settings {
+    pub(super) fn new(options: &Options) -> Self {
+        let smoke = options.smoke;
+        let duration_s = options
+            .duration
+            .unwrap_or(if smoke { 2 } else { DEFAULT_DURATION_S })
+            .max(1);
+        Self {
+            smoke,
+            runs: options
+                .runs
+                .unwrap_or(if smoke { 1 } else { DEFAULT_RUNS })
+                .max(1),
+            duration_s,
+            profile_duration_s: if smoke {
+                duration_s
+            } else {
+                duration_s.max(PROFILE_MIN_S)
+            },
+            conn_rate: options.conn_rate.unwrap_or(10_000).max(1),
+            storm_connects: options
+                .storm
+                .unwrap_or(if smoke { 2_000 } else { 50_000 })
+                .max(1),
+            workloads: Workload::ALL
+                .into_iter()
+                .filter(|w| options.workloads.is_empty() || options.workloads.contains(w))
+                .collect(),
+            null: options.null,
+        }
+    }
+
+    /// How long a measurement of `mode` runs its workload.
+    pub(super) fn duration(&self, mode: Mode) -> Duration {
+        Duration::from_secs(match mode {
+            Mode::Profile => self.profile_duration_s,
+            Mode::Baseline | Mode::Agent => self.duration_s,
+        })
+    }
+
+    /// The command line that reproduces these settings.
+    pub(super) fn command_line(&self, options: &Options) -> String {
+        let mut line = String::from("cargo xtask bench");
+        if self.smoke {
+            line.push_str(" --smoke");
+        }
+        if options.runs.is_some() {
+            line.push_str(&format!(" --runs {}", self.runs));
+        }
+        if options.duration.is_some() {
+            line.push_str(&format!(" --duration {}", self.duration_s));
+        }
+        if options.conn_rate.is_some() {
+            line.push_str(&format!(" --conn-rate {}", self.conn_rate));
+        }
+        if options.storm.is_some() {
+            line.push_str(&format!(" --storm {}", self.storm_connects));
+        }
+        for workload in &options.workloads {
+            line.push_str(&format!(" --workload {}", workload.name()));
+        }
+        if self.null {
+            line.push_str(" --null");
+        }
+        if let Some(out) = &options.out {
+            line.push_str(&format!(" --out {}", out.display()));
+        }
+        line
+    }
+}

@@ -1,0 +1,72 @@
+//! The workloads the bench measures, and the ports, threads and loss they run with:
+//! the measurement drives them, and the report names them in its rows.
+
+use serde::Serialize;
+
+pub(super) const IPERF_PORT: u16 = 5201;
+pub(super) const ECHO_PORT: u16 = 7000;
+/// Nothing listens there: the storm's target.
+pub(super) const CLOSED_PORT: u16 = 7999;
+/// UDP port the drop flood sends to; node A's forward hook drops it.
+pub(super) const FLOOD_PORT: u16 = 7998;
+/// Share of the lossy transfer's packets node A drops (‰).
+pub(super) const LOSS_PER_MILLE: u32 = 5;
+/// Threads of the connection generator (paced and closed loop), of the echo server, of
+/// the storm and of the drop flood's sender.
+pub(super) const CONN_THREADS: u32 = 16;
+pub(super) const ECHO_THREADS: usize = 8;
+pub(super) const STORM_THREADS: u32 = 4;
+pub(super) const FLOOD_THREADS: u32 = 4;
+
+/// One workload of the bench.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub(crate) enum Workload {
+    /// iperf3 pod A → pod B through the vxlan overlay.
+    IperfOverlay,
+    /// iperf3 node B → node A across the underlay veth.
+    IperfVeth,
+    /// iperf3 pod A → pod B through the overlay, a random share of the data dropped in
+    /// node A's forward hook: pod A's socket retransmits, so `nd_retransmit` runs hot.
+    IperfLossy,
+    /// Paced short connections pod A → pod B.
+    ConnRate,
+    /// Short connections pod A → pod B, each thread's next as soon as the previous ends.
+    ConnClosedLoop,
+    /// UDP datagrams pod A → pod B, dropped in node A's forward hook.
+    DropFlood,
+    /// Refused connects pod A → a closed port on pod B, as fast as possible.
+    Storm,
+}
+
+impl Workload {
+    pub(super) const ALL: [Self; 7] = [
+        Self::IperfOverlay,
+        Self::IperfVeth,
+        Self::IperfLossy,
+        Self::ConnRate,
+        Self::ConnClosedLoop,
+        Self::DropFlood,
+        Self::Storm,
+    ];
+
+    /// The name `--workload` takes (and the JSON uses).
+    pub fn name(self) -> String {
+        clap::ValueEnum::to_possible_value(&self)
+            .map(|v| v.get_name().to_owned())
+            .unwrap_or_default()
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::IperfOverlay => "iperf3 overlay",
+            Self::IperfVeth => "iperf3 veth",
+            Self::IperfLossy => "iperf3 overlay, lossy",
+            Self::ConnRate => "connection rate",
+            Self::ConnClosedLoop => "closed-loop connections",
+            Self::DropFlood => "drop flood",
+            Self::Storm => "refused storm",
+        }
+    }
+}

@@ -1,0 +1,155 @@
+//! Which integration tests a guest runs: the whole suite, the kernel subset or the
+//! arm64 subset, unless name filters were given. The lists are long and change with the
+//! suite, apart from how the matrix boots its guests.
+
+use super::arch::Arch;
+
+/// The tests an aarch64 guest runs when no `--filter` is given: TCG emulating another
+/// architecture is several times slower, so the subset that proves the eBPF object
+/// passes the arm64 verifier and its BTF offsets resolve: doctor (always run), refused,
+/// timeout, reset, the PMTUD black hole and a clean shutdown.
+pub(super) const ARM64_SUBSET: &[&str] = &[
+    "refused_connect_is_a_listener_problem",
+    "forward_drop_timeout_is_a_firewall_problem",
+    "reset_by_peer_is_reported_as_reset_not_refused",
+    "sigterm_exits_cleanly_and_detaches",
+    "filtered_frag_needed_is_a_pmtud_black_hole",
+];
+
+/// The tests `cargo xtask test` runs in its x86_64 guest when no `--filter` is given
+/// (`integration --subset` runs them too). The whole suite under TCG takes 45-50 minutes,
+/// which CI's 90 cannot hold beside everything else on a slow day, and most of it tests
+/// user space the host run already proved. These are the tests where the kernel differs:
+/// every program through this kernel's verifier and read paths (probe reads before 6.2),
+/// each verdict's kernel evidence (resets sent and received, ICMP errors through the TC
+/// classifier, drop reasons by this kernel's numbering, retransmits and stalls), TC
+/// attachment through netlink and its cleanup after SIGTERM and `kill -9` (no TCX before
+/// 6.6), conntrack drops, IPv6 and IPv4-mapped sockets, the PMTUD black hole, Services
+/// rejected by netfilter, and the real tunnels (Geneve, WireGuard, IPIP, GRE), which this
+/// machine's kernel does not have. Each name matches one test, except `tunnels`, which
+/// matches that binary's module.
+pub(super) const KERNEL_SUBSET: &[&str] = &[
+    // scenarios
+    "refused_connect_is_a_listener_problem",
+    "reset_sent_for_a_closed_port_counts_on_the_node_that_sent_it",
+    "forward_drop_timeout_is_a_firewall_problem",
+    "reset_by_peer_is_reported_as_reset_not_refused",
+    "missing_pod_route_is_a_cni_routing_problem",
+    "sigterm_exits_cleanly_and_detaches",
+    "drop_beyond_this_node_is_a_timeout_of_unknown_layer",
+    "doctor_has_every_program_accepted_and_reads_as_this_kernel_allows",
+    // verdicts
+    "dead_peer_bulk_transfer_is_a_stall_not_a_black_hole",
+    "local_reject_with_tcp_reset_is_this_nodes_firewall",
+    "remote_icmp_port_unreachable_is_a_firewall_not_the_listener",
+    "abandoned_connect_with_local_drop_is_a_timeout",
+    "connect_that_succeeds_late_resolves_its_timeout",
+    "connect_completed_by_a_simultaneous_open_resolves_its_timeout",
+    "one_socket_connecting_again_is_judged_per_attempt",
+    "v4_mapped_sockets_keep_their_evidence",
+    "syn_ack_dropped_on_the_return_path_is_this_nodes_firewall",
+    "server_side_resets_aggregate_per_listener",
+    "icmp_watched_on_trouble_names_the_sender_from_the_next_failure",
+    // storm
+    "refused_storm_is_aggregated_in_the_kernel_and_accounted_exactly",
+    "resets_whose_error_the_client_takes_at_once_are_each_the_listeners_refusal",
+    // tc_fallback
+    "netlink_mode_sigterm_leaves_no_filter_and_no_clsact",
+    "killed_agents_filters_are_replaced_and_their_clsact_removed_on_exit",
+    "foreign_clsact_and_filter_survive_start_and_sigterm",
+    "netlink_filter_sees_frag_needed_from_beyond_this_node",
+    // drops, conntrack
+    "drops_are_counted_by_reason_in_this_nodes_namespaces_only",
+    "syn_dropped_by_a_full_conntrack_table_is_conntrack",
+    "syn_ack_dropped_as_invalid_is_conntrack",
+    // ipv6
+    "ipv6_port_unreachable_reject_is_a_firewall_not_the_listener",
+    "ipv6_admin_prohibited_is_a_firewall",
+    "ipv6_closed_port_is_the_listener",
+    "ipv6_oversize_drop_with_pmtud_working_is_info",
+    // mtu
+    "filtered_frag_needed_is_a_pmtud_black_hole",
+    "oversized_pod_mtu_with_icmp_allowed_is_an_oversize_drop_that_recovers",
+    "unbound_vxlan_above_its_underlay_is_an_overlay_mismatch",
+    "frag_needed_from_beyond_this_node_is_counted_as_received",
+    "masqueraded_flow_with_frag_needed_filtered_is_a_black_hole",
+    // nat
+    "service_rejected_on_this_node_is_the_firewall_not_the_listener",
+    "service_rejected_by_icmp_beyond_this_node_is_a_firewall_not_the_service",
+    "no_endpoints_is_the_service_with_nftables",
+    // every real tunnel kind
+    "tunnels",
+];
+
+pub(super) fn suite_name(filters: &[String], subset: bool, arch: Arch) -> String {
+    match (filters.is_empty(), arch) {
+        (true, Arch::X86_64) if subset => "kernel subset".into(),
+        (true, Arch::X86_64) => "whole suite".into(),
+        (true, Arch::Aarch64) => "arm64 subset".into(),
+        (false, _) => format!("filter: {}", filters.join(" ")),
+    }
+}
+
+/// The name filters a guest of `arch` runs with.
+pub(super) fn guest_filters(filters: &[String], subset: bool, arch: Arch) -> Vec<String> {
+    if !filters.is_empty() {
+        return filters.to_vec();
+    }
+    let named: &[&str] = match arch {
+        Arch::Aarch64 => ARM64_SUBSET,
+        Arch::X86_64 if subset => KERNEL_SUBSET,
+        Arch::X86_64 => &[],
+    };
+    named.iter().map(|s| (*s).to_owned()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{fs, path::Path};
+
+    use super::*;
+
+    /// A renamed test would silently leave the subset, and a name that is part of another
+    /// would bring that one in: every name (a libtest substring filter) must select one
+    /// test function of the integration suite, or, for `tunnels`, just its module.
+    #[test]
+    fn every_subset_name_selects_one_integration_test() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/tests");
+        let mut sources = String::new();
+        for entry in fs::read_dir(&dir).unwrap() {
+            sources.push_str(&fs::read_to_string(entry.unwrap().path()).unwrap());
+        }
+        let tests: Vec<&str> = sources
+            .split("#[test]")
+            .skip(1)
+            .filter_map(|after| after.split("fn ").nth(1)?.split('(').next())
+            .collect();
+        assert!(tests.len() > 100, "found only {} tests", tests.len());
+        for name in KERNEL_SUBSET.iter().chain(ARM64_SUBSET) {
+            let selected = tests.iter().filter(|t| t.contains(name)).count();
+            let modules = sources.matches(&format!("mod {name} {{")).count();
+            assert_eq!(
+                (selected, modules),
+                if modules == 1 { (0, 1) } else { (1, 0) },
+                "{name} selects {selected} test functions and names {modules} modules"
+            );
+        }
+    }
+
+    #[test]
+    fn filters_win_then_the_arch_subset_then_the_kernel_subset() {
+        let given = vec!["mtu".to_owned()];
+        assert_eq!(guest_filters(&given, true, Arch::X86_64), given);
+        assert_eq!(
+            guest_filters(&[], true, Arch::Aarch64).len(),
+            ARM64_SUBSET.len()
+        );
+        assert_eq!(
+            guest_filters(&[], true, Arch::X86_64).len(),
+            KERNEL_SUBSET.len()
+        );
+        assert!(guest_filters(&[], false, Arch::X86_64).is_empty());
+        assert_eq!(suite_name(&[], true, Arch::X86_64), "kernel subset");
+        assert_eq!(suite_name(&[], false, Arch::X86_64), "whole suite");
+    }
+}
