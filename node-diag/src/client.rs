@@ -16,7 +16,7 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_BODY: u64 = 64 * 1024 * 1024;
 
 #[derive(Debug, thiserror::Error)]
-pub enum ClientError {
+pub(crate) enum ClientError {
     #[error("bad server URL {0:?}: expected http://HOST:PORT")]
     Url(String),
     #[error("cannot reach the agent at {url}: {source} (is `node-diag run` running? see --server)")]
@@ -34,7 +34,7 @@ pub enum ClientError {
 }
 
 /// `host:port` of an `http://` URL (a bare `host:port` is accepted too).
-pub fn authority(url: &str) -> Result<String, ClientError> {
+pub(crate) fn authority(url: &str) -> Result<String, ClientError> {
     let rest = url.strip_prefix("http://").unwrap_or(url);
     let auth = rest.split('/').next().unwrap_or("");
     if url.contains("://") && !url.starts_with("http://") || auth.is_empty() || !auth.contains(':')
@@ -46,7 +46,7 @@ pub fn authority(url: &str) -> Result<String, ClientError> {
 
 /// `GET path` on the agent at `url`: the body of a `200` answer, decoded (chunked or not)
 /// as bytes before it is read as UTF-8 text.
-pub fn get(url: &str, path: &str) -> Result<String, ClientError> {
+pub(crate) fn get(url: &str, path: &str) -> Result<String, ClientError> {
     let target = format!("http://{}{path}", authority(url)?);
     let connect_err = |source| ClientError::Connect {
         url: url.to_string(),
@@ -74,7 +74,7 @@ pub fn get(url: &str, path: &str) -> Result<String, ClientError> {
         .map_err(connect_err)
 }
 
-pub fn fetch(url: &str) -> Result<Vec<Finding>, ClientError> {
+pub(crate) fn fetch(url: &str) -> Result<Vec<Finding>, ClientError> {
     let body = get(url, "/findings")?;
     serde_json::from_str(&body).map_err(|source| ClientError::Parse {
         url: url.to_string(),
@@ -84,7 +84,7 @@ pub fn fetch(url: &str) -> Result<Vec<Finding>, ClientError> {
 
 /// Prints the agent's findings; with `follow`, keeps polling and prints each finding again
 /// whenever its count grows, until interrupted.
-pub fn run(
+pub(crate) fn run(
     url: &str,
     follow: bool,
     format: OutputFormat,

@@ -14,25 +14,25 @@ use crate::kernel::{
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Status {
+pub(crate) enum Status {
     Ok,
     Warn,
     Fail,
 }
 
 #[derive(Debug, Serialize)]
-pub struct Check {
-    pub name: String,
-    pub status: Status,
-    pub detail: String,
+pub(crate) struct Check {
+    pub(crate) name: String,
+    pub(crate) status: Status,
+    pub(crate) detail: String,
 }
 
 #[derive(Debug, Serialize)]
-pub struct Report {
-    pub checks: Vec<Check>,
+pub(crate) struct Report {
+    pub(crate) checks: Vec<Check>,
     /// `ready`, `degraded` or `cannot_run`.
-    pub verdict: &'static str,
-    pub summary: String,
+    pub(crate) verdict: &'static str,
+    pub(crate) summary: String,
 }
 
 fn check(name: impl Into<String>, status: Status, detail: impl Into<String>) -> Check {
@@ -44,7 +44,7 @@ fn check(name: impl Into<String>, status: Status, detail: impl Into<String>) -> 
 }
 
 /// `cri_socket` is `--cri-socket`; without it the usual runtime sockets are tried.
-pub fn run(cri_socket: Option<&std::path::Path>) -> Report {
+pub(crate) fn run(cri_socket: Option<&std::path::Path>) -> Report {
     let mut checks = Vec::new();
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .map(|s| s.trim().to_string())
@@ -385,7 +385,7 @@ fn programs(checks: &mut Vec<Check>) {
 }
 
 impl Report {
-    pub fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         let mut out = String::new();
         let width = self.checks.iter().map(|c| c.name.len()).max().unwrap_or(0);
         for c in &self.checks {

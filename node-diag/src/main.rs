@@ -22,6 +22,8 @@ mod doctor;
 mod findings;
 mod host_network;
 mod kernel;
+#[cfg(test)]
+mod layering;
 mod mtu;
 mod output;
 mod pods;

@@ -8,7 +8,7 @@ use crate::findings::{Finding, Status};
 
 /// How findings and reports are printed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum OutputFormat {
+pub(crate) enum OutputFormat {
     /// One readable line per finding.
     Text,
     /// One JSON object per line.
@@ -18,7 +18,7 @@ pub enum OutputFormat {
 /// Prints one finding on stdout in `format` and flushes, so a pipe sees it at once. A
 /// closed stdout must not stop the agent (findings stay on `/findings`), so write errors
 /// are ignored.
-pub fn print_finding(f: &Finding, format: OutputFormat) {
+pub(crate) fn print_finding(f: &Finding, format: OutputFormat) {
     let line = match format {
         OutputFormat::Json => serde_json::to_string(f).unwrap_or_default(),
         OutputFormat::Text => text_line(f),
@@ -29,7 +29,7 @@ pub fn print_finding(f: &Finding, format: OutputFormat) {
 }
 
 /// The readable one-liner of the text output.
-pub fn text_line(f: &Finding) -> String {
+pub(crate) fn text_line(f: &Finding) -> String {
     let flow = match (&f.src, &f.dst, f.dport) {
         (Some(s), Some(d), Some(p)) => {
             let sport = f.sport.map(|p| format!(":{p}")).unwrap_or_default();

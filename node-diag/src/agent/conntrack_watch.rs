@@ -16,7 +16,7 @@ use crate::{
 };
 
 #[derive(Default)]
-pub struct ConntrackWatch {
+pub(crate) struct ConntrackWatch {
     history: History,
     /// The file pinning each scoped namespace, by inode, from the last refresh.
     files: HashMap<u32, NetnsFile>,
@@ -25,7 +25,7 @@ pub struct ConntrackWatch {
 impl ConntrackWatch {
     /// Reads every namespace of `scope` (all of them when `None`). Namespaces without
     /// conntrack loaded have nothing to read and are skipped.
-    pub fn refresh(&mut self, scope: Option<&BTreeSet<u32>>) {
+    pub(crate) fn refresh(&mut self, scope: Option<&BTreeSet<u32>>) {
         self.files = scope_files(scope)
             .into_iter()
             .map(|f| (f.inode, f))
@@ -40,7 +40,7 @@ impl ConntrackWatch {
 
     /// The conntrack window around the event's flow drop, when it was a
     /// `NETFILTER_DROP` in a namespace with readings from before it.
-    pub fn window(&mut self, ev: &Event, names: &Names) -> Option<Window> {
+    pub(crate) fn window(&mut self, ev: &Event, names: &Names) -> Option<Window> {
         if ev.drop.count == 0 || names.drop_reason(ev.drop.reason) != "NETFILTER_DROP" {
             return None;
         }

@@ -21,7 +21,7 @@ use crate::kernel::{event::EventKind, maps::KernelCounts};
 
 /// `node-diag run --icmp-watch`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum Mode {
+pub(crate) enum Mode {
     /// Attach the classifier when trouble shows, detach it after a quiet hold time.
     #[default]
     OnTrouble,
@@ -43,7 +43,7 @@ const TROUBLE_COUNTERS: [u32; 5] = [
 ];
 
 #[derive(Debug)]
-pub struct IcmpWatch {
+pub(crate) struct IcmpWatch {
     mode: Mode,
     hold: Duration,
     /// Programs' clock when the programs were loaded: no evidence is older.
@@ -62,7 +62,7 @@ pub struct IcmpWatch {
 
 impl IcmpWatch {
     /// `origin_ns`: the programs' clock when they were loaded (their maps empty).
-    pub fn new(mode: Mode, hold: Duration, origin_ns: u64) -> Self {
+    pub(crate) fn new(mode: Mode, hold: Duration, origin_ns: u64) -> Self {
         Self {
             mode,
             hold,
@@ -75,27 +75,27 @@ impl IcmpWatch {
         }
     }
 
-    pub fn mode(&self) -> Mode {
+    pub(crate) fn mode(&self) -> Mode {
         self.mode
     }
 
     /// How long the classifier stays attached after the last trouble.
-    pub fn hold(&self) -> Duration {
+    pub(crate) fn hold(&self) -> Duration {
         self.hold
     }
 
-    pub fn armed(&self) -> bool {
+    pub(crate) fn armed(&self) -> bool {
         self.armed_from.is_some()
     }
 
     /// Whether the classifier is to follow the interfaces as they come and go: always
     /// (attached to none yet, say before the CNI made its overlay), or while armed.
-    pub fn keeps_attached(&self) -> bool {
+    pub(crate) fn keeps_attached(&self) -> bool {
         self.mode == Mode::Always || self.armed()
     }
 
     /// The classifier was attached at `now_ns` (programs' clock).
-    pub fn attached(&mut self, now_ns: u64) {
+    pub(crate) fn attached(&mut self, now_ns: u64) {
         if self.armed_from.is_none() {
             self.armed_from = Some(now_ns);
         }
@@ -103,19 +103,19 @@ impl IcmpWatch {
 
     /// An attempt to attach, at `now`, attached nothing (no interface took it, or the
     /// classifier is unavailable).
-    pub fn attach_failed(&mut self, now: Instant) {
+    pub(crate) fn attach_failed(&mut self, now: Instant) {
         self.last_failed = Some(now);
     }
 
     /// The classifier was detached at `now_ns`.
-    pub fn detached(&mut self, now_ns: u64) {
+    pub(crate) fn detached(&mut self, now_ns: u64) {
         if let Some(from) = self.armed_from.take() {
             self.last_span = Some((from, now_ns));
         }
     }
 
     /// Whether ICMP from the network was watched throughout `ev`'s evidence window.
-    pub fn covers(&self, ev: &Event) -> bool {
+    pub(crate) fn covers(&self, ev: &Event) -> bool {
         let start = if ev.window_ms == WINDOW_ALL {
             0
         } else {
@@ -133,7 +133,7 @@ impl IcmpWatch {
 
     /// Notes `ev` and says whether it is trouble ICMP could explain, so the classifier
     /// should be attached (or kept) now.
-    pub fn event(&mut self, kind: EventKind, ev: &Event, now: Instant) -> bool {
+    pub(crate) fn event(&mut self, kind: EventKind, ev: &Event, now: Instant) -> bool {
         let trouble = match kind {
             EventKind::ConnectRefused => ev.flags & event_flag::RST_RECEIVED == 0,
             EventKind::ConnectTimeout
@@ -154,7 +154,7 @@ impl IcmpWatch {
 
     /// Notes the kernel counters read at `now` and says whether they show new trouble
     /// that calls for attaching the classifier. They start at zero with the programs.
-    pub fn counters(&mut self, counts: &KernelCounts, now: Instant) -> bool {
+    pub(crate) fn counters(&mut self, counts: &KernelCounts, now: Instant) -> bool {
         let mut grew = false;
         for (seen, index) in self.seen.iter_mut().zip(TROUBLE_COUNTERS) {
             let value = counts.get(index);
@@ -169,7 +169,7 @@ impl IcmpWatch {
 
     /// Whether the classifier, attached, should be detached at `now`: watching on
     /// trouble, and none for the hold time.
-    pub fn quiet(&self, now: Instant) -> bool {
+    pub(crate) fn quiet(&self, now: Instant) -> bool {
         self.mode == Mode::OnTrouble
             && self.armed()
             && self

@@ -18,69 +18,69 @@ use crate::{
 };
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReasonLabel {
-    pub reason: String,
+pub(crate) struct ReasonLabel {
+    pub(crate) reason: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct DirectionLabel {
-    pub direction: String,
+pub(crate) struct DirectionLabel {
+    pub(crate) direction: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct InterfaceLabel {
-    pub interface: String,
+pub(crate) struct InterfaceLabel {
+    pub(crate) interface: String,
 }
 
 /// Pods all name their interface `eth0`: the namespace tells them apart.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct InterfaceNetnsLabels {
-    pub interface: String,
-    pub netns: String,
+pub(crate) struct InterfaceNetnsLabels {
+    pub(crate) interface: String,
+    pub(crate) netns: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct InterfaceMtuLabels {
-    pub interface: String,
-    pub kind: String,
-    pub netns: String,
+pub(crate) struct InterfaceMtuLabels {
+    pub(crate) interface: String,
+    pub(crate) kind: String,
+    pub(crate) netns: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct FindingLabels {
-    pub kind: String,
-    pub layer: String,
-    pub severity: String,
+pub(crate) struct FindingLabels {
+    pub(crate) kind: String,
+    pub(crate) layer: String,
+    pub(crate) severity: String,
     /// The pod's Kubernetes namespace, empty for host-network flows (or without a
     /// container runtime). Namespace only: bounded by the cluster's namespaces, where
     /// pod names would be unbounded.
-    pub namespace: String,
+    pub(crate) namespace: String,
 }
 
 /// Kernel-side totals read from the maps, summed over CPUs.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct KernelTotals {
-    pub refused: u64,
-    pub timeout: u64,
-    pub unreachable: u64,
-    pub rst_sent: u64,
-    pub rst_received: u64,
-    pub events_lost: u64,
+pub(crate) struct KernelTotals {
+    pub(crate) refused: u64,
+    pub(crate) timeout: u64,
+    pub(crate) unreachable: u64,
+    pub(crate) rst_sent: u64,
+    pub(crate) rst_received: u64,
+    pub(crate) events_lost: u64,
     /// Verdict events the kernel submitted to the ring buffer.
-    pub events_sent: u64,
-    pub frag_sent: u64,
-    pub frag_received: u64,
-    pub frag_dropped: u64,
+    pub(crate) events_sent: u64,
+    pub(crate) frag_sent: u64,
+    pub(crate) frag_received: u64,
+    pub(crate) frag_dropped: u64,
     /// Drop counts by reason name.
-    pub drops: HashMap<String, u64>,
+    pub(crate) drops: HashMap<String, u64>,
     /// DF oversize drops by egress interface name.
-    pub oversize: HashMap<String, u64>,
+    pub(crate) oversize: HashMap<String, u64>,
 }
 
 impl KernelTotals {
     /// The kernel's counts with their numbers named; `bad_records` are ring-buffer
     /// records user space could not decode, lost like the ones the kernel could not send.
-    pub fn named(counts: &KernelCounts, names: &Names, bad_records: u64) -> Self {
+    pub(crate) fn named(counts: &KernelCounts, names: &Names, bad_records: u64) -> Self {
         let mut totals = Self {
             refused: counts.get(counter::CONNECT_REFUSED),
             timeout: counts.get(counter::CONNECT_TIMEOUT),
@@ -107,8 +107,8 @@ impl KernelTotals {
     }
 }
 
-pub struct Metrics {
-    pub registry: Registry,
+pub(crate) struct Metrics {
+    pub(crate) registry: Registry,
     connect_failures: Family<ReasonLabel, Counter>,
     resets: Family<DirectionLabel, Counter>,
     drops: Family<ReasonLabel, Counter>,
@@ -126,7 +126,7 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let mut registry = Registry::default();
         let connect_failures = Family::<ReasonLabel, Counter>::default();
         registry.register(
@@ -254,7 +254,7 @@ impl Metrics {
         }
     }
 
-    pub fn finding(&self, f: &Finding) {
+    pub(crate) fn finding(&self, f: &Finding) {
         self.findings
             .get_or_create(&FindingLabels {
                 kind: f.kind.as_str().into(),
@@ -271,7 +271,7 @@ impl Metrics {
 
     /// Counts `packets` drops of a connect's flow attributed to conntrack, by cause
     /// (`table_full`, `invalid`).
-    pub fn conntrack_drops(&self, cause: &str, packets: u32) {
+    pub(crate) fn conntrack_drops(&self, cause: &str, packets: u32) {
         self.conntrack_drops
             .get_or_create(&ReasonLabel {
                 reason: cause.into(),
@@ -280,7 +280,7 @@ impl Metrics {
     }
 
     /// Advances every counter by what the kernel counted since the last call.
-    pub fn sync_kernel(&mut self, now: KernelTotals) {
+    pub(crate) fn sync_kernel(&mut self, now: KernelTotals) {
         let delta = |new: u64, old: u64| new.saturating_sub(old);
         let reason = |r: &str| ReasonLabel { reason: r.into() };
         let dir = |d: &str| DirectionLabel {
@@ -335,17 +335,17 @@ impl Metrics {
         self.last = now;
     }
 
-    pub fn set_blackholes(&self, flows: usize) {
+    pub(crate) fn set_blackholes(&self, flows: usize) {
         self.blackholes.set(flows as i64);
     }
 
-    pub fn set_icmp_watch(&self, watching: bool) {
+    pub(crate) fn set_icmp_watch(&self, watching: bool) {
         self.icmp_watch.set(i64::from(watching));
     }
 
     /// Replaces the MTU gauges with the current model: each interface's MTU, and its
     /// headroom where the model holds it to a limit.
-    pub fn set_mtu_model(&self, interfaces: &[InterfaceMtu]) {
+    pub(crate) fn set_mtu_model(&self, interfaces: &[InterfaceMtu]) {
         self.interface_mtu.clear();
         for i in interfaces {
             self.interface_mtu
@@ -370,7 +370,7 @@ impl Metrics {
     }
 
     /// The OpenMetrics exposition (what Prometheus asks for first).
-    pub fn encode(&self) -> Result<String, std::fmt::Error> {
+    pub(crate) fn encode(&self) -> Result<String, std::fmt::Error> {
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
         Ok(out)
@@ -378,12 +378,12 @@ impl Metrics {
 
     /// The classic Prometheus text format (0.0.4), for clients that do not accept
     /// OpenMetrics (older scrapers, `promtool check metrics`).
-    pub fn encode_text(&self) -> Result<String, std::fmt::Error> {
+    pub(crate) fn encode_text(&self) -> Result<String, std::fmt::Error> {
         Ok(openmetrics_to_text(&self.encode()?))
     }
 }
 
-pub use node_diag_common::openmetrics::openmetrics_to_text;
+pub(crate) use node_diag_common::openmetrics::openmetrics_to_text;
 
 #[cfg(test)]
 mod tests {

@@ -16,7 +16,7 @@ use crate::{
 
 /// Rebuilds the MTU model from netlink: gauges, and the overlay_mtu_mismatch and
 /// pmtud_disabled conditions (new ones printed, gone ones resolved).
-pub async fn refresh_mtu(shared: &Shared, pods: &PodsHandle, format: OutputFormat) {
+pub(crate) async fn refresh_mtu(shared: &Shared, pods: &PodsHandle, format: OutputFormat) {
     let snapshot = match tokio::task::spawn_blocking(crate::host_network::snapshot).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {

@@ -11,14 +11,14 @@ use std::sync::{
 use super::metrics::Metrics;
 use crate::findings::Store;
 
-pub struct Shared {
+pub(crate) struct Shared {
     metrics: Mutex<Metrics>,
     store: Mutex<Store>,
     ready: AtomicBool,
 }
 
 impl Shared {
-    pub fn new(metrics: Metrics, store: Store) -> Self {
+    pub(crate) fn new(metrics: Metrics, store: Store) -> Self {
         Self {
             metrics: Mutex::new(metrics),
             store: Mutex::new(store),
@@ -26,19 +26,19 @@ impl Shared {
         }
     }
 
-    pub fn metrics(&self) -> MutexGuard<'_, Metrics> {
+    pub(crate) fn metrics(&self) -> MutexGuard<'_, Metrics> {
         lock(&self.metrics)
     }
 
-    pub fn store(&self) -> MutexGuard<'_, Store> {
+    pub(crate) fn store(&self) -> MutexGuard<'_, Store> {
         lock(&self.store)
     }
 
-    pub fn is_ready(&self) -> bool {
+    pub(crate) fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Relaxed)
     }
 
-    pub fn set_ready(&self, ready: bool) {
+    pub(crate) fn set_ready(&self, ready: bool) {
         self.ready.store(ready, Ordering::Relaxed);
     }
 }

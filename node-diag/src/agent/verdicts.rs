@@ -17,10 +17,10 @@ use node_diag_common::{Event, VerdictAgg, VerdictKey};
 use crate::findings::Finding;
 
 /// A fully accounted key without verdicts for this long is deleted from the kernel map.
-pub const IDLE_NS: u64 = 5_000_000_000;
+pub(crate) const IDLE_NS: u64 = 5_000_000_000;
 /// A key whose events the agent never saw (lost to a full ring buffer after the key's
 /// entry existed, or undecodable) is given up after this long, its counts as lost.
-pub const STALE_NS: u64 = 30_000_000_000;
+pub(crate) const STALE_NS: u64 = 30_000_000_000;
 
 #[derive(Default)]
 struct Tracked {
@@ -32,18 +32,18 @@ struct Tracked {
 
 /// What a read of the aggregation map produced.
 #[derive(Default)]
-pub struct Read {
+pub(crate) struct Read {
     /// Findings carrying the counts added since the last read (`count` = the delta).
-    pub findings: Vec<Finding>,
+    pub(crate) findings: Vec<Finding>,
     /// Keys idle for [`IDLE_NS`], or never seen for [`STALE_NS`]: to delete from the
     /// kernel map, then pass to [`VerdictTracker::forgotten`] with their last counts.
-    pub forget: Vec<VerdictKey>,
+    pub(crate) forget: Vec<VerdictKey>,
     /// Verdicts counted for keys whose events never reached the agent.
-    pub lost: u64,
+    pub(crate) lost: u64,
 }
 
 #[derive(Default)]
-pub struct VerdictTracker {
+pub(crate) struct VerdictTracker {
     keys: HashMap<VerdictKey, Tracked>,
 }
 
@@ -51,7 +51,7 @@ impl VerdictTracker {
     /// Accounts an event: `finding` (what `correlate` made of it, `count` 1) gets the
     /// verdicts the event stands for that no map read accounted yet; 0 when a map read
     /// was faster. Events of kinds the kernel does not aggregate pass unchanged.
-    pub fn event(&mut self, ev: &Event, finding: Option<Finding>) -> Option<Finding> {
+    pub(crate) fn event(&mut self, ev: &Event, finding: Option<Finding>) -> Option<Finding> {
         if ev.count == 0 {
             return finding;
         }
@@ -69,7 +69,7 @@ impl VerdictTracker {
     /// Accounts the last counts of a key deleted from the kernel map (`last`: what the
     /// deletion read, `None` when it read nothing) and stops tracking it. Returns the
     /// finding for the verdicts counted since the last read, if any.
-    pub fn forgotten(
+    pub(crate) fn forgotten(
         &mut self,
         key: &VerdictKey,
         last: Option<VerdictAgg>,
@@ -84,7 +84,12 @@ impl VerdictTracker {
     }
 
     /// Accounts a read of the kernel map taken at kernel time `now_ns`.
-    pub fn read(&mut self, entries: &[(VerdictKey, VerdictAgg)], now_ns: u64, stamp: &str) -> Read {
+    pub(crate) fn read(
+        &mut self,
+        entries: &[(VerdictKey, VerdictAgg)],
+        now_ns: u64,
+        stamp: &str,
+    ) -> Read {
         let mut out = Read::default();
         for (key, agg) in entries {
             let idle = now_ns.saturating_sub(agg.last_ns);

@@ -66,12 +66,12 @@ const MAX_BASELINE_AGE_NS: u64 = 20_000_000_000;
 /// Readings of each namespace's conntrack counters, oldest first, with their
 /// CLOCK_MONOTONIC time (the clock of the kernel's drop timestamps).
 #[derive(Debug, Default)]
-pub struct History {
+pub(crate) struct History {
     readings: HashMap<u32, VecDeque<(u64, ConntrackStats)>>,
 }
 
 impl History {
-    pub fn record(&mut self, netns: u32, at_ns: u64, stats: ConntrackStats) {
+    pub(crate) fn record(&mut self, netns: u32, at_ns: u64, stats: ConntrackStats) {
         let q = self.readings.entry(netns).or_default();
         if q.back().is_some_and(|(t, _)| *t > at_ns) {
             return;
@@ -86,14 +86,14 @@ impl History {
     }
 
     /// Forgets namespaces that left the scope.
-    pub fn retain(&mut self, mut keep: impl FnMut(u32) -> bool) {
+    pub(crate) fn retain(&mut self, mut keep: impl FnMut(u32) -> bool) {
         self.readings.retain(|ns, _| keep(*ns));
     }
 
     /// The window of a drop in `netns` at `drop_ns`: from the last reading before it to
     /// `now` (a reading taken after the verdict arrived). `None` without a reading
     /// before the drop (the namespace is new, or conntrack was not loaded then).
-    pub fn window(&self, netns: u32, drop_ns: u64, now: ConntrackStats) -> Option<Window> {
+    pub(crate) fn window(&self, netns: u32, drop_ns: u64, now: ConntrackStats) -> Option<Window> {
         let q = self.readings.get(&netns)?;
         let start = q.iter().rposition(|(t, _)| *t < drop_ns)?;
         let (at, before) = q[start];
@@ -112,34 +112,34 @@ impl History {
 
 /// A namespace's conntrack counters around one drop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Window {
-    pub netns: u32,
+pub(crate) struct Window {
+    pub(crate) netns: u32,
     /// The last reading before the drop.
-    pub before: ConntrackStats,
+    pub(crate) before: ConntrackStats,
     /// The reading taken when the verdict arrived.
-    pub now: ConntrackStats,
+    pub(crate) now: ConntrackStats,
     /// The table was at its limit in some reading of the window.
-    pub full: bool,
+    pub(crate) full: bool,
 }
 
 impl Window {
     /// Packets conntrack dropped itself during the window.
-    pub fn drops(&self) -> u64 {
+    pub(crate) fn drops(&self) -> u64 {
         self.now.drop.saturating_sub(self.before.drop)
     }
 
     /// Packets conntrack found INVALID during the window.
-    pub fn invalid(&self) -> u64 {
+    pub(crate) fn invalid(&self) -> u64 {
         self.now.invalid.saturating_sub(self.before.invalid)
     }
 
     /// Entries evicted to make room during the window.
-    pub fn early_drops(&self) -> u64 {
+    pub(crate) fn early_drops(&self) -> u64 {
         self.now.early_drop.saturating_sub(self.before.early_drop)
     }
 
     /// Entries that failed to insert during the window.
-    pub fn insert_failed(&self) -> u64 {
+    pub(crate) fn insert_failed(&self) -> u64 {
         self.now
             .insert_failed
             .saturating_sub(self.before.insert_failed)

@@ -8,7 +8,7 @@ use super::{Finding, Kind, Layer, Severity};
 
 /// A `tcp_refused/listener` finding for 10.0.0.1:`sport` -> 10.0.0.2:80 in netns 1,
 /// seen at the epoch.
-pub fn refused(sport: u16) -> Finding {
+pub(crate) fn refused(sport: u16) -> Finding {
     let mut f = Finding::new(
         Kind::TcpRefused,
         Layer::Listener,
@@ -27,7 +27,7 @@ pub fn refused(sport: u16) -> Finding {
 
 /// An IPv4 event of `kind` and `error` for 10.244.1.7:40000 -> 10.244.2.9:8080 in netns
 /// 4026532000.
-pub fn event(kind: u32, error: u32) -> Event {
+pub(crate) fn event(kind: u32, error: u32) -> Event {
     let mut flow = FlowKey {
         sport: 40000,
         dport: 8080,

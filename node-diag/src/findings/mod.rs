@@ -13,13 +13,13 @@
 //! Addresses stay typed ([`IpAddr`]) here; they become text only when printed or
 //! serialised (`crate::output`, serde).
 
-pub mod conntrack;
-pub mod correlate;
-pub mod evidence;
+pub(crate) mod conntrack;
+pub(crate) mod correlate;
+pub(crate) mod evidence;
 #[cfg(test)]
-pub mod fixtures;
-pub mod names;
-pub mod store;
+pub(crate) mod fixtures;
+pub(crate) mod names;
+pub(crate) mod store;
 
 use std::{
     net::{IpAddr, SocketAddr},
@@ -33,7 +33,7 @@ use crate::pods::{Ends, Named, PodRef};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Kind {
+pub(crate) enum Kind {
     TcpRefused,
     TcpTimeout,
     TcpUnreachable,
@@ -47,7 +47,7 @@ pub enum Kind {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Layer {
+pub(crate) enum Layer {
     Listener,
     Service,
     Firewall,
@@ -63,7 +63,7 @@ pub enum Layer {
 /// Whether the condition behind a finding still holds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Status {
+pub(crate) enum Status {
     #[default]
     Active,
     Resolved,
@@ -71,7 +71,7 @@ pub enum Status {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Severity {
+pub(crate) enum Severity {
     Info,
     Warning,
     Critical,
@@ -81,7 +81,7 @@ macro_rules! names {
     ($ty:ty { $($variant:ident => $name:literal),+ $(,)? }) => {
         impl $ty {
             /// The contract name, identical to the serde form.
-            pub fn as_str(self) -> &'static str {
+            pub(crate) fn as_str(self) -> &'static str {
                 match self {
                     $(Self::$variant => $name),+
                 }
@@ -98,7 +98,7 @@ macro_rules! names {
 impl Kind {
     /// A condition holds until it is re-evaluated and found gone (and is then printed
     /// again as resolved); every other kind is an event that happened once.
-    pub fn is_condition(self) -> bool {
+    pub(crate) fn is_condition(self) -> bool {
         matches!(
             self,
             Self::OverlayMtuMismatch | Self::PmtudDisabled | Self::PmtudBlackhole
@@ -141,66 +141,66 @@ names!(Severity {
 
 /// One finding as printed, served on `/findings` and read back by `node-diag findings`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Finding {
-    pub kind: Kind,
-    pub layer: Layer,
-    pub severity: Severity,
-    pub summary: String,
-    pub remediation: String,
-    pub evidence: Evidence,
+pub(crate) struct Finding {
+    pub(crate) kind: Kind,
+    pub(crate) layer: Layer,
+    pub(crate) severity: Severity,
+    pub(crate) summary: String,
+    pub(crate) remediation: String,
+    pub(crate) evidence: Evidence,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub src: Option<IpAddr>,
+    pub(crate) src: Option<IpAddr>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dst: Option<IpAddr>,
+    pub(crate) dst: Option<IpAddr>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dport: Option<u16>,
+    pub(crate) dport: Option<u16>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sport: Option<u16>,
+    pub(crate) sport: Option<u16>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub netns: Option<u32>,
+    pub(crate) netns: Option<u32>,
     /// For a server-side finding (resets of accepted connections): the listener, local
     /// address and port. Its clients' ports change with every connection, so such a
     /// finding aggregates per listener; `src`/`dst` are not set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub listener: Option<SocketAddr>,
+    pub(crate) listener: Option<SocketAddr>,
     /// The Kubernetes Service `dst:dport` belongs to, as kube-proxy's rules name it:
     /// `<namespace>/<name>:<port>`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub service: Option<String>,
+    pub(crate) service: Option<String>,
     /// Where this node's NAT sent the connection, when it changed `dst`/`dport` (a
     /// Service's backend pod).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub backend: Option<IpAddr>,
+    pub(crate) backend: Option<IpAddr>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub backend_port: Option<u16>,
+    pub(crate) backend_port: Option<u16>,
     /// The interface an interface-level finding (MTU, oversize drops) is about.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub interface: Option<String>,
+    pub(crate) interface: Option<String>,
     /// The pod on the local side: the pod of `netns` (or, for an interface finding,
     /// whose interface it is), else the pod with address `src`; from the container
     /// runtime (`crate::pods`). Unset for host-network flows or without a runtime.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pod: Option<PodRef>,
+    pub(crate) pod: Option<PodRef>,
     /// The pod at the other end (`backend`, else `dst`) when it runs on this node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub peer_pod: Option<PodRef>,
-    pub count: u64,
-    pub first_seen: String,
-    pub last_seen: String,
+    pub(crate) peer_pod: Option<PodRef>,
+    pub(crate) count: u64,
+    pub(crate) first_seen: String,
+    pub(crate) last_seen: String,
     /// `resolved` once the condition went away (see [`store::Store::resolve`]).
     #[serde(default)]
-    pub status: Status,
+    pub(crate) status: Status,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub resolved_at: Option<String>,
+    pub(crate) resolved_at: Option<String>,
 }
 
-pub fn rfc3339(t: SystemTime) -> String {
+pub(crate) fn rfc3339(t: SystemTime) -> String {
     humantime::format_rfc3339_millis(t).to_string()
 }
 
 impl Finding {
     /// A finding seen once, now, with no flow or interface attached yet.
-    pub fn new(
+    pub(crate) fn new(
         kind: Kind,
         layer: Layer,
         severity: Severity,
@@ -259,7 +259,7 @@ impl Finding {
     }
 }
 
-pub use store::Store;
+pub(crate) use store::Store;
 
 #[cfg(test)]
 mod tests {

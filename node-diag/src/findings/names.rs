@@ -11,7 +11,7 @@ type InterfaceNamer = dyn Fn(u32, u32) -> Option<String> + Send + Sync;
 
 /// Names for kernel numbers, shared by the correlator and the metrics.
 #[derive(Clone)]
-pub struct Names {
+pub(crate) struct Names {
     reasons: DropReasons,
     interfaces: Arc<InterfaceNamer>,
 }
@@ -19,7 +19,7 @@ pub struct Names {
 impl Names {
     /// Drop reasons from the loaded kernel; interfaces of the agent's own network
     /// namespace by `if_indextoname` (another namespace's ifindex means nothing here).
-    pub fn for_this_node(reasons: DropReasons) -> Self {
+    pub(crate) fn for_this_node(reasons: DropReasons) -> Self {
         let own_netns =
             crate::host_network::netns_inode(Path::new("/proc/self/ns/net")).unwrap_or(0);
         Self::new(reasons, move |netns, ifindex| {
@@ -27,7 +27,7 @@ impl Names {
         })
     }
 
-    pub fn new(
+    pub(crate) fn new(
         reasons: DropReasons,
         interfaces: impl Fn(u32, u32) -> Option<String> + Send + Sync + 'static,
     ) -> Self {
@@ -38,17 +38,17 @@ impl Names {
     }
 
     /// The kernel's name of drop reason `value` (`REASON_<n>` when unknown).
-    pub fn drop_reason(&self, value: u32) -> String {
+    pub(crate) fn drop_reason(&self, value: u32) -> String {
         self.reasons.name(value)
     }
 
     /// The interface's name, where the agent can see it.
-    pub fn interface(&self, netns: u32, ifindex: u32) -> Option<String> {
+    pub(crate) fn interface(&self, netns: u32, ifindex: u32) -> Option<String> {
         (self.interfaces)(netns, ifindex)
     }
 
     /// The interface's name, or `<netns>:<ifindex>` where the agent cannot see it.
-    pub fn interface_or_id(&self, netns: u32, ifindex: u32) -> String {
+    pub(crate) fn interface_or_id(&self, netns: u32, ifindex: u32) -> String {
         self.interface(netns, ifindex)
             .unwrap_or_else(|| format!("{netns}:{ifindex}"))
     }

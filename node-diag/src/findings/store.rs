@@ -53,7 +53,7 @@ struct Entry {
 }
 
 /// Aggregated findings, in first-seen order.
-pub struct Store {
+pub(crate) struct Store {
     entries: HashMap<Key, usize>,
     list: Vec<Entry>,
     repeat_interval: Duration,
@@ -61,7 +61,7 @@ pub struct Store {
 }
 
 impl Store {
-    pub fn new(repeat_interval: Duration, max_entries: usize) -> Self {
+    pub(crate) fn new(repeat_interval: Duration, max_entries: usize) -> Self {
         Self {
             entries: HashMap::new(),
             list: Vec::new(),
@@ -72,7 +72,7 @@ impl Store {
 
     /// Records an occurrence. Returns the aggregated finding when it should be printed:
     /// the first time, and then at most once per repeat interval while it keeps recurring.
-    pub fn record(&mut self, mut finding: Finding, now: Instant) -> Option<Finding> {
+    pub(crate) fn record(&mut self, mut finding: Finding, now: Instant) -> Option<Finding> {
         let key = finding.key();
         if let Some(&idx) = self.entries.get(&key) {
             let entry = &mut self.list[idx];
@@ -128,7 +128,7 @@ impl Store {
     }
 
     /// Whether the store holds an entry `finding` would aggregate into.
-    pub fn contains(&self, finding: &Finding) -> bool {
+    pub(crate) fn contains(&self, finding: &Finding) -> bool {
         self.entries.contains_key(&finding.key())
     }
 
@@ -136,7 +136,7 @@ impl Store {
     /// re-evaluated as a whole (the MTU model): new or reappearing ones are recorded,
     /// ones still holding only refresh `last_seen`, and ones gone are resolved. Returns
     /// what should be printed.
-    pub fn sync_conditions(
+    pub(crate) fn sync_conditions(
         &mut self,
         kinds: &[Kind],
         current: Vec<Finding>,
@@ -164,7 +164,11 @@ impl Store {
     }
 
     /// Marks the active findings matching `gone` resolved and returns them.
-    pub fn resolve(&mut self, gone: impl Fn(&Finding) -> bool, now: SystemTime) -> Vec<Finding> {
+    pub(crate) fn resolve(
+        &mut self,
+        gone: impl Fn(&Finding) -> bool,
+        now: SystemTime,
+    ) -> Vec<Finding> {
         let stamp = rfc3339(now);
         self.list
             .iter_mut()
@@ -178,7 +182,7 @@ impl Store {
     }
 
     /// Findings whose count grew since they were last printed (flushed on shutdown).
-    pub fn unprinted(&mut self) -> Vec<Finding> {
+    pub(crate) fn unprinted(&mut self) -> Vec<Finding> {
         self.list
             .iter_mut()
             .filter(|e| e.finding.count > e.printed_count)
@@ -189,7 +193,7 @@ impl Store {
             .collect()
     }
 
-    pub fn all(&self) -> Vec<Finding> {
+    pub(crate) fn all(&self) -> Vec<Finding> {
         self.list.iter().map(|e| e.finding.clone()).collect()
     }
 }

@@ -118,7 +118,7 @@ pub(crate) fn reply_source(payload: &[u8]) -> Option<SocketAddr> {
 /// Where the calling thread's namespace's conntrack sent the connection `src -> dst`
 /// (`proto`: IPPROTO_TCP, ...): the entry's reply source when NAT changed the
 /// destination, `None` when it did not or there is no such entry.
-pub fn translated_destination(
+pub(crate) fn translated_destination(
     proto: u8,
     src: SocketAddr,
     dst: SocketAddr,

@@ -8,33 +8,33 @@
 
 use std::{collections::BTreeSet, fs, path::Path};
 
-pub use super::namespaces::NetnsFile;
+pub(crate) use super::namespaces::NetnsFile;
 use super::namespaces::{in_netns, namespace_files, netns_inode};
 
 /// One reading of a namespace's conntrack table.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ConntrackStats {
+pub(crate) struct ConntrackStats {
     /// Entries in this namespace's table.
-    pub count: u64,
+    pub(crate) count: u64,
     /// The limit every namespace's count is held to (0: none).
-    pub max: u64,
+    pub(crate) max: u64,
     /// Packets conntrack itself dropped: no entry could be made (the table full and
     /// nothing evictable, or out of memory) or the protocol tracker refused the packet.
-    pub drop: u64,
+    pub(crate) drop: u64,
     /// Unassured entries evicted to make room for new ones (the table was full, and a
     /// packet got its entry anyway).
-    pub early_drop: u64,
+    pub(crate) early_drop: u64,
     /// Entries that could not be inserted (a clash at confirmation).
-    pub insert_failed: u64,
+    pub(crate) insert_failed: u64,
     /// Packets that were not a valid part of any connection (conntrack state INVALID).
     /// Conntrack accepts them; a `ct state invalid drop` rule is what drops them.
-    pub invalid: u64,
+    pub(crate) invalid: u64,
 }
 
 impl ConntrackStats {
     /// Whether a new connection finds no room: the kernel allocates an entry only while
     /// the count stays at or below the limit after its own increment.
-    pub fn is_full(&self) -> bool {
+    pub(crate) fn is_full(&self) -> bool {
         self.max != 0 && self.count >= self.max
     }
 }
@@ -43,7 +43,7 @@ impl ConntrackStats {
 /// line of hexadecimal values per CPU. Columns are found by name (their set changed
 /// across kernels); `entries` repeats the table's size on every line and is not summed.
 /// `None` when a needed column is missing.
-pub fn parse_stat(text: &str) -> Option<ConntrackStats> {
+pub(crate) fn parse_stat(text: &str) -> Option<ConntrackStats> {
     let mut lines = text.lines();
     let header: Vec<&str> = lines.next()?.split_whitespace().collect();
     let column = |name: &str| header.iter().position(|h| *h == name);
@@ -77,7 +77,7 @@ fn read_u64(path: &str) -> Option<u64> {
 
 /// The calling thread's namespace's table; `None` without conntrack (the module is not
 /// loaded, so nothing is tracked).
-pub fn read_here() -> Option<ConntrackStats> {
+pub(crate) fn read_here() -> Option<ConntrackStats> {
     let count = read_u64("/proc/sys/net/netfilter/nf_conntrack_count")?;
     let max = read_u64("/proc/sys/net/netfilter/nf_conntrack_max")?;
     let stat = fs::read_to_string("/proc/thread-self/net/stat/nf_conntrack").ok()?;
@@ -89,12 +89,12 @@ pub fn read_here() -> Option<ConntrackStats> {
 }
 
 /// The agent's own namespace (inode).
-pub fn own_netns() -> u32 {
+pub(crate) fn own_netns() -> u32 {
     netns_inode(Path::new("/proc/self/ns/net")).unwrap_or(0)
 }
 
 /// Reads namespace `file`'s table (the agent's own without entering it).
-pub fn read_netns(file: &NetnsFile) -> Option<ConntrackStats> {
+pub(crate) fn read_netns(file: &NetnsFile) -> Option<ConntrackStats> {
     if file.inode == own_netns() {
         return read_here();
     }
@@ -103,7 +103,7 @@ pub fn read_netns(file: &NetnsFile) -> Option<ConntrackStats> {
 
 /// The files pinning the namespaces of `scope` (inodes; every namespace when `None`),
 /// the agent's own included.
-pub fn scope_files(scope: Option<&BTreeSet<u32>>) -> Vec<NetnsFile> {
+pub(crate) fn scope_files(scope: Option<&BTreeSet<u32>>) -> Vec<NetnsFile> {
     let own = own_netns();
     let wanted = |inode: u32| scope.is_none_or(|s| s.contains(&inode));
     let mut files: Vec<NetnsFile> = namespace_files()

@@ -14,17 +14,17 @@ use super::rtnetlink::{NetlinkError, request, socket};
 
 /// One FDB entry that sends to a remote endpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FdbEntry {
+pub(crate) struct FdbEntry {
     /// The VXLAN device holding the entry.
-    pub ifindex: u32,
+    pub(crate) ifindex: u32,
     /// The remote endpoint (`dst`).
-    pub dst: IpAddr,
+    pub(crate) dst: IpAddr,
     /// The device the entry sends through (`via`), when set.
-    pub via: Option<u32>,
+    pub(crate) via: Option<u32>,
 }
 
 /// Every FDB entry of the calling thread's namespace that names a remote endpoint.
-pub fn fdb_destinations() -> Result<Vec<FdbEntry>, NetlinkError> {
+pub(crate) fn fdb_destinations() -> Result<Vec<FdbEntry>, NetlinkError> {
     let sock = socket()?;
     let mut msg = NeighbourMessage::default();
     msg.header.family = AddressFamily::Bridge;
@@ -82,7 +82,7 @@ pub(crate) mod fixtures {
     use super::*;
 
     /// `bridge fdb append 00:00:00:00:00:00 dev <ifindex> dst <dst>`, as dumped.
-    pub fn entry(ifindex: u32, dst: IpAddr) -> FdbEntry {
+    pub(crate) fn entry(ifindex: u32, dst: IpAddr) -> FdbEntry {
         let mut msg = NeighbourMessage::default();
         msg.header.family = AddressFamily::Bridge;
         msg.header.ifindex = ifindex;

@@ -16,7 +16,7 @@ pub(crate) const ARPHRD_ETHER: u16 = 1;
 
 /// What an interface is, from the kernel's `IFLA_INFO_KIND`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum LinkKind {
+pub(crate) enum LinkKind {
     Loopback,
     /// No kind: a real (or virtio, ENA…) NIC.
     Physical,
@@ -46,7 +46,7 @@ pub enum LinkKind {
 }
 
 impl LinkKind {
-    pub fn from_kernel(kind: Option<&str>, link_type: u16) -> Self {
+    pub(crate) fn from_kernel(kind: Option<&str>, link_type: u16) -> Self {
         match kind {
             None if link_type == ARPHRD_LOOPBACK => Self::Loopback,
             None => Self::Physical,
@@ -75,7 +75,7 @@ impl LinkKind {
     }
 
     /// The snake_case name used in output and metrics labels.
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         match self {
             Self::Loopback => "loopback",
             Self::Physical => "physical",
@@ -102,7 +102,7 @@ impl LinkKind {
     }
 
     /// Encapsulating devices: the overlays whose overhead the MTU model knows.
-    pub fn is_tunnel(&self) -> bool {
+    pub(crate) fn is_tunnel(&self) -> bool {
         matches!(
             self,
             Self::Vxlan
@@ -135,7 +135,7 @@ impl Serialize for LinkKind {
 /// What an interface is to the MTU model (`crate::mtu` decides which has which).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Role {
+pub(crate) enum Role {
     /// A tunnel device: compared with its underlay.
     Overlay,
     /// The pod end of a veth whose other end is in the agent's namespace.
@@ -152,29 +152,29 @@ pub enum Role {
 /// Address family of a tunnel's outer (underlay) header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Family {
+pub(crate) enum Family {
     V4,
     V6,
 }
 
 impl Family {
-    pub fn of(a: IpAddr) -> Self {
+    pub(crate) fn of(a: IpAddr) -> Self {
         if a.is_ipv4() { Self::V4 } else { Self::V6 }
     }
 }
 
 /// A device in the same namespace, by index, with its name and MTU.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct DeviceRef {
-    pub ifindex: u32,
-    pub name: String,
-    pub mtu: u32,
+pub(crate) struct DeviceRef {
+    pub(crate) ifindex: u32,
+    pub(crate) name: String,
+    pub(crate) mtu: u32,
 }
 
 /// How a tunnel's underlay device was found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum UnderlaySource {
+pub(crate) enum UnderlaySource {
     /// The tunnel is bound to it (`dev` at creation: `IFLA_VXLAN_LINK`, `IFLA_*_LINK`).
     Bound,
     /// The route the kernel picks to the tunnel's remote (or multicast group).
@@ -199,7 +199,7 @@ pub enum UnderlaySource {
 
 impl UnderlaySource {
     /// For sources that are a route to an endpoint: what the endpoint is.
-    pub fn endpoint_kind(self) -> Option<&'static str> {
+    pub(crate) fn endpoint_kind(self) -> Option<&'static str> {
         Some(match self {
             Self::RouteToRemote => "its remote",
             Self::RouteToFdbDestination => "an FDB destination",
@@ -214,32 +214,32 @@ impl UnderlaySource {
 /// One way out of a tunnel: the device its encapsulated packets to one endpoint (or to
 /// every endpoint, when there is one way) leave by, and the route they take there.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Underlay {
-    pub ifindex: u32,
-    pub name: String,
+pub(crate) struct Underlay {
+    pub(crate) ifindex: u32,
+    pub(crate) name: String,
     /// The device's MTU.
-    pub mtu: u32,
-    pub source: UnderlaySource,
+    pub(crate) mtu: u32,
+    pub(crate) source: UnderlaySource,
     /// The endpoint (outer destination) whose route this is, when known; with several
     /// endpoints on the same way out, the first.
-    pub endpoint: Option<IpAddr>,
+    pub(crate) endpoint: Option<IpAddr>,
     /// How many of the tunnel's endpoints take this way out (0 when none is known).
-    pub endpoints: u32,
+    pub(crate) endpoints: u32,
     /// The route to the endpoint ("192.168.88.0/24"), when it has an `mtu` metric.
-    pub route: Option<String>,
+    pub(crate) route: Option<String>,
     /// That route's `mtu` metric, which caps the device's for encapsulated packets.
-    pub route_mtu: Option<u32>,
+    pub(crate) route_mtu: Option<u32>,
 }
 
 impl Underlay {
     /// The largest encapsulated packet this way out carries: the device's MTU, capped by
     /// the route's `mtu` (a larger route `mtu` does not make the device carry more).
-    pub fn path_mtu(&self) -> u32 {
+    pub(crate) fn path_mtu(&self) -> u32 {
         self.route_mtu.map_or(self.mtu, |r| r.min(self.mtu))
     }
 
     /// The outer header's family, when the endpoint tells it.
-    pub fn family(&self) -> Option<Family> {
+    pub(crate) fn family(&self) -> Option<Family> {
         self.endpoint.map(Family::of)
     }
 }
@@ -248,79 +248,79 @@ impl Underlay {
 /// `RouteEntry::leaves_the_link`), grouped by their MTU metrics: what the kernel builds
 /// packets to when it sends by them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct RouteMetrics {
+pub(crate) struct RouteMetrics {
     /// The first such route ("default via 169.254.1.1").
-    pub route: String,
-    pub family: Family,
+    pub(crate) route: String,
+    pub(crate) family: Family,
     /// The `mtu` metric, when set.
-    pub mtu: Option<u32>,
+    pub(crate) mtu: Option<u32>,
     /// The `advmss` metric, when set.
-    pub advmss: Option<u32>,
+    pub(crate) advmss: Option<u32>,
     /// How many routes through the interface have these metrics.
-    pub routes: u32,
+    pub(crate) routes: u32,
 }
 
 /// The other end of a veth.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct VethPeer {
+pub(crate) struct VethPeer {
     /// The peer's namespace (inode), when it is one of the snapshot's.
-    pub netns: Option<u32>,
-    pub netns_name: Option<String>,
-    pub ifindex: u32,
-    pub name: Option<String>,
+    pub(crate) netns: Option<u32>,
+    pub(crate) netns_name: Option<String>,
+    pub(crate) ifindex: u32,
+    pub(crate) name: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Interface {
+pub(crate) struct Interface {
     /// Inode of the interface's network namespace.
-    pub netns: u32,
-    pub netns_name: String,
-    pub name: String,
-    pub ifindex: u32,
-    pub kind: LinkKind,
-    pub mtu: u32,
-    pub up: bool,
+    pub(crate) netns: u32,
+    pub(crate) netns_name: String,
+    pub(crate) name: String,
+    pub(crate) ifindex: u32,
+    pub(crate) kind: LinkKind,
+    pub(crate) mtu: u32,
+    pub(crate) up: bool,
     /// The device this one sits on (`IFLA_LINK`, or the device a tunnel is bound to).
-    pub lower: Option<DeviceRef>,
+    pub(crate) lower: Option<DeviceRef>,
     /// For tunnels: the devices encapsulated packets leave by (bound, or found by the
     /// route to each endpoint), one per distinct way out; empty when none was found.
-    pub underlays: Vec<Underlay>,
+    pub(crate) underlays: Vec<Underlay>,
     /// The routes through it that leave its link, grouped by their MTU metrics; empty
     /// when there are none.
-    pub routes: Vec<RouteMetrics>,
+    pub(crate) routes: Vec<RouteMetrics>,
     /// For tunnels: their configuration.
-    pub tunnel: Option<Tunnel>,
+    pub(crate) tunnel: Option<Tunnel>,
     /// For tunnels: the outer header's family, when the configuration tells it.
-    pub remote_family: Option<Family>,
-    pub veth_peer: Option<VethPeer>,
+    pub(crate) remote_family: Option<Family>,
+    pub(crate) veth_peer: Option<VethPeer>,
 }
 
 /// The namespace's PMTUD sysctls (`None`: unreadable).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct Sysctls {
-    pub ip_no_pmtu_disc: Option<u32>,
-    pub tcp_mtu_probing: Option<u32>,
+pub(crate) struct Sysctls {
+    pub(crate) ip_no_pmtu_disc: Option<u32>,
+    pub(crate) tcp_mtu_probing: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Namespace {
-    pub inode: u32,
+pub(crate) struct Namespace {
+    pub(crate) inode: u32,
     /// Its `/run/netns` name, `host` for init's namespace, else `pid:N`, else the inode.
-    pub name: String,
+    pub(crate) name: String,
     /// The agent's own namespace (the node's, for a hostNetwork agent).
-    pub own: bool,
-    pub sysctls: Sysctls,
+    pub(crate) own: bool,
+    pub(crate) sysctls: Sysctls,
     /// Why this namespace could not be read; it then has no interfaces.
-    pub error: Option<String>,
+    pub(crate) error: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Snapshot {
-    pub own_netns: u32,
+pub(crate) struct Snapshot {
+    pub(crate) own_netns: u32,
     /// The agent's namespace first, then pod namespaces by name.
-    pub namespaces: Vec<Namespace>,
+    pub(crate) namespaces: Vec<Namespace>,
     /// In namespace order, then by ifindex.
-    pub interfaces: Vec<Interface>,
+    pub(crate) interfaces: Vec<Interface>,
 }
 
 #[cfg(test)]

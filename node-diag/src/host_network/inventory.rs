@@ -42,7 +42,7 @@ struct Raw {
 /// Blocking (netlink round trips, one thread per pod namespace): call it from a blocking
 /// context (`spawn_blocking` in the agent). Only a failure to read the agent's own
 /// namespace is an error; an unreadable pod namespace is recorded in its `error`.
-pub fn snapshot() -> Result<Snapshot, NetlinkError> {
+pub(crate) fn snapshot() -> Result<Snapshot, NetlinkError> {
     let own = namespaces::netns_inode(Path::new("/proc/thread-self/ns/net"))
         .or_else(|| namespaces::netns_inode(Path::new("/proc/self/ns/net")))
         .unwrap_or(0);
@@ -100,7 +100,7 @@ impl Raw {
 
 /// The calling thread's namespace's ephemeral port range
 /// (`net.ipv4.ip_local_port_range`), or the kernel's default when unreadable.
-pub fn local_port_range() -> std::ops::RangeInclusive<u16> {
+pub(crate) fn local_port_range() -> std::ops::RangeInclusive<u16> {
     const DEFAULT: std::ops::RangeInclusive<u16> = 32768..=60999;
     let Ok(text) = fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range") else {
         return DEFAULT;

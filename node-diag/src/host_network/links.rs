@@ -17,61 +17,61 @@ use super::rtnetlink::{NetlinkError, request, socket};
 
 /// A link as seen in the calling thread's namespace.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Link {
-    pub index: u32,
-    pub name: String,
+pub(crate) struct Link {
+    pub(crate) index: u32,
+    pub(crate) name: String,
     /// The kernel's `IFLA_INFO_KIND` (`veth`, `vxlan`, `ip6gre`…); `None` for physical
     /// devices and loopback.
-    pub kind: Option<String>,
-    pub mtu: Option<u32>,
+    pub(crate) kind: Option<String>,
+    pub(crate) mtu: Option<u32>,
     /// ARPHRD_* link-layer type (1 Ethernet, 772 loopback, 65534 none, ...).
-    pub link_type: u16,
+    pub(crate) link_type: u16,
     /// For veths and other cross-namespace links: the peer namespace's id in ours.
-    pub link_netnsid: Option<i32>,
+    pub(crate) link_netnsid: Option<i32>,
     /// `IFLA_LINK`: the lower device of a vlan, macvlan or bound IP tunnel; for a veth,
     /// the peer's ifindex (in `link_netnsid`'s namespace when that is set).
-    pub link: Option<u32>,
+    pub(crate) link: Option<u32>,
     /// Administratively up (`IFF_UP`).
-    pub up: bool,
+    pub(crate) up: bool,
     /// Tunnel configuration, for the kinds the MTU model knows.
-    pub tunnel: Option<Tunnel>,
+    pub(crate) tunnel: Option<Tunnel>,
 }
 
 /// A tunnel's configuration as far as it decides the encapsulation overhead and the
 /// underlay device.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
-pub struct Tunnel {
+pub(crate) struct Tunnel {
     /// The device the tunnel is bound to (`IFLA_VXLAN_LINK`, `IFLA_IPTUN_LINK`,
     /// `IFLA_GRE_LINK`); `None` when unbound (0).
-    pub bound_to: Option<u32>,
+    pub(crate) bound_to: Option<u32>,
     /// Remote endpoint or multicast group; `None` when any (per-peer FDB entries,
     /// metadata mode, WireGuard: the inventory reads those endpoints separately).
-    pub remote: Option<IpAddr>,
-    pub local: Option<IpAddr>,
+    pub(crate) remote: Option<IpAddr>,
+    pub(crate) local: Option<IpAddr>,
     /// Metadata mode (`external`/`collect_metadata`): endpoints come with each packet.
-    pub external: bool,
+    pub(crate) external: bool,
     /// VXLAN-GPE, or Geneve with `innerprotoinherit`: no inner Ethernet header.
-    pub inner_l3: bool,
+    pub(crate) inner_l3: bool,
     /// GRE output flags that each add 4 bytes to the GRE header.
-    pub gre_key: bool,
-    pub gre_checksum: bool,
-    pub gre_sequence: bool,
+    pub(crate) gre_key: bool,
+    pub(crate) gre_checksum: bool,
+    pub(crate) gre_sequence: bool,
     /// ip6tnl/ip6gre insert an 8-byte tunnel encapsulation limit option unless
     /// configured with `encaplimit none`.
-    pub encap_limit: bool,
+    pub(crate) encap_limit: bool,
     /// FOU/GUE UDP encapsulation of an IPIP or GRE tunnel.
-    pub udp_encap: Option<UdpEncap>,
+    pub(crate) udp_encap: Option<UdpEncap>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum UdpEncap {
+pub(crate) enum UdpEncap {
     Fou,
     Gue,
 }
 
 /// Every link of the calling thread's network namespace.
-pub fn links() -> Result<Vec<Link>, NetlinkError> {
+pub(crate) fn links() -> Result<Vec<Link>, NetlinkError> {
     let sock = socket()?;
     let msgs = request(
         &sock,
@@ -241,13 +241,13 @@ fn tunnel_from(data: InfoData) -> Option<Tunnel> {
 #[cfg(test)]
 pub(crate) mod fixtures {
     use netlink_packet_core::{DefaultNla, Emitable as _, Parseable as _};
-    pub use netlink_packet_route::link::InfoKind;
+    pub(crate) use netlink_packet_route::link::InfoKind;
     use netlink_packet_route::link::{LinkHeader, LinkLayerType};
 
     use super::*;
 
     /// Serializes a link message with `kind`/`data` and parses it back into a [`Link`].
-    pub fn parsed(
+    pub(crate) fn parsed(
         index: u32,
         name: &str,
         mtu: u32,
@@ -274,7 +274,7 @@ pub(crate) mod fixtures {
         link_from(LinkMessage::parse(buf.as_slice()).expect("fixture parses"))
     }
 
-    pub fn vxlan(attrs: Vec<InfoVxlan>) -> Link {
+    pub(crate) fn vxlan(attrs: Vec<InfoVxlan>) -> Link {
         parsed(
             10,
             "vx0",
@@ -284,7 +284,7 @@ pub(crate) mod fixtures {
         )
     }
 
-    pub fn geneve(attrs: Vec<InfoGeneve>) -> Link {
+    pub(crate) fn geneve(attrs: Vec<InfoGeneve>) -> Link {
         parsed(
             11,
             "gnv0",
@@ -294,16 +294,16 @@ pub(crate) mod fixtures {
         )
     }
 
-    pub fn wireguard() -> Link {
+    pub(crate) fn wireguard() -> Link {
         // The kernel sends no IFLA_INFO_DATA for wireguard.
         parsed(12, "wg0", 1420, InfoKind::Wireguard, None)
     }
 
-    pub fn ipip(kind: InfoKind, attrs: Vec<InfoIpTunnel>) -> Link {
+    pub(crate) fn ipip(kind: InfoKind, attrs: Vec<InfoIpTunnel>) -> Link {
         parsed(13, "tun0", 1480, kind, Some(InfoData::IpTunnel(attrs)))
     }
 
-    pub fn gre(tap: bool, attrs: Vec<InfoGre>) -> Link {
+    pub(crate) fn gre(tap: bool, attrs: Vec<InfoGre>) -> Link {
         let (kind, data) = if tap {
             (InfoKind::GreTap, InfoData::GreTap(attrs))
         } else {
@@ -313,7 +313,7 @@ pub(crate) mod fixtures {
     }
 
     /// ip6gre as the kernel dumps it: IFLA_GRE_FLAGS carries the ip6 tunnel flags.
-    pub fn ip6gre(tap: bool, ignore_encap_limit: bool, mut attrs: Vec<InfoGre6>) -> Link {
+    pub(crate) fn ip6gre(tap: bool, ignore_encap_limit: bool, mut attrs: Vec<InfoGre6>) -> Link {
         let flags: u32 = if ignore_encap_limit { 0x1 } else { 0 };
         attrs.push(InfoGre6::EncapLimit(4));
         attrs.push(InfoGre6::Other(DefaultNla::new(

@@ -25,8 +25,8 @@
 //! the namespace it was opened in, so a thread that entered another namespace looks
 //! inside it with the same functions.
 
-pub mod conntrack;
-pub mod conntrack_stats;
+pub(crate) mod conntrack;
+pub(crate) mod conntrack_stats;
 mod fdb;
 mod interfaces;
 mod inventory;
@@ -36,18 +36,20 @@ mod namespaces;
 mod nlmsg;
 mod routes;
 mod rtnetlink;
-pub mod tc;
+pub(crate) mod tc;
 mod underlay;
 mod wireguard;
 
 pub(crate) use interfaces::{ARPHRD_ETHER, ARPHRD_LOOPBACK};
-pub use interfaces::{Family, Interface, LinkKind, Role, RouteMetrics, Snapshot, UnderlaySource};
-pub use inventory::{local_port_range, snapshot};
-pub use links::{Link, UdpEncap, links};
-pub use monitor::watch;
-pub use namespaces::{LocalNode, local_node, netns_inode, pod_veths};
-pub use routes::{Route, route_get};
-pub use rtnetlink::NetlinkError;
+pub(crate) use interfaces::{
+    Family, Interface, LinkKind, Role, RouteMetrics, Snapshot, UnderlaySource,
+};
+pub(crate) use inventory::{local_port_range, snapshot};
+pub(crate) use links::{Link, UdpEncap, links};
+pub(crate) use monitor::watch;
+pub(crate) use namespaces::{LocalNode, local_node, netns_inode, pod_veths};
+pub(crate) use routes::{Route, route_get};
+pub(crate) use rtnetlink::NetlinkError;
 
 #[cfg(test)]
 pub(crate) use {

@@ -12,7 +12,7 @@ use tracing::warn;
 use super::rtnetlink::NetlinkError;
 
 #[derive(Debug, thiserror::Error)]
-pub enum MonitorError {
+pub(crate) enum MonitorError {
     #[error(transparent)]
     Netlink(#[from] NetlinkError),
     #[error("thread: {0}")]
@@ -26,13 +26,13 @@ const RTMGRP_LINK: u32 = 1;
 /// (`RTNLGRP_LINK`: links added, removed or changed, MTU changes included), and, where
 /// the kernel allows it, of every namespace that has an id in ours (veth peers do), so a
 /// pod-side MTU change is seen too.
-pub struct LinkMonitor {
+pub(crate) struct LinkMonitor {
     sock: Socket,
 }
 
 impl LinkMonitor {
     /// `poll` bounds each [`LinkMonitor::wait`], so its caller can notice it should stop.
-    pub fn new(poll: Duration) -> Result<Self, NetlinkError> {
+    pub(crate) fn new(poll: Duration) -> Result<Self, NetlinkError> {
         let mut sock = Socket::new(NETLINK_ROUTE)?;
         sock.bind(&SocketAddr::new(0, RTMGRP_LINK))?;
         if let Err(e) = sock.set_listen_all_namespaces(true) {
@@ -43,7 +43,7 @@ impl LinkMonitor {
     }
 
     /// Blocks until links change (`true`) or the poll interval passes (`false`).
-    pub fn wait(&self) -> Result<bool, NetlinkError> {
+    pub(crate) fn wait(&self) -> Result<bool, NetlinkError> {
         match self.sock.recv_from_full() {
             Ok((data, _)) => {
                 let mut offset = 0;
@@ -90,7 +90,7 @@ impl LinkMonitor {
 /// "links changed since you last looked; re-snapshot". Bursts coalesce into one message.
 /// The watching thread stops once the receiver is dropped (within a second); the
 /// channel closes if notifications fail, leaving the agent's periodic snapshots.
-pub fn watch() -> Result<tokio::sync::mpsc::Receiver<()>, MonitorError> {
+pub(crate) fn watch() -> Result<tokio::sync::mpsc::Receiver<()>, MonitorError> {
     let monitor = LinkMonitor::new(Duration::from_secs(1))?;
     let (tx, rx) = tokio::sync::mpsc::channel(1);
     thread::Builder::new()

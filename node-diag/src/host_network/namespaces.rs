@@ -23,7 +23,7 @@ use super::{
 };
 
 #[derive(Debug, thiserror::Error)]
-pub enum NetnsError {
+pub(crate) enum NetnsError {
     #[error("network namespace {path}: {source}")]
     Enter {
         path: String,
@@ -52,7 +52,7 @@ fn nsid_of(sock: &Socket, fd: u32) -> Result<Option<i32>, NetlinkError> {
 }
 
 /// Inode of a network namespace file.
-pub fn netns_inode(path: &Path) -> Option<u32> {
+pub(crate) fn netns_inode(path: &Path) -> Option<u32> {
     fs::metadata(path).ok().map(|m| m.ino() as u32)
 }
 
@@ -85,17 +85,17 @@ fn candidates() -> Vec<PathBuf> {
 
 /// A network namespace found on this kernel, with a file that pins it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NetnsFile {
-    pub inode: u32,
-    pub path: PathBuf,
+pub(crate) struct NetnsFile {
+    pub(crate) inode: u32,
+    pub(crate) path: PathBuf,
     /// Its `/run/netns` name if it has one, `host` for init's namespace, else `pid:N` of
     /// its lowest pid.
-    pub name: String,
+    pub(crate) name: String,
 }
 
 /// Every network namespace reachable through `/run/netns`, `/var/run/netns` or a
 /// process, once each (by inode).
-pub fn namespace_files() -> Vec<NetnsFile> {
+pub(crate) fn namespace_files() -> Vec<NetnsFile> {
     let mut seen = HashSet::new();
     let mut out = Vec::new();
     // The node's own namespace is init's: call it that rather than after some pid.
@@ -125,7 +125,7 @@ pub fn namespace_files() -> Vec<NetnsFile> {
 
 /// The namespaces among `files` holding the peer of one of `links` (the calling thread's
 /// links), each with the id our namespace gives it.
-pub fn veth_peer_namespaces(
+pub(crate) fn veth_peer_namespaces(
     links: &[Link],
     files: &[NetnsFile],
 ) -> Result<Vec<(i32, NetnsFile)>, NetlinkError> {
@@ -190,7 +190,7 @@ fn pod_veth_peers(links: &[Link]) -> Result<Vec<(u32, NetnsFile)>, NetlinkError>
 }
 
 /// The interface indices of the pods' veths among `links` (see [`pod_veth_peers`]).
-pub fn pod_veths(links: &[Link]) -> Result<HashSet<u32>, NetlinkError> {
+pub(crate) fn pod_veths(links: &[Link]) -> Result<HashSet<u32>, NetlinkError> {
     Ok(pod_veth_peers(links)?
         .into_iter()
         .map(|(index, _)| index)
@@ -200,18 +200,18 @@ pub fn pod_veths(links: &[Link]) -> Result<HashSet<u32>, NetlinkError> {
 /// This node as the agent's namespace sees it, from one listing of its links and one
 /// scan of the namespaces: what the scope refresh and the TC sync both need.
 #[derive(Debug)]
-pub struct LocalNode {
+pub(crate) struct LocalNode {
     /// The agent's namespace's links.
-    pub links: Vec<Link>,
+    pub(crate) links: Vec<Link>,
     /// The pods' veths among them (see [`pod_veths`]).
-    pub pod_veths: HashSet<u32>,
+    pub(crate) pod_veths: HashSet<u32>,
     /// The network namespaces this node's agent reports for (by inode): its own, and
     /// each namespace holding the peer of one of its pods' veths.
-    pub scope: BTreeSet<u32>,
+    pub(crate) scope: BTreeSet<u32>,
 }
 
 /// Looks at this node once (see [`LocalNode`]).
-pub fn local_node() -> Result<LocalNode, NetlinkError> {
+pub(crate) fn local_node() -> Result<LocalNode, NetlinkError> {
     let links = links()?;
     let peers = pod_veth_peers(&links)?;
     let own = netns_inode(Path::new("/proc/self/ns/net")).unwrap_or(0);
@@ -225,7 +225,10 @@ pub fn local_node() -> Result<LocalNode, NetlinkError> {
 }
 
 /// Runs `f` on a fresh thread inside the namespace pinned by `file`.
-pub fn in_netns<T: Send>(file: &NetnsFile, f: impl FnOnce() -> T + Send) -> Result<T, NetnsError> {
+pub(crate) fn in_netns<T: Send>(
+    file: &NetnsFile,
+    f: impl FnOnce() -> T + Send,
+) -> Result<T, NetnsError> {
     let path = file.path.display().to_string();
     let fd = File::open(&file.path).map_err(|source| NetnsError::Enter {
         path: path.clone(),

@@ -6,12 +6,12 @@ use netlink_sys::Socket;
 
 use super::rtnetlink::NetlinkError;
 
-pub const NLMSG_ERROR: u16 = 2;
-pub const NLMSG_DONE: u16 = 3;
-pub const NLM_F_REQUEST: u16 = 0x1;
-pub const NLM_F_ACK: u16 = 0x4;
-pub const NLM_F_DUMP: u16 = 0x300;
-pub const NLA_F_NESTED: u16 = 0x8000;
+pub(crate) const NLMSG_ERROR: u16 = 2;
+pub(crate) const NLMSG_DONE: u16 = 3;
+pub(crate) const NLM_F_REQUEST: u16 = 0x1;
+pub(crate) const NLM_F_ACK: u16 = 0x4;
+pub(crate) const NLM_F_DUMP: u16 = 0x300;
+pub(crate) const NLA_F_NESTED: u16 = 0x8000;
 const NLA_F_NET_BYTEORDER: u16 = 0x4000;
 const NLA_TYPE_MASK: u16 = !(NLA_F_NESTED | NLA_F_NET_BYTEORDER);
 const NLMSG_HDRLEN: usize = 16;
@@ -21,7 +21,7 @@ fn align4(n: usize) -> usize {
 }
 
 /// Appends attribute `kind` holding `value`.
-pub fn put_attr(buf: &mut Vec<u8>, kind: u16, value: &[u8]) {
+pub(crate) fn put_attr(buf: &mut Vec<u8>, kind: u16, value: &[u8]) {
     let len = 4 + value.len();
     buf.extend_from_slice(&(len as u16).to_ne_bytes());
     buf.extend_from_slice(&kind.to_ne_bytes());
@@ -31,7 +31,7 @@ pub fn put_attr(buf: &mut Vec<u8>, kind: u16, value: &[u8]) {
 
 /// A request: the netlink header, the family's 4-byte header (genl's `cmd`/`version`,
 /// nfnetlink's `nfgenmsg`), attributes.
-pub fn message(kind: u16, flags: u16, family_header: [u8; 4], attrs: &[u8]) -> Vec<u8> {
+pub(crate) fn message(kind: u16, flags: u16, family_header: [u8; 4], attrs: &[u8]) -> Vec<u8> {
     let len = NLMSG_HDRLEN + family_header.len() + attrs.len();
     let mut m = Vec::with_capacity(len);
     m.extend_from_slice(&(len as u32).to_ne_bytes());
@@ -45,7 +45,7 @@ pub fn message(kind: u16, flags: u16, family_header: [u8; 4], attrs: &[u8]) -> V
 }
 
 /// The attributes in `buf`, as (type without flags, value).
-pub fn attrs(mut buf: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+pub(crate) fn attrs(mut buf: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
     std::iter::from_fn(move || {
         if buf.len() < 4 {
             return None;
@@ -62,7 +62,7 @@ pub fn attrs(mut buf: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
 }
 
 /// One reply datagram's messages: (type, payload after the netlink header).
-pub fn messages(mut data: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+pub(crate) fn messages(mut data: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
     std::iter::from_fn(move || {
         if data.len() < NLMSG_HDRLEN {
             return None;
@@ -80,7 +80,7 @@ pub fn messages(mut data: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
 
 /// Sends `msg` and hands each reply payload to `each` until the answer is complete: for
 /// a dump, its `NLMSG_DONE`; otherwise the first datagram, which holds the one answer.
-pub fn exchange(
+pub(crate) fn exchange(
     sock: &Socket,
     msg: &[u8],
     dump: bool,

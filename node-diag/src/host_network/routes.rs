@@ -23,19 +23,19 @@ use super::{
 
 /// What the kernel's route lookup answers for one destination (`ip route get`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Route {
+pub(crate) struct Route {
     /// The output interface.
-    pub oif: u32,
+    pub(crate) oif: u32,
     /// The preferred source address, when the route names one.
-    pub prefsrc: Option<IpAddr>,
+    pub(crate) prefsrc: Option<IpAddr>,
     /// The route's `mtu` metric, when set.
-    pub mtu: Option<u32>,
+    pub(crate) mtu: Option<u32>,
 }
 
 /// The kernel's route for `dst`. `Ok(None)` when the answer names no interface; a
 /// refusal (ENETUNREACH, EHOSTUNREACH...) is `NetlinkError::Kernel`, for callers that
 /// tell "no route" from other failures.
-pub fn route_get(dst: IpAddr) -> Result<Option<Route>, NetlinkError> {
+pub(crate) fn route_get(dst: IpAddr) -> Result<Option<Route>, NetlinkError> {
     let sock = socket()?;
     let mut msg = RouteMessage::default();
     msg.header.address_family = family_of(dst);
@@ -83,7 +83,7 @@ fn route_oif_of(r: &RouteMessage) -> Option<u32> {
 }
 
 /// The interface holding the local address `addr`, if any.
-pub fn address_owner(addr: IpAddr) -> Result<Option<u32>, NetlinkError> {
+pub(crate) fn address_owner(addr: IpAddr) -> Result<Option<u32>, NetlinkError> {
     let sock = socket()?;
     let mut msg = AddressMessage::default();
     msg.header.family = family_of(addr);
@@ -102,46 +102,46 @@ pub fn address_owner(addr: IpAddr) -> Result<Option<u32>, NetlinkError> {
 
 /// One next hop of a configured route.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NextHop {
-    pub oif: u32,
-    pub gateway: Option<IpAddr>,
+pub(crate) struct NextHop {
+    pub(crate) oif: u32,
+    pub(crate) gateway: Option<IpAddr>,
 }
 
 /// A configured route (a FIB entry, never a cached exception: a PMTU learned from
 /// frag-needed is the path's state, not its configuration), as the MTU model reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RouteEntry {
-    pub family: Family,
+pub(crate) struct RouteEntry {
+    pub(crate) family: Family,
     /// Destination network; the unspecified address with length 0 for a default route.
-    pub dst: IpAddr,
-    pub prefix_len: u8,
+    pub(crate) dst: IpAddr,
+    pub(crate) prefix_len: u8,
     /// The single next hop, or each hop of a multipath route.
-    pub hops: Vec<NextHop>,
+    pub(crate) hops: Vec<NextHop>,
     /// The `mtu` metric (RTAX_MTU): the largest packet the kernel builds or forwards
     /// by this route, whatever the device's MTU.
-    pub mtu: Option<u32>,
+    pub(crate) mtu: Option<u32>,
     /// The `advmss` metric (RTAX_ADVMSS): the TCP MSS advertised to peers reached by
     /// this route, which bounds the segments they send back.
-    pub advmss: Option<u32>,
+    pub(crate) advmss: Option<u32>,
     /// Added by the kernel for an address's own subnet (`proto kernel`).
-    pub connected: bool,
+    pub(crate) connected: bool,
     /// The outer destination of a lightweight tunnel (`encap ip dst X`/`encap ip6 dst X`)
     /// for a metadata-mode tunnel device.
-    pub encap_dst: Option<IpAddr>,
+    pub(crate) encap_dst: Option<IpAddr>,
     /// Routing table id.
-    pub table: u32,
-    pub unicast: bool,
+    pub(crate) table: u32,
+    pub(crate) unicast: bool,
     /// The route's metric (priority): the lowest wins among equal prefixes.
-    pub metric: u32,
+    pub(crate) metric: u32,
 }
 
 impl RouteEntry {
-    pub fn is_default(&self) -> bool {
+    pub(crate) fn is_default(&self) -> bool {
         self.prefix_len == 0
     }
 
     /// Whether the route leaves by interface `ifindex` (any hop of a multipath route).
-    pub fn via(&self, ifindex: u32) -> bool {
+    pub(crate) fn via(&self, ifindex: u32) -> bool {
         self.hops.iter().any(|h| h.oif == ifindex)
     }
 
@@ -150,7 +150,7 @@ impl RouteEntry {
     /// without a gateway, a device's own subnet (`proto kernel`) and IPv6 link-local
     /// routes only reach neighbours on the link itself (for a pod's veth, its node and the
     /// pods on the same bridge), so their packets never enter an overlay.
-    pub fn leaves_the_link(&self) -> bool {
+    pub(crate) fn leaves_the_link(&self) -> bool {
         if !self.unicast || self.table != u32::from(RouteHeader::RT_TABLE_MAIN) {
             return false;
         }
@@ -258,7 +258,7 @@ pub(crate) fn route_entry_from(r: &RouteMessage) -> Option<RouteEntry> {
 }
 
 /// Every IPv4 and IPv6 route of the calling thread's namespace, all tables.
-pub fn routes() -> Result<Vec<RouteEntry>, NetlinkError> {
+pub(crate) fn routes() -> Result<Vec<RouteEntry>, NetlinkError> {
     let sock = socket()?;
     let mut out = Vec::new();
     for family in [AddressFamily::Inet, AddressFamily::Inet6] {
@@ -274,7 +274,7 @@ pub fn routes() -> Result<Vec<RouteEntry>, NetlinkError> {
 }
 
 /// The main table's default route with the lowest metric, from a dump: its interface.
-pub fn default_route_oif_in(routes: &[RouteEntry], family: Family) -> Option<u32> {
+pub(crate) fn default_route_oif_in(routes: &[RouteEntry], family: Family) -> Option<u32> {
     routes
         .iter()
         .filter(|r| {
@@ -290,12 +290,12 @@ pub fn default_route_oif_in(routes: &[RouteEntry], family: Family) -> Option<u32
 
 /// Route lookups on one socket of the calling thread's namespace: one round trip each,
 /// however many endpoints a tunnel has.
-pub struct FibLookup {
+pub(crate) struct FibLookup {
     sock: Socket,
 }
 
 impl FibLookup {
-    pub fn new() -> Result<Self, NetlinkError> {
+    pub(crate) fn new() -> Result<Self, NetlinkError> {
         Ok(Self { sock: socket()? })
     }
 
@@ -303,7 +303,7 @@ impl FibLookup {
     /// interface `oif` (a tunnel's bound device) and with firewall mark `mark` (a
     /// WireGuard device's fwmark) when given: the same lookup the tunnel's own packets
     /// get. `Ok(None)` when there is no route.
-    pub fn fib_match(
+    pub(crate) fn fib_match(
         &self,
         dst: IpAddr,
         oif: Option<u32>,
@@ -344,16 +344,16 @@ pub(crate) mod fixtures {
 
     /// Options of a fixture route beyond its destination and interface.
     #[derive(Default)]
-    pub struct Opts {
-        pub gateway: Option<IpAddr>,
-        pub mtu: Option<u32>,
-        pub advmss: Option<u32>,
-        pub kernel: bool,
-        pub encap_dst: Option<IpAddr>,
+    pub(crate) struct Opts {
+        pub(crate) gateway: Option<IpAddr>,
+        pub(crate) mtu: Option<u32>,
+        pub(crate) advmss: Option<u32>,
+        pub(crate) kernel: bool,
+        pub(crate) encap_dst: Option<IpAddr>,
     }
 
     /// A main-table unicast route to `dst/len` out of `oif`, serialized and parsed back.
-    pub fn route(dst: IpAddr, len: u8, oif: u32, o: Opts) -> RouteEntry {
+    pub(crate) fn route(dst: IpAddr, len: u8, oif: u32, o: Opts) -> RouteEntry {
         let mut msg = RouteMessage::default();
         msg.header.address_family = family_of(dst);
         msg.header.destination_prefix_length = len;

@@ -11,7 +11,7 @@ use netlink_packet_route::RouteNetlinkMessage;
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
 
 #[derive(Debug, thiserror::Error)]
-pub enum NetlinkError {
+pub(crate) enum NetlinkError {
     #[error("netlink socket: {0}")]
     Io(#[from] std::io::Error),
     #[error("netlink: kernel answered error {0}")]

@@ -13,13 +13,13 @@ use super::rtnetlink::{NetlinkError, request, socket};
 
 /// Which side of a `clsact` qdisc a filter sits on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ClsactSide {
+pub(crate) enum ClsactSide {
     Ingress,
     Egress,
 }
 
 impl ClsactSide {
-    pub const BOTH: [ClsactSide; 2] = [ClsactSide::Ingress, ClsactSide::Egress];
+    pub(crate) const BOTH: [ClsactSide; 2] = [ClsactSide::Ingress, ClsactSide::Egress];
 
     fn parent(self) -> TcHandle {
         TcHandle {
@@ -35,20 +35,20 @@ impl ClsactSide {
 /// One filter as the kernel dumps it. The kernel also dumps every (priority, protocol)
 /// slot once with handle 0 before its filters: such an entry still means "not empty".
 #[derive(Debug, Clone)]
-pub struct TcFilter {
+pub(crate) struct TcFilter {
     header: TcHeader,
     /// The classifier (`bpf`, `u32`, `flower`...).
-    pub kind: String,
+    pub(crate) kind: String,
     /// For a `bpf` filter, the name it was given (`TCA_BPF_NAME`).
-    pub bpf_name: Option<String>,
+    pub(crate) bpf_name: Option<String>,
 }
 
 impl TcFilter {
-    pub fn priority(&self) -> u16 {
+    pub(crate) fn priority(&self) -> u16 {
         (self.header.info >> 16) as u16
     }
 
-    pub fn handle(&self) -> u32 {
+    pub(crate) fn handle(&self) -> u32 {
         self.header.handle.into()
     }
 }
@@ -72,7 +72,7 @@ impl TcFilter {
 }
 
 /// Every filter on `side` of interface `index`'s `clsact` (none when it has no clsact).
-pub fn clsact_filters(index: u32, side: ClsactSide) -> Result<Vec<TcFilter>, NetlinkError> {
+pub(crate) fn clsact_filters(index: u32, side: ClsactSide) -> Result<Vec<TcFilter>, NetlinkError> {
     let sock = socket()?;
     let mut msg = TcMessage::with_index(index as i32);
     msg.header.parent = side.parent();
@@ -115,7 +115,7 @@ fn filter_from(msg: TcMessage) -> TcFilter {
 }
 
 /// Deletes one filter from a dump (by interface, parent, priority, protocol and handle).
-pub fn delete_filter(filter: &TcFilter) -> Result<(), NetlinkError> {
+pub(crate) fn delete_filter(filter: &TcFilter) -> Result<(), NetlinkError> {
     let sock = socket()?;
     let msg = TcMessage::from_parts(filter.header.clone(), Vec::new());
     request(&sock, RouteNetlinkMessage::DelTrafficFilter(msg), NLM_F_ACK)?;
@@ -124,7 +124,7 @@ pub fn delete_filter(filter: &TcFilter) -> Result<(), NetlinkError> {
 
 /// Whether interface `index` has a `clsact` qdisc (a plain `ingress` qdisc sits at the
 /// same place and is not one).
-pub fn has_clsact(index: u32) -> Result<bool, NetlinkError> {
+pub(crate) fn has_clsact(index: u32) -> Result<bool, NetlinkError> {
     let sock = socket()?;
     let msgs = request(
         &sock,
@@ -145,7 +145,7 @@ pub fn has_clsact(index: u32) -> Result<bool, NetlinkError> {
 
 /// Deletes interface `index`'s `clsact` qdisc, and with it every filter it holds: callers
 /// check it is empty first.
-pub fn delete_clsact(index: u32) -> Result<(), NetlinkError> {
+pub(crate) fn delete_clsact(index: u32) -> Result<(), NetlinkError> {
     let sock = socket()?;
     let mut msg = TcMessage::with_index(index as i32);
     msg.header.parent = TcHandle::CLSACT;

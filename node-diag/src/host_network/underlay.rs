@@ -26,11 +26,11 @@ use super::{
 
 /// At most this many distinct endpoints of one tunnel are looked up (one netlink round
 /// trip each) per snapshot; a cluster larger than that is judged by the first ones.
-pub const MAX_ENDPOINTS: usize = 1024;
+pub(crate) const MAX_ENDPOINTS: usize = 1024;
 
 /// The outer header's family: fixed by the kind for IP tunnels, else told by the
 /// configured remote or local address.
-pub fn tunnel_family(kind: &LinkKind, t: &Tunnel) -> Option<Family> {
+pub(crate) fn tunnel_family(kind: &LinkKind, t: &Tunnel) -> Option<Family> {
     match kind {
         LinkKind::Ipip | LinkKind::Sit | LinkKind::Gre | LinkKind::Gretap => Some(Family::V4),
         LinkKind::Ip6tnl | LinkKind::Ip6gre | LinkKind::Ip6gretap => Some(Family::V6),
@@ -69,11 +69,11 @@ impl Kernel for FibLookup {
 
 /// The namespace's state the resolution reads, besides its links.
 pub(super) struct Namespace<'a> {
-    pub links: &'a [Link],
-    pub routes: &'a [RouteEntry],
-    pub fdb: &'a [FdbEntry],
+    pub(crate) links: &'a [Link],
+    pub(crate) routes: &'a [RouteEntry],
+    pub(crate) fdb: &'a [FdbEntry],
     /// WireGuard devices by ifindex.
-    pub wireguard: &'a HashMap<u32, WgDevice>,
+    pub(crate) wireguard: &'a HashMap<u32, WgDevice>,
 }
 
 /// One remote endpoint of a tunnel.
@@ -87,14 +87,14 @@ struct Endpoint {
 
 /// One way out of a tunnel, by ifindex (the inventory names the device).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RawUnderlay {
-    pub ifindex: u32,
-    pub source: UnderlaySource,
-    pub endpoint: Option<IpAddr>,
-    pub endpoints: u32,
+pub(crate) struct RawUnderlay {
+    pub(crate) ifindex: u32,
+    pub(crate) source: UnderlaySource,
+    pub(crate) endpoint: Option<IpAddr>,
+    pub(crate) endpoints: u32,
     /// The route to the endpoint, when it has an `mtu` metric.
-    pub route: Option<String>,
-    pub route_mtu: Option<u32>,
+    pub(crate) route: Option<String>,
+    pub(crate) route_mtu: Option<u32>,
 }
 
 impl RawUnderlay {

@@ -16,12 +16,12 @@ use super::{
 
 /// What the MTU model needs of a WireGuard device.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct WgDevice {
+pub(crate) struct WgDevice {
     /// The mark its encapsulated packets carry (policy routing may route them by it).
-    pub fwmark: Option<u32>,
+    pub(crate) fwmark: Option<u32>,
     /// Each peer's endpoint, in the order the kernel lists them; peers without one
     /// (they have not yet written to us, nor been given one) are left out.
-    pub endpoints: Vec<IpAddr>,
+    pub(crate) endpoints: Vec<IpAddr>,
 }
 
 const GENL_ID_CTRL: u16 = 0x10;
@@ -111,7 +111,7 @@ fn family_id(sock: &Socket, name: &str) -> Result<Option<u16>, NetlinkError> {
 
 /// The peers and fwmark of WireGuard device `ifindex` in the calling thread's
 /// namespace. `Ok(None)` when the kernel has no WireGuard support.
-pub fn device(ifindex: u32) -> Result<Option<WgDevice>, NetlinkError> {
+pub(crate) fn device(ifindex: u32) -> Result<Option<WgDevice>, NetlinkError> {
     let sock = genl_socket()?;
     let Some(family) = family_id(&sock, WG_GENL_NAME)? else {
         return Ok(None);
@@ -163,7 +163,7 @@ pub(crate) mod fixtures {
 
     /// The generic payload (after the genl header) of a device with `fwmark` and one
     /// peer per endpoint (`None`: a peer without one).
-    pub fn device_payload(fwmark: u32, endpoints: &[Option<IpAddr>]) -> Vec<u8> {
+    pub(crate) fn device_payload(fwmark: u32, endpoints: &[Option<IpAddr>]) -> Vec<u8> {
         let mut peers = Vec::new();
         for (i, ep) in endpoints.iter().enumerate() {
             let mut peer = Vec::new();
@@ -184,7 +184,7 @@ pub(crate) mod fixtures {
     }
 
     /// A device parsed from its fixture payload.
-    pub fn device(fwmark: u32, endpoints: &[Option<IpAddr>]) -> WgDevice {
+    pub(crate) fn device(fwmark: u32, endpoints: &[Option<IpAddr>]) -> WgDevice {
         let mut dev = WgDevice::default();
         parse_device(&device_payload(fwmark, endpoints), &mut dev);
         dev

@@ -8,10 +8,10 @@
 
 use std::collections::HashMap;
 
-pub const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
+pub(crate) const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
 
 #[derive(Debug, thiserror::Error)]
-pub enum BtfError {
+pub(crate) enum BtfError {
     #[error("reading {path}: {source} (the kernel needs CONFIG_DEBUG_INFO_BTF=y)")]
     Read {
         path: String,
@@ -37,7 +37,7 @@ const KIND_FUNC: u32 = 12;
 const KIND_FUNC_PROTO: u32 = 13;
 const KIND_ENUM64: u32 = 19;
 /// The kernel functions whose BTF ids are kept (vmlinux has tens of thousands).
-pub const KFUNCS: &[&str] = &["bpf_rdonly_cast"];
+pub(crate) const KFUNCS: &[&str] = &["bpf_rdonly_cast"];
 /// Raw tracepoints' prototypes are typedefs named so.
 const TRACE_PREFIX: &str = "btf_trace_";
 
@@ -60,7 +60,7 @@ struct Type {
 }
 
 /// Parsed type table of one BTF blob.
-pub struct Btf {
+pub(crate) struct Btf {
     types: Vec<Type>,
     structs_by_name: HashMap<String, u32>,
     /// Raw tracepoint name -> its `btf_trace_<name>` typedef.
@@ -70,7 +70,7 @@ pub struct Btf {
 }
 
 impl Btf {
-    pub fn from_sys_fs() -> Result<Self, BtfError> {
+    pub(crate) fn from_sys_fs() -> Result<Self, BtfError> {
         let data = std::fs::read(VMLINUX).map_err(|source| BtfError::Read {
             path: VMLINUX.to_string(),
             source,
@@ -78,7 +78,7 @@ impl Btf {
         Self::parse(&data)
     }
 
-    pub fn parse(data: &[u8]) -> Result<Self, BtfError> {
+    pub(crate) fn parse(data: &[u8]) -> Result<Self, BtfError> {
         let rd = |off: usize| -> Result<u32, BtfError> {
             data.get(off..off + 4)
                 .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
@@ -194,12 +194,12 @@ impl Btf {
     }
 
     /// Byte offset of `member` in `struct name`, searching anonymous members too.
-    pub fn member_offset(&self, name: &str, member: &str) -> Result<u32, BtfError> {
+    pub(crate) fn member_offset(&self, name: &str, member: &str) -> Result<u32, BtfError> {
         self.path_offset(name, member)
     }
 
     /// Offset of a dotted path such as `__sk_common.skc_net.net` from `struct name`.
-    pub fn path_offset(&self, name: &str, path: &str) -> Result<u32, BtfError> {
+    pub(crate) fn path_offset(&self, name: &str, path: &str) -> Result<u32, BtfError> {
         let mut id = *self
             .structs_by_name
             .get(name)
@@ -216,7 +216,7 @@ impl Btf {
     }
 
     /// BTF id of `struct name`.
-    pub fn struct_id(&self, name: &str) -> Result<u32, BtfError> {
+    pub(crate) fn struct_id(&self, name: &str) -> Result<u32, BtfError> {
         self.structs_by_name
             .get(name)
             .copied()
@@ -224,12 +224,12 @@ impl Btf {
     }
 
     /// BTF id of kernel function `name` (one of [`KFUNCS`]), when this kernel has it.
-    pub fn func_id(&self, name: &str) -> Option<u32> {
+    pub(crate) fn func_id(&self, name: &str) -> Option<u32> {
         self.funcs.get(name).copied()
     }
 
     /// Size in bytes of `struct name`.
-    pub fn struct_size(&self, name: &str) -> Result<u32, BtfError> {
+    pub(crate) fn struct_size(&self, name: &str) -> Result<u32, BtfError> {
         let id = *self
             .structs_by_name
             .get(name)
@@ -241,7 +241,7 @@ impl Btf {
     /// The argument types of raw tracepoint `name`, as the program sees them in its
     /// context (the prototype's leading `void *` data pointer left out): `*sock` for a
     /// pointer to `struct sock`, `*void`, `int`, `skb_drop_reason` (an enum)...
-    pub fn trace_args(&self, name: &str) -> Result<Vec<String>, BtfError> {
+    pub(crate) fn trace_args(&self, name: &str) -> Result<Vec<String>, BtfError> {
         let typedef = *self
             .tracepoints
             .get(name)

@@ -1,12 +1,12 @@
 //! Effective Linux capabilities of this process, read from `/proc/self/status`.
 
-pub const CAP_NET_ADMIN: u32 = 12;
-pub const CAP_SYS_ADMIN: u32 = 21;
-pub const CAP_SYS_RESOURCE: u32 = 24;
-pub const CAP_PERFMON: u32 = 38;
-pub const CAP_BPF: u32 = 39;
+pub(crate) const CAP_NET_ADMIN: u32 = 12;
+pub(crate) const CAP_SYS_ADMIN: u32 = 21;
+pub(crate) const CAP_SYS_RESOURCE: u32 = 24;
+pub(crate) const CAP_PERFMON: u32 = 38;
+pub(crate) const CAP_BPF: u32 = 39;
 
-pub fn name(cap: u32) -> &'static str {
+pub(crate) fn name(cap: u32) -> &'static str {
     match cap {
         CAP_NET_ADMIN => "CAP_NET_ADMIN",
         CAP_SYS_ADMIN => "CAP_SYS_ADMIN",
@@ -18,27 +18,27 @@ pub fn name(cap: u32) -> &'static str {
 }
 
 /// The effective capability mask, 0 when it cannot be read.
-pub fn effective() -> u64 {
+pub(crate) fn effective() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| parse_cap_eff(&s))
         .unwrap_or(0)
 }
 
-pub fn parse_cap_eff(status: &str) -> Option<u64> {
+pub(crate) fn parse_cap_eff(status: &str) -> Option<u64> {
     status
         .lines()
         .find_map(|l| l.strip_prefix("CapEff:"))
         .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
 }
 
-pub fn has(mask: u64, cap: u32) -> bool {
+pub(crate) fn has(mask: u64, cap: u32) -> bool {
     mask & (1u64 << cap) != 0
 }
 
 /// Capabilities the agent needs to load and attach tracepoint programs and read tracefs.
 /// CAP_SYS_ADMIN covers BPF and PERFMON on every kernel.
-pub fn missing_for_agent(mask: u64) -> Vec<&'static str> {
+pub(crate) fn missing_for_agent(mask: u64) -> Vec<&'static str> {
     if has(mask, CAP_SYS_ADMIN) {
         return Vec::new();
     }

@@ -15,11 +15,11 @@ use tokio::io::{Interest, unix::AsyncFd};
 use tracing_subscriber::filter::Directive;
 
 /// `tracing` target of the forwarded eBPF log lines.
-pub const TARGET: &str = "node_diag::ebpf";
+pub(crate) const TARGET: &str = "node_diag::ebpf";
 
 /// Most verbose eBPF log level that reaches user space.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum Level {
+pub(crate) enum Level {
     /// No eBPF logging (the log calls are dead code to the verifier).
     #[default]
     Off,
@@ -33,7 +33,7 @@ pub enum Level {
 impl Level {
     /// The value of the programs' `AYA_LOG_LEVEL` global: `aya_log::Level` numbers
     /// (error 1 … trace 5), a call being live when its level is at most this.
-    pub fn global(self) -> u8 {
+    pub(crate) fn global(self) -> u8 {
         match self {
             Level::Off => 0,
             Level::Error => aya_log::Level::Error as u8,
@@ -46,7 +46,7 @@ impl Level {
 
     /// The `tracing` filter directive that lets the forwarded lines through whatever
     /// `--log-level` says: the eBPF side already filtered them.
-    pub fn directive(self) -> Option<Directive> {
+    pub(crate) fn directive(self) -> Option<Directive> {
         (self != Level::Off).then(|| {
             format!("{TARGET}=trace")
                 .parse()
@@ -56,16 +56,16 @@ impl Level {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum EbpfLogError {
+pub(crate) enum EbpfLogError {
     #[error("eBPF log ring buffer unusable: {0}")]
     Init(#[from] aya_log::Error),
 }
 
 /// The programs' log ring buffer, taken from the loaded object.
-pub struct Logs(EbpfLogger<ToTracing>);
+pub(crate) struct Logs(EbpfLogger<ToTracing>);
 
 /// Takes the log ring buffer out of `ebpf` when `level` is not off.
-pub fn init(ebpf: &mut Ebpf, level: Level) -> Result<Option<Logs>, EbpfLogError> {
+pub(crate) fn init(ebpf: &mut Ebpf, level: Level) -> Result<Option<Logs>, EbpfLogError> {
     if level == Level::Off {
         return Ok(None);
     }
@@ -73,7 +73,7 @@ pub fn init(ebpf: &mut Ebpf, level: Level) -> Result<Option<Logs>, EbpfLogError>
 }
 
 /// Forwards log records as they arrive, until the task is aborted.
-pub async fn drain(logs: Logs) -> io::Result<()> {
+pub(crate) async fn drain(logs: Logs) -> io::Result<()> {
     // SAFETY: the AsyncFd owns the logger, which owns the ring buffer's map fd, so the fd
     // stays open and unchanged for as long as it is registered.
     let mut fd = unsafe { AsyncFd::register_with_interest(logs.0, Interest::READABLE) }?;

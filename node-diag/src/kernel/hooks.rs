@@ -4,10 +4,10 @@
 
 /// Consecutive full-size retransmits of one socket that make a PMTUD stall: with the
 /// 200 ms minimum RTO doubling, the third comes about 1.4 s into the stall.
-pub const FULLSIZE_RETRANS_THRESHOLD: u32 = 3;
+pub(crate) const FULLSIZE_RETRANS_THRESHOLD: u32 = 3;
 
 /// Drop reasons whose SYN drops are remembered per flow as timeout evidence.
-pub const FLOW_DROP_REASONS: &[&str] = &[
+pub(crate) const FLOW_DROP_REASONS: &[&str] = &[
     "NETFILTER_DROP",
     // eBPF CNIs' and tc policy (Cilium, Calico eBPF, tc filters): firewall evidence too.
     "TC_INGRESS",
@@ -25,32 +25,32 @@ pub const FLOW_DROP_REASONS: &[&str] = &[
 ];
 
 /// One eBPF program and the tracepoint it attaches to.
-pub struct Hook {
-    pub program: &'static str,
-    pub category: &'static str,
-    pub name: &'static str,
+pub(crate) struct Hook {
+    pub(crate) program: &'static str,
+    pub(crate) category: &'static str,
+    pub(crate) name: &'static str,
     /// What the agent loses without it, for the warning and `doctor`.
-    pub feature: &'static str,
+    pub(crate) feature: &'static str,
     /// Attached as a raw tracepoint (arguments, not the record), which needs BTF offsets.
     /// Raw because the hook is busy: its program reads the arguments straight from its
     /// context, where a regular tracepoint's fields cost a probe read each.
-    pub raw: bool,
+    pub(crate) raw: bool,
     /// A raw tracepoint attached as a BTF tracepoint (`tp_btf`): the verifier knows its
     /// arguments' types, so the program reads the structs they point to with plain loads.
     /// Loading it needs the kernel's BTF.
-    pub btf: bool,
+    pub(crate) btf: bool,
     /// A raw tracepoint's leading argument types as its program reads them (see
     /// [`super::btf::Btf::trace_args`]); checked against this kernel's BTF before attaching.
-    pub args: &'static [&'static str],
+    pub(crate) args: &'static [&'static str],
 }
 
 impl Hook {
-    pub fn label(&self) -> String {
+    pub(crate) fn label(&self) -> String {
         format!("{}:{}", self.category, self.name)
     }
 }
 
-pub const HOOKS: &[Hook] = &[
+pub(crate) const HOOKS: &[Hook] = &[
     Hook {
         program: "nd_set_state",
         category: "sock",

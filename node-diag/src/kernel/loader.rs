@@ -24,12 +24,12 @@ static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"),
 
 /// The embedded eBPF object, as built (marked calls not yet rewritten).
 #[cfg(test)]
-pub fn embedded_object() -> &'static [u8] {
+pub(crate) fn embedded_object() -> &'static [u8] {
     EBPF_OBJECT
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum LoadError {
+pub(crate) enum LoadError {
     #[error(transparent)]
     Tracefs(#[from] TracefsError),
     #[error(transparent)]
@@ -48,26 +48,26 @@ pub enum LoadError {
 }
 
 /// Everything the rest of the agent needs from the kernel side.
-pub struct Loaded {
-    pub ebpf: Ebpf,
-    pub drop_reasons: DropReasons,
-    pub tracefs: PathBuf,
-    pub mounted_tracefs: bool,
-    pub attached: Vec<&'static str>,
+pub(crate) struct Loaded {
+    pub(crate) ebpf: Ebpf,
+    pub(crate) drop_reasons: DropReasons,
+    pub(crate) tracefs: PathBuf,
+    pub(crate) mounted_tracefs: bool,
+    pub(crate) attached: Vec<&'static str>,
     /// `(tracepoint, error)` for hooks that could not be attached.
-    pub degraded: Vec<(String, String)>,
-    pub btf_ok: bool,
+    pub(crate) degraded: Vec<(String, String)>,
+    pub(crate) btf_ok: bool,
     /// The programs' log stream, when `--ebpf-log` is not off.
-    pub ebpf_log: Option<ebpf_log::Logs>,
+    pub(crate) ebpf_log: Option<ebpf_log::Logs>,
 }
 
-pub struct Options {
-    pub syn_retrans_threshold: u32,
+pub(crate) struct Options {
+    pub(crate) syn_retrans_threshold: u32,
     /// Report only for the namespaces in the scope map (see `netlink::local_scope`).
-    pub scoped: bool,
+    pub(crate) scoped: bool,
     /// Written into the programs' `AYA_LOG_LEVEL` global: `off` makes every log call
     /// dead code to the verifier.
-    pub ebpf_log: ebpf_log::Level,
+    pub(crate) ebpf_log: ebpf_log::Level,
 }
 
 /// The object configured for this kernel, loaded into user space (nothing in the
@@ -175,11 +175,11 @@ fn prepare(opts: &Options) -> Result<Prepared, LoadError> {
 }
 
 /// A program's name and what the verifier said of it.
-pub type Verdict = (&'static str, Result<(), String>);
+pub(crate) type Verdict = (&'static str, Result<(), String>);
 
 /// Loads every program into this kernel, configured as the agent would, and attaches
 /// none: what the verifier says of each (`doctor`). The error is the object's own.
-pub fn verify(opts: &Options) -> Result<Vec<Verdict>, LoadError> {
+pub(crate) fn verify(opts: &Options) -> Result<Vec<Verdict>, LoadError> {
     let mut prepared = prepare(opts)?;
     let mut results = Vec::new();
     for hook in HOOKS {
@@ -237,7 +237,7 @@ fn refusal(log: &str) -> &str {
         .unwrap_or_default()
 }
 
-pub fn load(opts: &Options) -> Result<Loaded, LoadError> {
+pub(crate) fn load(opts: &Options) -> Result<Loaded, LoadError> {
     let Prepared {
         mut ebpf,
         kernel_btf,
@@ -399,7 +399,7 @@ fn fill_casts(c: &mut Config, btf: &Btf) -> Option<u32> {
 
 /// Whether the programs read packets and sockets by plain loads on this kernel (see
 /// [`fill_casts`]), for `doctor`.
-pub fn plain_loads(btf: &Btf) -> bool {
+pub(crate) fn plain_loads(btf: &Btf) -> bool {
     fill_casts(&mut Config::default(), btf).is_some()
 }
 
@@ -503,7 +503,7 @@ fn fill_conntrack(c: &mut Config, btf: &Btf) {
 
 /// Whether this kernel's raw tracepoint passes the arguments where the hook's program
 /// reads them (for the agent and `doctor`).
-pub fn check_args(hook: &Hook, btf: &Btf) -> Result<(), String> {
+pub(crate) fn check_args(hook: &Hook, btf: &Btf) -> Result<(), String> {
     if !hook.raw {
         return Ok(());
     }
@@ -520,7 +520,7 @@ pub fn check_args(hook: &Hook, btf: &Btf) -> Result<(), String> {
 }
 
 /// Whether `fmt` has every field the hook's program reads (for `doctor`).
-pub fn check_format(hook: &Hook, fmt: &Format) -> Result<(), TracefsError> {
+pub(crate) fn check_format(hook: &Hook, fmt: &Format) -> Result<(), TracefsError> {
     fill_config(
         &mut Config::default(),
         hook,

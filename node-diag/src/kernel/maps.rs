@@ -28,30 +28,30 @@ const BLACKHOLE_QUIET_NS: u64 = 10_000_000_000;
 
 #[derive(Debug, thiserror::Error)]
 #[error("eBPF map {name} is missing or has the wrong type: {reason}")]
-pub struct MapMissing {
+pub(crate) struct MapMissing {
     name: &'static str,
     reason: String,
 }
 
 /// The kernel's counters summed over CPUs, keyed by the kernel's own numbers.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct KernelCounts {
+pub(crate) struct KernelCounts {
     /// Indexed by `node_diag_common::counter`.
-    pub counters: [u64; counter::COUNT as usize],
+    pub(crate) counters: [u64; counter::COUNT as usize],
     /// Drops by `skb_drop_reason` value.
-    pub drops: HashMap<u32, u64>,
+    pub(crate) drops: HashMap<u32, u64>,
     /// DF oversize drops by egress `(netns, ifindex)`.
-    pub oversize: HashMap<(u32, u32), u64>,
+    pub(crate) oversize: HashMap<(u32, u32), u64>,
 }
 
 impl KernelCounts {
     /// The counter `index` (one of `node_diag_common::counter`).
-    pub fn get(&self, index: u32) -> u64 {
+    pub(crate) fn get(&self, index: u32) -> u64 {
         self.counters.get(index as usize).copied().unwrap_or(0)
     }
 }
 
-pub struct KernelMaps {
+pub(crate) struct KernelMaps {
     counters: PerCpuArray<MapData, u64>,
     drop_reasons: PerCpuArray<MapData, DropSlot>,
     /// How many of `drop_reasons`' slots this kernel's reasons can fill (see
@@ -85,7 +85,7 @@ fn take<M>(
 impl KernelMaps {
     /// Takes the ring buffer and the polled maps out of the loaded object; `reason_slots`
     /// of the drop-reason array are read.
-    pub fn take(
+    pub(crate) fn take(
         ebpf: &mut Ebpf,
         reason_slots: u32,
     ) -> Result<(RingBuf<MapData>, Self), MapMissing> {
@@ -107,7 +107,7 @@ impl KernelMaps {
     }
 
     /// The kernel's counters, each summed over CPUs.
-    pub fn counts(&self) -> KernelCounts {
+    pub(crate) fn counts(&self) -> KernelCounts {
         let get = |idx: u32| -> u64 {
             self.counters
                 .get(&idx, 0)
@@ -139,7 +139,7 @@ impl KernelMaps {
     }
 
     /// Flows whose PMTUD stall was reported and whose full-size retransmits continue.
-    pub fn active_blackholes(&self) -> HashSet<FlowKey> {
+    pub(crate) fn active_blackholes(&self) -> HashSet<FlowKey> {
         let now = monotonic_ns();
         self.retrans
             .iter()
@@ -154,12 +154,12 @@ impl KernelMaps {
 
     /// Where this node's NAT sent `flow` (as its socket knows it), when a hook saw the
     /// flow's packets translated.
-    pub fn nat(&self, flow: &FlowKey) -> Option<NatInfo> {
+    pub(crate) fn nat(&self, flow: &FlowKey) -> Option<NatInfo> {
         self.nat.get(flow, 0).ok()
     }
 
     /// Every aggregated verdict key with its counts, and the kernel's clock now.
-    pub fn verdict_counts(&self) -> (Vec<(VerdictKey, VerdictAgg)>, u64) {
+    pub(crate) fn verdict_counts(&self) -> (Vec<(VerdictKey, VerdictAgg)>, u64) {
         let now = monotonic_ns();
         (self.verdict_agg.iter().flatten().collect(), now)
     }
@@ -169,7 +169,7 @@ impl KernelMaps {
     /// last read is not deleted unseen. The kernel recreates the key on its next verdict,
     /// which then goes out as an event. `None`: already gone, or the kernel cannot
     /// (before 5.14; the key is then deleted after a plain lookup).
-    pub fn take_verdict(&mut self, key: &VerdictKey) -> Option<VerdictAgg> {
+    pub(crate) fn take_verdict(&mut self, key: &VerdictKey) -> Option<VerdictAgg> {
         let fd = self.verdict_agg.map().fd().as_fd().as_raw_fd();
         let mut value = VerdictAgg::default();
         // The `BPF_MAP_*_ELEM` commands' part of `union bpf_attr`.
@@ -209,7 +209,7 @@ impl KernelMaps {
 
     /// Makes the kernel's scope map equal to `scope`, this node's current set of
     /// network namespaces (inodes).
-    pub fn set_scope(&mut self, scope: &BTreeSet<u32>) {
+    pub(crate) fn set_scope(&mut self, scope: &BTreeSet<u32>) {
         let stale: Vec<u32> = self
             .scope
             .keys()
@@ -235,7 +235,7 @@ impl KernelMaps {
 }
 
 /// CLOCK_MONOTONIC in nanoseconds, the clock of `bpf_ktime_get_ns`.
-pub fn monotonic_ns() -> u64 {
+pub(crate) fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,

@@ -14,14 +14,14 @@
 //! Nothing here names things for people or knows about metrics: that is `findings` and
 //! `agent`, which consume what this module reads.
 
-pub mod btf;
-pub mod caps;
-pub mod ebpf_log;
-pub mod event;
-pub mod hooks;
-pub mod loader;
-pub mod maps;
-pub mod rewrite;
-pub mod ring;
-pub mod tc;
-pub mod tracefs;
+pub(crate) mod btf;
+pub(crate) mod caps;
+pub(crate) mod ebpf_log;
+pub(crate) mod event;
+pub(crate) mod hooks;
+pub(crate) mod loader;
+pub(crate) mod maps;
+pub(crate) mod rewrite;
+pub(crate) mod ring;
+pub(crate) mod tc;
+pub(crate) mod tracefs;

@@ -23,7 +23,7 @@ const BPF_PSEUDO_KFUNC_CALL: u8 = 2;
 const INSN: usize = 8;
 
 #[derive(Debug, thiserror::Error)]
-pub enum RewriteError {
+pub(crate) enum RewriteError {
     #[error("the embedded eBPF object is not a readable ELF file: {0}")]
     Elf(#[from] object::Error),
     #[error("the eBPF object's code section `{0}` lies outside the file")]
@@ -36,7 +36,7 @@ pub enum RewriteError {
 
 /// The object's bytes, aligned as aya's parser wants them (8 bytes: ELF64 headers are
 /// read in place, and `include_bytes_aligned!` gave the embedded copy that alignment).
-pub struct Object8 {
+pub(crate) struct Object8 {
     words: Vec<u64>,
     len: usize,
 }
@@ -51,7 +51,7 @@ impl Object8 {
         this
     }
 
-    pub fn bytes(&self) -> &[u8] {
+    pub(crate) fn bytes(&self) -> &[u8] {
         // SAFETY: the words are initialised memory of at least `len` bytes (`len` ≤ 8 ×
         // their count), and any bit pattern is a valid `u8`.
         unsafe { std::slice::from_raw_parts(self.words.as_ptr().cast::<u8>(), self.len) }
@@ -65,19 +65,19 @@ impl Object8 {
 
 /// What [`resolve`] did: how many marked calls it rewrote, and into what.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Resolved {
+pub(crate) struct Resolved {
     /// Calls of the kfunc's mark.
-    pub calls: usize,
+    pub(crate) calls: usize,
     /// The kfunc's BTF id the calls now name; `None`: rewritten into `r0 = 0`.
-    pub rdonly_cast: Option<u32>,
+    pub(crate) rdonly_cast: Option<u32>,
     /// Calls of an immediate's mark, per setting.
-    pub immediates: [usize; imm::COUNT],
+    pub(crate) immediates: [usize; imm::COUNT],
 }
 
 /// Rewrites every marked call in `object`'s code sections (see the module overview).
 /// `rdonly_cast`: the vmlinux BTF id of `bpf_rdonly_cast`, when this kernel has it;
 /// `immediates`: the settings' values (`Config::immediates`).
-pub fn resolve(
+pub(crate) fn resolve(
     object: &[u8],
     rdonly_cast: Option<u32>,
     immediates: [u32; imm::COUNT],

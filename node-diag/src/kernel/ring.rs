@@ -8,7 +8,7 @@ use tokio::{io::unix::AsyncFd, sync::mpsc};
 use super::event::{EventKind, UnknownKind};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum DecodeError {
+pub(crate) enum DecodeError {
     #[error("ring buffer record of {got} bytes, expected {want}")]
     Size { got: usize, want: usize },
     #[error(transparent)]
@@ -16,7 +16,7 @@ pub enum DecodeError {
 }
 
 /// Decodes one ring-buffer record. The kernel writes exactly one [`Event`] per record.
-pub fn decode(bytes: &[u8]) -> Result<(EventKind, Event), DecodeError> {
+pub(crate) fn decode(bytes: &[u8]) -> Result<(EventKind, Event), DecodeError> {
     let want = size_of::<Event>();
     if bytes.len() < want {
         return Err(DecodeError::Size {
@@ -32,7 +32,7 @@ pub fn decode(bytes: &[u8]) -> Result<(EventKind, Event), DecodeError> {
 
 /// Drains `ring` into `tx` until the receiver goes away. Undecodable records are counted
 /// by the caller through `bad`.
-pub async fn drain(
+pub(crate) async fn drain(
     ring: RingBuf<MapData>,
     tx: mpsc::UnboundedSender<(EventKind, Event)>,
     bad: std::sync::Arc<std::sync::atomic::AtomicU64>,

@@ -50,16 +50,16 @@ use crate::host_network::{
     tc::{ClsactSide, TcFilter, clsact_filters, delete_clsact, delete_filter, has_clsact},
 };
 
-pub const PROGRAM: &str = "nd_tc_ingress";
+pub(crate) const PROGRAM: &str = "nd_tc_ingress";
 /// Priority of our netlink filter: fixed, so a restarted agent recognises a killed one's.
 /// Lower runs first; the kernel numbers filters added without one from 49152 down.
-pub const PRIORITY: u16 = 0x4e44;
+pub(crate) const PRIORITY: u16 = 0x4e44;
 /// Handle of our netlink filter (with [`PRIORITY`] and [`PROGRAM`], what marks it ours).
-pub const HANDLE: u32 = 0x4e44;
+pub(crate) const HANDLE: u32 = 0x4e44;
 
 /// How the classifier is attached (`node-diag run --tc-attach`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum AttachMode {
+pub(crate) enum AttachMode {
     /// TCX where the kernel has it (6.6+), else a netlink filter under `clsact`.
     #[default]
     Auto,
@@ -69,7 +69,7 @@ pub enum AttachMode {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum TcError {
+pub(crate) enum TcError {
     #[error("eBPF program {PROGRAM} is missing from the object")]
     Missing,
     #[error("loading {PROGRAM}: {0}")]
@@ -97,7 +97,7 @@ struct Attached {
     link: SchedClassifierLinkId,
 }
 
-pub struct TcIngress {
+pub(crate) struct TcIngress {
     mode: AttachMode,
     attached: HashMap<u32, Attached>,
     /// Interfaces that refused the attachment, so the warning is given once.
@@ -132,7 +132,7 @@ fn program(ebpf: &mut Ebpf) -> Result<&mut SchedClassifier, TcError> {
 
 impl TcIngress {
     /// Loads the classifier; attachments follow with [`TcIngress::sync`].
-    pub fn load(ebpf: &mut Ebpf, mode: AttachMode) -> Result<Self, TcError> {
+    pub(crate) fn load(ebpf: &mut Ebpf, mode: AttachMode) -> Result<Self, TcError> {
         program(ebpf)?.load()?;
         let link_hdr = ebpf
             .take_map(MAP_LINK_HDR)
@@ -166,7 +166,7 @@ impl TcIngress {
     /// (the pods' veths), and detaches from the ones gone. An interface attached before it
     /// was known to be skipped (a pod's veth whose namespace showed up later) stays
     /// attached: detaching would leave its clsact behind.
-    pub fn sync(&mut self, ebpf: &mut Ebpf, links: &[Link], skip: &HashSet<u32>) {
+    pub(crate) fn sync(&mut self, ebpf: &mut Ebpf, links: &[Link], skip: &HashSet<u32>) {
         let Ok(prog) = program(ebpf) else { return };
         let present: HashMap<u32, &Link> = links
             .iter()
@@ -224,14 +224,14 @@ impl TcIngress {
     }
 
     /// Whether the classifier is attached to some interface.
-    pub fn attached_any(&self) -> bool {
+    pub(crate) fn attached_any(&self) -> bool {
         !self.attached.is_empty()
     }
 
     /// Deletes the filters of ours a killed agent left on `links` (and the `clsact` it
     /// added, when that leaves it empty), without attaching: for an agent that attaches
     /// only later, so that a predecessor's filters do not run on every packet meanwhile.
-    pub fn remove_leftovers(&mut self, links: &[Link]) {
+    pub(crate) fn remove_leftovers(&mut self, links: &[Link]) {
         for link in links
             .iter()
             .filter(|l| l.link_type != ARPHRD_LOOPBACK && !l.name.is_empty())
@@ -244,7 +244,7 @@ impl TcIngress {
 
     /// Detaches from every interface, then deletes the `clsact` qdiscs this agent owns
     /// that hold no filter any more. Called on a clean exit, before the programs unload.
-    pub fn detach_all(&mut self, ebpf: &mut Ebpf) {
+    pub(crate) fn detach_all(&mut self, ebpf: &mut Ebpf) {
         if let Ok(prog) = program(ebpf) {
             for (_, attached) in self.attached.drain() {
                 if let Err(e) = prog.detach(attached.link) {

@@ -10,7 +10,7 @@ use std::{
 use node_diag_common::DROP_REASON_SLOTS;
 
 #[derive(Debug, thiserror::Error)]
-pub enum TracefsError {
+pub(crate) enum TracefsError {
     #[error(
         "tracefs is not mounted and mounting it at {path} failed: {source} (mount it with `mount -t tracefs nodev {path}`, or run with CAP_SYS_ADMIN)"
     )]
@@ -42,7 +42,7 @@ const CANDIDATES: &[&str] = &["/sys/kernel/tracing", "/sys/kernel/debug/tracing"
 
 /// Returns the tracefs root, mounting it at `/sys/kernel/tracing` when no mount exists.
 /// Returns whether this call mounted it, so the caller can report it.
-pub fn ensure_mounted() -> Result<(PathBuf, bool), TracefsError> {
+pub(crate) fn ensure_mounted() -> Result<(PathBuf, bool), TracefsError> {
     if let Some(root) = find_mounted() {
         return Ok((root, false));
     }
@@ -55,7 +55,7 @@ pub fn ensure_mounted() -> Result<(PathBuf, bool), TracefsError> {
 }
 
 /// The mounted tracefs root, if any.
-pub fn find_mounted() -> Option<PathBuf> {
+pub(crate) fn find_mounted() -> Option<PathBuf> {
     CANDIDATES
         .iter()
         .map(PathBuf::from)
@@ -85,21 +85,21 @@ fn mount_tracefs(path: &str) -> std::io::Result<()> {
 
 /// One field of a tracepoint record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Field {
-    pub offset: usize,
-    pub size: usize,
+pub(crate) struct Field {
+    pub(crate) offset: usize,
+    pub(crate) size: usize,
 }
 
 /// The parsed `format` file of one tracepoint.
 #[derive(Debug, Clone)]
-pub struct Format {
-    pub name: String,
-    pub fields: BTreeMap<String, Field>,
-    pub print_fmt: String,
+pub(crate) struct Format {
+    pub(crate) name: String,
+    pub(crate) fields: BTreeMap<String, Field>,
+    pub(crate) print_fmt: String,
 }
 
 impl Format {
-    pub fn load(root: &Path, category: &str, name: &str) -> Result<Self, TracefsError> {
+    pub(crate) fn load(root: &Path, category: &str, name: &str) -> Result<Self, TracefsError> {
         let path = root.join("events").join(category).join(name).join("format");
         let text = fs::read_to_string(&path).map_err(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {
@@ -117,7 +117,7 @@ impl Format {
         Ok(Self::parse(&format!("{category}:{name}"), &text))
     }
 
-    pub fn parse(name: &str, text: &str) -> Self {
+    pub(crate) fn parse(name: &str, text: &str) -> Self {
         let mut fields = BTreeMap::new();
         let mut print_fmt = String::new();
         for line in text.lines() {
@@ -160,7 +160,7 @@ impl Format {
         }
     }
 
-    pub fn field(&self, field: &str) -> Result<Field, TracefsError> {
+    pub(crate) fn field(&self, field: &str) -> Result<Field, TracefsError> {
         self.fields
             .get(field)
             .copied()
@@ -171,7 +171,7 @@ impl Format {
     }
 
     /// The field's offset as the u16 the eBPF side reads it with.
-    pub fn offset(&self, field: &str) -> Result<u16, TracefsError> {
+    pub(crate) fn offset(&self, field: &str) -> Result<u16, TracefsError> {
         let f = self.field(field)?;
         u16::try_from(f.offset).map_err(|_| TracefsError::OffsetTooLarge {
             tracepoint: self.name.clone(),
@@ -181,7 +181,7 @@ impl Format {
     }
 
     /// `{ value, "NAME" }` pairs of the first `__print_symbolic` in the print format.
-    pub fn symbols(&self) -> BTreeMap<u32, String> {
+    pub(crate) fn symbols(&self) -> BTreeMap<u32, String> {
         let mut out = BTreeMap::new();
         let Some(start) = self.print_fmt.find("__print_symbolic(") else {
             return out;
@@ -210,32 +210,32 @@ impl Format {
 
 /// The running kernel's `enum skb_drop_reason` names, by value.
 #[derive(Debug, Clone, Default)]
-pub struct DropReasons(BTreeMap<u32, String>);
+pub(crate) struct DropReasons(BTreeMap<u32, String>);
 
 impl DropReasons {
-    pub fn from_format(kfree_skb: &Format) -> Self {
+    pub(crate) fn from_format(kfree_skb: &Format) -> Self {
         Self(kfree_skb.symbols())
     }
 
-    pub fn name(&self, value: u32) -> String {
+    pub(crate) fn name(&self, value: u32) -> String {
         self.0
             .get(&value)
             .cloned()
             .unwrap_or_else(|| format!("REASON_{value}"))
     }
 
-    pub fn value(&self, name: &str) -> Option<u32> {
+    pub(crate) fn value(&self, name: &str) -> Option<u32> {
         self.0.iter().find(|(_, n)| *n == name).map(|(v, _)| *v)
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.0.len()
     }
 
     /// How many slots of the drop-reason array this kernel's reasons can fill: one past
     /// the largest reason it lists (66 on 6.1, about 130 on 6.18), at most
     /// [`DROP_REASON_SLOTS`]; every slot when it lists none. The agent reads no more.
-    pub fn slots(&self) -> u32 {
+    pub(crate) fn slots(&self) -> u32 {
         self.0.keys().next_back().map_or(DROP_REASON_SLOTS, |&max| {
             max.saturating_add(1).min(DROP_REASON_SLOTS)
         })

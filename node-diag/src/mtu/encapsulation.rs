@@ -49,7 +49,7 @@ const GUE: u32 = 4;
 /// An overlay's encapsulation, enough to compute its overhead.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
-pub enum Encapsulation {
+pub(crate) enum Encapsulation {
     /// VXLAN; `gpe` (VXLAN-GPE) carries no inner Ethernet header.
     Vxlan {
         family: Family,
@@ -90,7 +90,7 @@ impl Encapsulation {
     /// its configuration nor an endpoint tells (a metadata-mode device or WireGuard
     /// without known endpoints) is taken as IPv4, the kernel's own default for VXLAN,
     /// rather than risk false alarms on IPv4 nodes. IP tunnels' kinds fix their family.
-    pub fn for_interface(i: &Interface, family: Option<Family>) -> Option<Self> {
+    pub(crate) fn for_interface(i: &Interface, family: Option<Family>) -> Option<Self> {
         let t = i.tunnel.clone().unwrap_or_default();
         let fixed = matches!(
             i.kind,
@@ -139,7 +139,7 @@ impl Encapsulation {
         })
     }
 
-    pub fn family(&self) -> Family {
+    pub(crate) fn family(&self) -> Family {
         match *self {
             Self::Vxlan { family, .. }
             | Self::Geneve { family, .. }
@@ -150,7 +150,7 @@ impl Encapsulation {
     }
 
     /// The name used in summaries ("VXLAN", "VXLAN/IPv6", "IP6GRE"...).
-    pub fn label(&self) -> String {
+    pub(crate) fn label(&self) -> String {
         let v6 = self.family() == Family::V6;
         let base = match *self {
             Self::Vxlan { gpe: false, .. } => "VXLAN",
@@ -178,7 +178,7 @@ impl Encapsulation {
 
     /// The overhead, header by header, in wire order of explanation (inner Ethernet
     /// first, as `14 + 20 + 8 + 8` for VXLAN).
-    pub fn parts(&self) -> Vec<(u32, &'static str)> {
+    pub(crate) fn parts(&self) -> Vec<(u32, &'static str)> {
         let v6 = self.family() == Family::V6;
         let mut p = Vec::new();
         let outer_ip = |p: &mut Vec<_>| {
@@ -266,12 +266,12 @@ impl Encapsulation {
         p
     }
 
-    pub fn overhead(&self) -> u32 {
+    pub(crate) fn overhead(&self) -> u32 {
         self.parts().iter().map(|(n, _)| n).sum()
     }
 
     /// `14 inner Ethernet + 20 IPv4 + 8 UDP + 8 VXLAN`.
-    pub fn breakdown(&self) -> String {
+    pub(crate) fn breakdown(&self) -> String {
         self.parts()
             .iter()
             .map(|(n, what)| format!("{n} {what}"))

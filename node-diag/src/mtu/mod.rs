@@ -35,7 +35,7 @@ use crate::{
 
 /// A snapshot, judged: every interface's verdict and every namespace's sysctl verdict.
 #[derive(Debug, Clone)]
-pub struct Model {
+pub(crate) struct Model {
     interfaces: Vec<MtuVerdict>,
     sysctls: Vec<SysctlVerdict>,
 }
@@ -52,23 +52,23 @@ impl From<&Snapshot> for Model {
 /// One interface's MTU gauges: its MTU, and its headroom under the limit the model holds
 /// it to, when it has one.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InterfaceMtu {
-    pub interface: String,
-    pub kind: LinkKind,
-    pub netns: String,
-    pub mtu: u32,
+pub(crate) struct InterfaceMtu {
+    pub(crate) interface: String,
+    pub(crate) kind: LinkKind,
+    pub(crate) netns: String,
+    pub(crate) mtu: u32,
     /// `expected − mtu`: negative when the interface is too large.
-    pub headroom: Option<i64>,
+    pub(crate) headroom: Option<i64>,
 }
 
 impl Model {
     /// `overlay_mtu_mismatch` and `pmtud_disabled` findings.
-    pub fn findings(&self, now: SystemTime) -> Vec<Finding> {
+    pub(crate) fn findings(&self, now: SystemTime) -> Vec<Finding> {
         findings::findings_of(&self.interfaces, &self.sysctls, now)
     }
 
     /// What the metrics expose, one entry per interface.
-    pub fn gauges(&self) -> Vec<InterfaceMtu> {
+    pub(crate) fn gauges(&self) -> Vec<InterfaceMtu> {
         self.interfaces
             .iter()
             .map(|v| InterfaceMtu {
@@ -82,7 +82,7 @@ impl Model {
     }
 
     /// `node-diag mtu`'s output, its findings dated `now`.
-    pub fn into_report(self, now: SystemTime) -> Report {
+    pub(crate) fn into_report(self, now: SystemTime) -> Report {
         let findings = self.findings(now);
         Report {
             interfaces: self.interfaces,
@@ -93,6 +93,6 @@ impl Model {
 }
 
 /// `node-diag mtu`'s output for a snapshot.
-pub fn report(snap: &Snapshot, now: SystemTime) -> Report {
+pub(crate) fn report(snap: &Snapshot, now: SystemTime) -> Report {
     Model::from(snap).into_report(now)
 }

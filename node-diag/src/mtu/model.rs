@@ -20,12 +20,12 @@ use serde::Serialize;
 
 use super::encapsulation::Encapsulation;
 // The roles are the host network's; the model decides which interface has which.
-pub use crate::host_network::Role;
+pub(crate) use crate::host_network::Role;
 use crate::host_network::{Family, Interface, LinkKind, RouteMetrics, Snapshot, UnderlaySource};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Verdict {
+pub(crate) enum Verdict {
     Ok,
     Mismatch,
     /// A tunnel whose underlay could not be found.
@@ -36,7 +36,7 @@ pub enum Verdict {
 }
 
 impl Verdict {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Ok => "ok",
             Self::Mismatch => "mismatch",
@@ -49,57 +49,57 @@ impl Verdict {
 
 /// One interface as judged by the model.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct MtuVerdict {
-    pub netns: u32,
-    pub netns_name: String,
-    pub interface: String,
-    pub ifindex: u32,
-    pub kind: LinkKind,
-    pub role: Role,
-    pub up: bool,
+pub(crate) struct MtuVerdict {
+    pub(crate) netns: u32,
+    pub(crate) netns_name: String,
+    pub(crate) interface: String,
+    pub(crate) ifindex: u32,
+    pub(crate) kind: LinkKind,
+    pub(crate) role: Role,
+    pub(crate) up: bool,
     /// The device's MTU.
-    pub mtu: u32,
+    pub(crate) mtu: u32,
     /// For judged interfaces: the largest packet it is given, its MTU capped by the `mtu`
     /// of its routes (for a node-side veth, of its pod's routes).
-    pub effective_mtu: Option<u32>,
+    pub(crate) effective_mtu: Option<u32>,
     /// The route deciding the effective MTU ("default via 169.254.1.1"), when a route
     /// metric is involved.
-    pub route: Option<String>,
-    pub route_mtu: Option<u32>,
-    pub route_advmss: Option<u32>,
+    pub(crate) route: Option<String>,
+    pub(crate) route_mtu: Option<u32>,
+    pub(crate) route_advmss: Option<u32>,
     /// For pod interfaces and node-side veths: the overlay they are compared with.
-    pub overlay: Option<String>,
-    pub overlay_mtu: Option<u32>,
+    pub(crate) overlay: Option<String>,
+    pub(crate) overlay_mtu: Option<u32>,
     /// The overlay's underlay (for overlays: their own smallest way out; for pods: their
     /// overlay's); for other devices, the device they sit on.
-    pub underlay: Option<String>,
+    pub(crate) underlay: Option<String>,
     /// The underlay's path MTU: its device's MTU, capped by the route to the endpoint.
-    pub underlay_mtu: Option<u32>,
+    pub(crate) underlay_mtu: Option<u32>,
     /// The underlay device's own MTU.
-    pub underlay_device_mtu: Option<u32>,
+    pub(crate) underlay_device_mtu: Option<u32>,
     /// The route to the endpoint, when its `mtu` caps the underlay device.
-    pub underlay_route: Option<String>,
-    pub underlay_route_mtu: Option<u32>,
-    pub underlay_source: Option<UnderlaySource>,
+    pub(crate) underlay_route: Option<String>,
+    pub(crate) underlay_route_mtu: Option<u32>,
+    pub(crate) underlay_source: Option<UnderlaySource>,
     /// The endpoint whose route is the underlay, when known.
-    pub underlay_endpoint: Option<IpAddr>,
+    pub(crate) underlay_endpoint: Option<IpAddr>,
     /// How many endpoints the tunnel's ways out were found from.
-    pub underlay_endpoints: Option<u32>,
+    pub(crate) underlay_endpoints: Option<u32>,
     /// Label such as "VXLAN" or "VXLAN/IPv6".
-    pub encapsulation: Option<String>,
-    pub family: Option<Family>,
+    pub(crate) encapsulation: Option<String>,
+    pub(crate) family: Option<Family>,
     /// The family was not in the tunnel's configuration nor told by an endpoint, and
     /// IPv4 was assumed.
-    pub family_assumed: bool,
-    pub overhead: Option<u32>,
-    pub overhead_breakdown: Option<String>,
+    pub(crate) family_assumed: bool,
+    pub(crate) overhead: Option<u32>,
+    pub(crate) overhead_breakdown: Option<String>,
     /// The largest MTU this interface may have.
-    pub expected_mtu: Option<u32>,
+    pub(crate) expected_mtu: Option<u32>,
     /// `expected_mtu − effective_mtu`: negative when the interface is too large.
-    pub headroom: Option<i64>,
-    pub verdict: Verdict,
+    pub(crate) headroom: Option<i64>,
+    pub(crate) verdict: Verdict,
     /// The arithmetic, or why there is none.
-    pub detail: String,
+    pub(crate) detail: String,
     /// For overlays: "underlay ul0 1500 − VXLAN 50 = 1450", what the ceiling quotes.
     #[serde(skip)]
     limit_arithmetic: Option<String>,

@@ -13,10 +13,10 @@ use crate::findings::{Finding, Kind};
 
 /// `node-diag mtu`'s output.
 #[derive(Debug, Clone, Serialize)]
-pub struct Report {
-    pub interfaces: Vec<MtuVerdict>,
-    pub sysctls: Vec<SysctlVerdict>,
-    pub findings: Vec<Finding>,
+pub(crate) struct Report {
+    pub(crate) interfaces: Vec<MtuVerdict>,
+    pub(crate) sysctls: Vec<SysctlVerdict>,
+    pub(crate) findings: Vec<Finding>,
 }
 
 fn table(out: &mut String, header: &[&str], rows: &[Vec<String>]) {
@@ -41,7 +41,7 @@ fn table(out: &mut String, header: &[&str], rows: &[Vec<String>]) {
 }
 
 impl Report {
-    pub fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         let dash = || "-".to_string();
         let num = |n: Option<u32>| n.map_or_else(dash, |n| n.to_string());
         let rows: Vec<Vec<String>> = self

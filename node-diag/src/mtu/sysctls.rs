@@ -9,22 +9,22 @@ use crate::host_network::Snapshot;
 
 /// A namespace's PMTUD sysctls, judged.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct SysctlVerdict {
-    pub netns: u32,
-    pub netns_name: String,
-    pub ip_no_pmtu_disc: Option<u32>,
-    pub tcp_mtu_probing: Option<u32>,
+pub(crate) struct SysctlVerdict {
+    pub(crate) netns: u32,
+    pub(crate) netns_name: String,
+    pub(crate) ip_no_pmtu_disc: Option<u32>,
+    pub(crate) tcp_mtu_probing: Option<u32>,
     /// `ok`, `pmtud_disabled` or `unknown` (unreadable).
-    pub verdict: SysctlState,
-    pub detail: String,
+    pub(crate) verdict: SysctlState,
+    pub(crate) detail: String,
     /// Why the namespace could not be read.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
+    pub(crate) error: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum SysctlState {
+pub(crate) enum SysctlState {
     Ok,
     PmtudDisabled,
     Unknown,

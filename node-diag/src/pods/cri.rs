@@ -21,7 +21,7 @@ use super::index::Sandbox;
 const TIMEOUT: Duration = Duration::from_secs(3);
 
 #[derive(Debug, thiserror::Error)]
-pub enum CriError {
+pub(crate) enum CriError {
     #[error("no CRI socket at {0}")]
     Missing(PathBuf),
     #[error(
@@ -48,14 +48,14 @@ pub enum CriError {
 
 /// The runtime's own name and version, from `Version`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RuntimeVersion {
-    pub name: String,
-    pub version: String,
-    pub api_version: String,
+pub(crate) struct RuntimeVersion {
+    pub(crate) name: String,
+    pub(crate) version: String,
+    pub(crate) api_version: String,
 }
 
 /// A connected CRI client.
-pub struct Cri {
+pub(crate) struct Cri {
     path: PathBuf,
     client: RuntimeServiceClient<Channel>,
 }
@@ -63,7 +63,7 @@ pub struct Cri {
 impl Cri {
     /// Connects to the runtime at `path`; fails at once when the socket is missing or
     /// not accessible, so the caller can say which.
-    pub async fn connect(path: &Path) -> Result<Self, CriError> {
+    pub(crate) async fn connect(path: &Path) -> Result<Self, CriError> {
         // Probe the socket first: tonic's transport error hides the errno.
         if let Err(e) = UnixStream::connect(path).await {
             return Err(match e.kind() {
@@ -99,11 +99,11 @@ impl Cri {
         })
     }
 
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
-    pub async fn version(&mut self) -> Result<RuntimeVersion, CriError> {
+    pub(crate) async fn version(&mut self) -> Result<RuntimeVersion, CriError> {
         let v = self
             .client
             .version(VersionRequest {
@@ -121,7 +121,7 @@ impl Cri {
 
     /// Every ready pod sandbox, with its verbose status. A sandbox that went away between
     /// the list and its status is skipped.
-    pub async fn sandboxes(&mut self) -> Result<Vec<Sandbox>, CriError> {
+    pub(crate) async fn sandboxes(&mut self) -> Result<Vec<Sandbox>, CriError> {
         let list = self
             .client
             .list_pod_sandbox(ListPodSandboxRequest {

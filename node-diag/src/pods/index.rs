@@ -13,10 +13,10 @@ use serde::{Deserialize, Serialize};
 
 /// A pod, as Kubernetes names it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct PodRef {
-    pub namespace: String,
-    pub name: String,
-    pub uid: String,
+pub(crate) struct PodRef {
+    pub(crate) namespace: String,
+    pub(crate) name: String,
+    pub(crate) uid: String,
 }
 
 impl std::fmt::Display for PodRef {
@@ -29,18 +29,21 @@ impl std::fmt::Display for PodRef {
 /// `netns`) and by their addresses. Host-network pods are left out: their namespace and
 /// addresses are the node's.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PodIndex {
-    pub by_netns: HashMap<u32, PodRef>,
-    pub by_ip: HashMap<IpAddr, PodRef>,
+pub(crate) struct PodIndex {
+    pub(crate) by_netns: HashMap<u32, PodRef>,
+    pub(crate) by_ip: HashMap<IpAddr, PodRef>,
 }
 
 impl PodIndex {
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.by_netns.len().max(self.by_ip.len())
     }
 
     /// The index of `sandboxes`, resolving each one's netns with `inode_of`.
-    pub fn build(sandboxes: &[Sandbox], mut inode_of: impl FnMut(&Path) -> Option<u32>) -> Self {
+    pub(crate) fn build(
+        sandboxes: &[Sandbox],
+        mut inode_of: impl FnMut(&Path) -> Option<u32>,
+    ) -> Self {
         let mut idx = Self::default();
         for s in sandboxes.iter().filter(|s| !s.host_network) {
             let inode = s.netns_path.as_deref().and_then(&mut inode_of).or_else(|| {
@@ -61,7 +64,7 @@ impl PodIndex {
 /// The inode of the namespace file at `path` (a pinned netns or `/proc/<pid>/ns/net`);
 /// `None` unless it is a namespace (nsfs): a pin whose bind mount this mount namespace
 /// does not see is a plain empty file, whose inode names nothing.
-pub fn netns_inode(path: &Path) -> Option<u32> {
+pub(crate) fn netns_inode(path: &Path) -> Option<u32> {
     use std::os::unix::ffi::OsStrExt as _;
     const NSFS_MAGIC: i64 = 0x6e73_6673;
     let c_path = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
@@ -76,20 +79,20 @@ pub fn netns_inode(path: &Path) -> Option<u32> {
 
 /// What the index needs of one ready pod sandbox.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Sandbox {
-    pub id: String,
-    pub pod: PodRef,
-    pub ips: Vec<IpAddr>,
+pub(crate) struct Sandbox {
+    pub(crate) id: String,
+    pub(crate) pod: PodRef,
+    pub(crate) ips: Vec<IpAddr>,
     /// The pinned network namespace (containerd: the runtime spec's network namespace).
-    pub netns_path: Option<PathBuf>,
+    pub(crate) netns_path: Option<PathBuf>,
     /// The sandbox's process, whose `/proc/<pid>/ns/net` is the namespace too.
-    pub pid: Option<u32>,
-    pub host_network: bool,
+    pub(crate) pid: Option<u32>,
+    pub(crate) host_network: bool,
 }
 
 impl Sandbox {
     /// From a verbose `PodSandboxStatus` answer; `None` without metadata.
-    pub fn from_status(resp: &PodSandboxStatusResponse) -> Option<Self> {
+    pub(crate) fn from_status(resp: &PodSandboxStatusResponse) -> Option<Self> {
         let status = resp.status.as_ref()?;
         let meta = status.metadata.as_ref()?;
         let mut ips = Vec::new();

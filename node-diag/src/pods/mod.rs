@@ -13,26 +13,26 @@
 //! (or without permission to its socket) the index stays empty: findings carry the
 //! netns and addresses only, as they always did.
 
-pub mod cri;
-pub mod index;
-pub mod watch;
+pub(crate) mod cri;
+pub(crate) mod index;
+pub(crate) mod watch;
 
 use std::{
     net::{IpAddr, SocketAddr},
     path::{Path, PathBuf},
 };
 
-pub use index::{PodIndex, PodRef};
-pub use watch::{PodsHandle, watch};
+pub(crate) use index::{PodIndex, PodRef};
+pub(crate) use watch::{PodsHandle, watch};
 
 /// Where the runtimes listen by default, tried in this order.
-pub const DEFAULT_SOCKETS: [&str; 2] =
+pub(crate) const DEFAULT_SOCKETS: [&str; 2] =
     ["/run/containerd/containerd.sock", "/var/run/crio/crio.sock"];
 
 /// The CRI socket to use: `configured` if given, else the first default that is a
 /// socket. (A hostPath mount of a socket the node lacks shows up as an empty directory:
 /// the runtime creates a missing mount source as one.)
-pub fn socket_path(configured: Option<&Path>) -> Option<PathBuf> {
+pub(crate) fn socket_path(configured: Option<&Path>) -> Option<PathBuf> {
     use std::os::unix::fs::FileTypeExt as _;
     if let Some(p) = configured {
         return Some(p.to_path_buf());

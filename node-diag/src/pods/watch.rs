@@ -19,14 +19,14 @@ use super::{
 
 /// How often the runtime is asked for its pods. A pod started since is named from the
 /// next read; its first findings may carry its netns only.
-pub const REFRESH: Duration = Duration::from_secs(5);
+pub(crate) const REFRESH: Duration = Duration::from_secs(5);
 
 /// The current index, shared with the agent's loop.
 #[derive(Clone, Default)]
-pub struct PodsHandle(Arc<RwLock<Arc<PodIndex>>>);
+pub(crate) struct PodsHandle(Arc<RwLock<Arc<PodIndex>>>);
 
 impl PodsHandle {
-    pub fn current(&self) -> Arc<PodIndex> {
+    pub(crate) fn current(&self) -> Arc<PodIndex> {
         self.0
             .read()
             .unwrap_or_else(PoisonError::into_inner)
@@ -40,7 +40,7 @@ impl PodsHandle {
 
 /// Reads the pods once (so findings from the start can name them), then keeps them
 /// current from a task of the current runtime. `configured` is `--cri-socket`.
-pub async fn watch(configured: Option<PathBuf>) -> PodsHandle {
+pub(crate) async fn watch(configured: Option<PathBuf>) -> PodsHandle {
     let handle = PodsHandle::default();
     let mut poller = Poller {
         configured,

@@ -10,15 +10,15 @@ use super::ProbeError;
 
 /// The interface the kernel would send DST's packets out of.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Egress {
-    pub interface: String,
-    pub mtu: u32,
+pub(crate) struct Egress {
+    pub(crate) interface: String,
+    pub(crate) mtu: u32,
 }
 
 /// Looks up the route to `dst` (`ip route get`) and the MTU of its output interface.
 /// The link's own MTU is what counts: a path MTU the kernel cached for the route is
 /// exactly what this probe re-measures.
-pub fn egress(dst: IpAddr) -> Result<Egress, ProbeError> {
+pub(crate) fn egress(dst: IpAddr) -> Result<Egress, ProbeError> {
     let route = netlink::route_get(dst).map_err(|e| match e {
         NetlinkError::Kernel(code) => match -code {
             libc::ENETUNREACH | libc::EHOSTUNREACH | libc::EINVAL => ProbeError::NoRoute(dst),

@@ -53,7 +53,7 @@ fn setsockopt<T>(
 }
 
 /// Sends echo probes of a given size to one destination and waits for their fate.
-pub struct IcmpProber {
+pub(crate) struct IcmpProber {
     sock: Socket,
     family: Family,
     dst: IpAddr,
@@ -65,7 +65,7 @@ pub struct IcmpProber {
 }
 
 impl IcmpProber {
-    pub fn open(dst: IpAddr, timeout: Duration) -> Result<IcmpProber, ProbeError> {
+    pub(crate) fn open(dst: IpAddr, timeout: Duration) -> Result<IcmpProber, ProbeError> {
         let family = Family::of(dst);
         let (domain, protocol) = match family {
             Family::V4 => (Domain::IPV4, Protocol::ICMPV4),
@@ -146,7 +146,7 @@ impl IcmpProber {
         }
     }
 
-    pub fn probe(&mut self, size: u32) -> Result<Outcome, ProbeError> {
+    pub(crate) fn probe(&mut self, size: u32) -> Result<Outcome, ProbeError> {
         self.seq = self.seq.wrapping_add(1);
         let payload = size.saturating_sub(self.family.overhead()) as usize;
         let pkt = build_echo(self.family, self.id, self.seq, payload);

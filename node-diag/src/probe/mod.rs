@@ -45,7 +45,7 @@ use self::{
 };
 
 #[derive(Debug, thiserror::Error)]
-pub enum ProbeError {
+pub(crate) enum ProbeError {
     #[error("invalid destination {0:?}: expected an IPv4 or IPv6 address or a resolvable name")]
     BadDestination(String),
     #[error("cannot probe {0}: the destination must be a unicast address")]
@@ -150,7 +150,7 @@ fn resolve(dst: &str) -> Result<IpAddr, ProbeError> {
 }
 
 /// Runs the probe: route lookup, path MTU search, then the TCP check if asked.
-pub fn run(opts: &ProbeOptions) -> Result<Report, ProbeError> {
+pub(crate) fn run(opts: &ProbeOptions) -> Result<Report, ProbeError> {
     let dst = resolve(&opts.dst)?;
     let family = Family::of(dst);
     let egress = egress(dst)?;

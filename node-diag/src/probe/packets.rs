@@ -23,24 +23,24 @@ use pnet_packet::{
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Family {
+pub(crate) enum Family {
     V4,
     V6,
 }
 
 /// IPv4's total-length field (and IPv6's payload-length) cap a packet at 64 KiB.
-pub const MAX_PACKET: u32 = 65_535;
-pub const ICMP_HEADER: u32 = 8;
+pub(crate) const MAX_PACKET: u32 = 65_535;
+pub(crate) const ICMP_HEADER: u32 = 8;
 
 impl Family {
-    pub fn of(addr: IpAddr) -> Family {
+    pub(crate) fn of(addr: IpAddr) -> Family {
         match addr {
             IpAddr::V4(_) => Family::V4,
             IpAddr::V6(_) => Family::V6,
         }
     }
 
-    pub fn ip_header(self) -> u32 {
+    pub(crate) fn ip_header(self) -> u32 {
         match self {
             Family::V4 => 20,
             Family::V6 => 40,
@@ -48,19 +48,19 @@ impl Family {
     }
 
     /// Bytes of IP + ICMP header around the echo payload.
-    pub fn overhead(self) -> u32 {
+    pub(crate) fn overhead(self) -> u32 {
         self.ip_header() + ICMP_HEADER
     }
 
     /// The smallest MTU every link must carry (RFC 791 / RFC 8200): the search floor.
-    pub fn min_mtu(self) -> u32 {
+    pub(crate) fn min_mtu(self) -> u32 {
         match self {
             Family::V4 => 68,
             Family::V6 => 1280,
         }
     }
 
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Family::V4 => "IPv4",
             Family::V6 => "IPv6",
@@ -71,7 +71,7 @@ impl Family {
 /// An ICMP (or ICMPv6) echo request with `payload_len` bytes of payload. The IPv4
 /// checksum is filled in here; for ICMPv6 the kernel always computes it on raw sockets
 /// (it covers a pseudo-header with addresses we do not pick), so it stays zero.
-pub fn build_echo(family: Family, id: u16, seq: u16, payload_len: usize) -> Vec<u8> {
+pub(crate) fn build_echo(family: Family, id: u16, seq: u16, payload_len: usize) -> Vec<u8> {
     const SIZED: &str = "the buffer holds an echo header";
     let mut pkt = vec![0; ICMP_HEADER as usize + payload_len];
     // A recognisable pattern (like ping's) makes the probes easy to spot in tcpdump.
@@ -100,7 +100,7 @@ pub fn build_echo(family: Family, id: u16, seq: u16, payload_len: usize) -> Vec<
 
 /// How one probe size fared.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// Echo reply: a packet of this size crosses the path.
     Reply,
     /// ICMP frag-needed (IPv6 packet too big) quoting the probe, from a router on the path.
@@ -151,7 +151,7 @@ fn quotes_our_echo_v6(quoted: &[u8], dst: Ipv6Addr, id: u16, seq: u16) -> bool {
 
 /// Classifies an IPv4 packet read from a raw ICMP socket (IP header included) against
 /// probe `id`/`seq` sent to `dst`. `None` when it is somebody else's ICMP.
-pub fn parse_v4(pkt: &[u8], dst: Ipv4Addr, id: u16, seq: u16) -> Option<Outcome> {
+pub(crate) fn parse_v4(pkt: &[u8], dst: Ipv4Addr, id: u16, seq: u16) -> Option<Outcome> {
     let ip = Ipv4Packet::new(pkt)?;
     if ip.get_version() != 4
         || ip.get_header_length() < 5
@@ -191,7 +191,13 @@ pub fn parse_v4(pkt: &[u8], dst: Ipv4Addr, id: u16, seq: u16) -> Option<Outcome>
 
 /// Classifies an ICMPv6 message read from a raw ICMPv6 socket (no IP header: the
 /// kernel strips it, the sender comes from `recvfrom`) against probe `id`/`seq` to `dst`.
-pub fn parse_v6(icmp: &[u8], from: Ipv6Addr, dst: Ipv6Addr, id: u16, seq: u16) -> Option<Outcome> {
+pub(crate) fn parse_v6(
+    icmp: &[u8],
+    from: Ipv6Addr,
+    dst: Ipv6Addr,
+    id: u16,
+    seq: u16,
+) -> Option<Outcome> {
     let msg = Icmpv6Packet::new(icmp)?;
     match msg.get_icmpv6_type() {
         Icmpv6Types::EchoReply => {

@@ -20,13 +20,13 @@ use super::{
 
 /// The largest size the search tries, and what set it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Ceiling {
-    pub size: u32,
-    pub why: &'static str,
+pub(crate) struct Ceiling {
+    pub(crate) size: u32,
+    pub(crate) why: &'static str,
 }
 
 impl Ceiling {
-    pub fn new(local_mtu: u32, max_mtu: Option<u32>, family: Family) -> Ceiling {
+    pub(crate) fn new(local_mtu: u32, max_mtu: Option<u32>, family: Family) -> Ceiling {
         let mut c = Ceiling {
             size: local_mtu,
             why: "local interface MTU",
@@ -51,7 +51,7 @@ impl Ceiling {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// The whole local MTU crosses the path.
     Ok,
     /// The path is narrower than the local interface, and routers said so (PMTUD works).
@@ -63,28 +63,28 @@ pub enum Verdict {
 }
 
 #[derive(Debug, Clone, Serialize)]
-pub struct FragNeededSummary {
-    pub count: usize,
+pub(crate) struct FragNeededSummary {
+    pub(crate) count: usize,
     /// The smallest next-hop MTU any router reported.
-    pub next_hop_mtu: Option<u32>,
+    pub(crate) next_hop_mtu: Option<u32>,
     /// The router that reported it (or the first that sent one).
-    pub from: Option<IpAddr>,
+    pub(crate) from: Option<IpAddr>,
 }
 
 #[derive(Debug, Clone, Serialize)]
-pub struct Report {
-    pub dst: IpAddr,
-    pub family: &'static str,
-    pub interface: String,
-    pub local_mtu: u32,
-    pub path_mtu: Option<u32>,
-    pub max_icmp_payload: Option<u32>,
-    pub frag_needed: FragNeededSummary,
-    pub vanished_sizes: Vec<u32>,
-    pub verdict: Verdict,
-    pub summary: String,
-    pub probes: u32,
-    pub tcp: Option<TcpReport>,
+pub(crate) struct Report {
+    pub(crate) dst: IpAddr,
+    pub(crate) family: &'static str,
+    pub(crate) interface: String,
+    pub(crate) local_mtu: u32,
+    pub(crate) path_mtu: Option<u32>,
+    pub(crate) max_icmp_payload: Option<u32>,
+    pub(crate) frag_needed: FragNeededSummary,
+    pub(crate) vanished_sizes: Vec<u32>,
+    pub(crate) verdict: Verdict,
+    pub(crate) summary: String,
+    pub(crate) probes: u32,
+    pub(crate) tcp: Option<TcpReport>,
     #[serde(skip)]
     ceiling: Ceiling,
     #[serde(skip)]
@@ -92,7 +92,7 @@ pub struct Report {
 }
 
 impl Report {
-    pub fn new(
+    pub(crate) fn new(
         dst: IpAddr,
         egress: Egress,
         ceiling: Ceiling,
@@ -160,7 +160,7 @@ impl Report {
     }
 
     /// A few readable lines, with the `1500 − 20 − 8 = 1472` arithmetic.
-    pub fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         let family = Family::of(self.dst);
         let (iph, icmph) = (family.ip_header(), ICMP_HEADER);
         let ping = match family {

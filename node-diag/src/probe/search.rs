@@ -8,27 +8,27 @@ use super::packets::Outcome;
 
 /// A frag-needed (packet too big) message a probe drew.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FragNeeded {
+pub(crate) struct FragNeeded {
     /// Size of the probe it refused.
-    pub size: u32,
-    pub next_hop_mtu: Option<u32>,
-    pub from: IpAddr,
+    pub(crate) size: u32,
+    pub(crate) next_hop_mtu: Option<u32>,
+    pub(crate) from: IpAddr,
 }
 
 /// What the binary search found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Search {
+pub(crate) struct Search {
     /// Largest size that got an echo reply; `None` when even the smallest did not.
-    pub path_mtu: Option<u32>,
-    pub frag_needed: Vec<FragNeeded>,
+    pub(crate) path_mtu: Option<u32>,
+    pub(crate) frag_needed: Vec<FragNeeded>,
     /// Sizes that drew nothing, twice (ascending).
-    pub vanished: Vec<u32>,
+    pub(crate) vanished: Vec<u32>,
     /// Sizes the local interface refused (`EMSGSIZE`).
-    pub local_too_big: Vec<u32>,
+    pub(crate) local_too_big: Vec<u32>,
     /// A non-MTU destination-unreachable that a probe drew: `(size, code, from)`.
-    pub unreachable: Option<(u32, u8, IpAddr)>,
+    pub(crate) unreachable: Option<(u32, u8, IpAddr)>,
     /// Echo requests sent (retries included).
-    pub probes: u32,
+    pub(crate) probes: u32,
 }
 
 /// Finds the largest size in `min..=max` that `probe` reports as fitting.
@@ -39,7 +39,7 @@ pub struct Search {
 /// frag-needed naming a next-hop MTU is tried at once (and then that MTU + 1), so a
 /// working PMTUD path converges in four probes. A size that draws nothing is retried
 /// once before it counts as vanished, so one lost packet is not a black hole.
-pub fn search<E>(
+pub(crate) fn search<E>(
     min: u32,
     max: u32,
     mut probe: impl FnMut(u32) -> Result<Outcome, E>,
@@ -129,11 +129,15 @@ pub(super) mod tests {
 
     use super::*;
 
-    pub const ROUTER: IpAddr = IpAddr::V4(Ipv4Addr::new(169, 254, 1, 1));
+    pub(crate) const ROUTER: IpAddr = IpAddr::V4(Ipv4Addr::new(169, 254, 1, 1));
 
     /// A path of `pmtu` behind a local interface of `local`; oversized probes draw
     /// frag-needed (with the MTU) unless `blackhole`.
-    pub fn path(local: u32, pmtu: u32, blackhole: bool) -> impl FnMut(u32) -> Result<Outcome, ()> {
+    pub(crate) fn path(
+        local: u32,
+        pmtu: u32,
+        blackhole: bool,
+    ) -> impl FnMut(u32) -> Result<Outcome, ()> {
         move |size| {
             Ok(if size > local {
                 Outcome::LocalTooBig

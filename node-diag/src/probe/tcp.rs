@@ -11,7 +11,7 @@ use serde::Serialize;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum TcpResult {
+pub(crate) enum TcpResult {
     /// The handshake completed.
     Ok,
     /// RST in answer to the SYN: nothing listens (or a firewall rejects with RST).
@@ -25,14 +25,14 @@ pub enum TcpResult {
 }
 
 #[derive(Debug, Clone, Serialize)]
-pub struct TcpReport {
-    pub port: u16,
-    pub result: TcpResult,
-    pub errno: Option<i32>,
+pub(crate) struct TcpReport {
+    pub(crate) port: u16,
+    pub(crate) result: TcpResult,
+    pub(crate) errno: Option<i32>,
 }
 
 /// Maps a connect error to its class and errno.
-pub fn classify_connect(err: &io::Error) -> (TcpResult, Option<i32>) {
+pub(crate) fn classify_connect(err: &io::Error) -> (TcpResult, Option<i32>) {
     let errno = err.raw_os_error();
     let result = match errno {
         Some(libc::ECONNREFUSED) => TcpResult::Refused,
@@ -47,7 +47,7 @@ pub fn classify_connect(err: &io::Error) -> (TcpResult, Option<i32>) {
     (result, errno)
 }
 
-pub fn tcp_check(dst: IpAddr, port: u16, timeout: Duration) -> TcpReport {
+pub(crate) fn tcp_check(dst: IpAddr, port: u16, timeout: Duration) -> TcpReport {
     let (result, errno) = match TcpStream::connect_timeout(&SocketAddr::new(dst, port), timeout) {
         Ok(_) => (TcpResult::Ok, None),
         Err(e) => classify_connect(&e),

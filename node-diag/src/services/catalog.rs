@@ -12,26 +12,26 @@ use super::proto_name;
 
 /// One Service port as kube-proxy programmed it on this node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Service {
+pub(crate) struct Service {
     /// kube-proxy's own name for the Service port, exactly as its rule comments write
     /// it: `<namespace>/<name>:<port name>`, or `<namespace>/<name>` for an unnamed port
     /// (a Service with a single port may leave it unnamed; kube-proxy then writes no
     /// colon). The port *number* is not part of it: it is in [`Service::frontends`].
-    pub name: String,
+    pub(crate) name: String,
     /// IP protocol number: 6 (TCP), 17 (UDP) or 132 (SCTP).
     #[serde(serialize_with = "serialize_proto")]
-    pub proto: u8,
+    pub(crate) proto: u8,
     /// Addresses the Service answers on: its ClusterIP(s), external IPs and
     /// load-balancer IPs, with the Service port. NodePorts are not listed: they answer
     /// on every node address, which the rules do not name.
-    pub frontends: Vec<SocketAddr>,
+    pub(crate) frontends: Vec<SocketAddr>,
     /// Where kube-proxy sends connections: each endpoint's DNAT destination.
-    pub backends: Vec<SocketAddr>,
+    pub(crate) backends: Vec<SocketAddr>,
     /// kube-proxy rejects connections to this Service because it has no endpoints
     /// (iptables: a "has no endpoints" REJECT rule; nftables: an element of the
     /// `no-endpoint-services` or `no-endpoint-nodeports` map). In a dual-stack cluster
     /// this is set when either family rejects.
-    pub no_endpoints: bool,
+    pub(crate) no_endpoints: bool,
 }
 
 fn serialize_proto<S: serde::Serializer>(proto: &u8, s: S) -> Result<S::Ok, S::Error> {
@@ -51,7 +51,7 @@ type L4 = (IpAddr, u8, u16);
 
 /// Every Service kube-proxy programmed on this node, read from its rules.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ServiceCatalog {
+pub(crate) struct ServiceCatalog {
     services: BTreeMap<Key, Service>,
     frontends: HashMap<L4, Key>,
     backends: HashMap<L4, Key>,
@@ -59,13 +59,13 @@ pub struct ServiceCatalog {
 
 impl ServiceCatalog {
     /// An empty catalog.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// The Service answering on `ip:port` over `proto` (a ClusterIP, external IP or
     /// load-balancer IP), e.g. the destination of a failed connect.
-    pub fn by_frontend(&self, ip: IpAddr, proto: u8, port: u16) -> Option<&Service> {
+    pub(crate) fn by_frontend(&self, ip: IpAddr, proto: u8, port: u16) -> Option<&Service> {
         self.frontends
             .get(&(ip, proto, port))
             .and_then(|k| self.services.get(k))
@@ -74,35 +74,35 @@ impl ServiceCatalog {
     /// The Service whose endpoint is `ip:port` over `proto` (a DNAT destination of
     /// kube-proxy), e.g. the destination of a connect seen after DNAT. When one endpoint
     /// backs several Services, the first one read is returned.
-    pub fn by_backend(&self, ip: IpAddr, proto: u8, port: u16) -> Option<&Service> {
+    pub(crate) fn by_backend(&self, ip: IpAddr, proto: u8, port: u16) -> Option<&Service> {
         self.backends
             .get(&(ip, proto, port))
             .and_then(|k| self.services.get(k))
     }
 
     /// Number of Service ports.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.services.len()
     }
 
     /// Whether no Service was found.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.services.is_empty()
     }
 
     /// Every Service port, ordered by name then protocol.
-    pub fn services(&self) -> impl Iterator<Item = &Service> {
+    pub(crate) fn services(&self) -> impl Iterator<Item = &Service> {
         self.services.values()
     }
 
     /// Number of Service ports kube-proxy rejects for lack of endpoints.
-    pub fn no_endpoints_count(&self) -> usize {
+    pub(crate) fn no_endpoints_count(&self) -> usize {
         self.services.values().filter(|s| s.no_endpoints).count()
     }
 
     /// Adds everything `other` holds: Services, their frontends and backends, and
     /// their no-endpoints marks (the IPv4 and IPv6 rules of one Service merge into one).
-    pub fn merge(&mut self, other: ServiceCatalog) {
+    pub(crate) fn merge(&mut self, other: ServiceCatalog) {
         for svc in other.services.into_values() {
             let entry = self.service(&svc.name, svc.proto);
             entry.no_endpoints |= svc.no_endpoints;

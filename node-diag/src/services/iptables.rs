@@ -46,7 +46,7 @@ struct Rule {
 }
 
 /// Parses `iptables-save` (or `ip6tables-save`) output into a catalog.
-pub fn parse(text: &str) -> ServiceCatalog {
+pub(crate) fn parse(text: &str) -> ServiceCatalog {
     let mut catalog = ServiceCatalog::new();
     let mut table = String::new();
     // For DNAT rules without a comment: which Service each KUBE-SVC chain is, which

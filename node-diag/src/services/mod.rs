@@ -53,14 +53,14 @@ mod report;
 mod sources;
 mod watch;
 
-pub use catalog::{Service, ServiceCatalog};
-pub use report::Report;
-pub use sources::{Source, SourceStatus, read};
-pub use watch::CatalogWatcher;
+pub(crate) use catalog::{Service, ServiceCatalog};
+pub(crate) use report::Report;
+pub(crate) use sources::{Source, SourceStatus, read};
+pub(crate) use watch::CatalogWatcher;
 
 /// Why the Service catalog could not be read.
 #[derive(Debug, thiserror::Error)]
-pub enum ServicesError {
+pub(crate) enum ServicesError {
     /// Every dump tool was missing or failed: the Services are unknown (not "none").
     #[error("no kube-proxy ruleset could be read ({})", describe(.0))]
     NothingReadable(Vec<Source>),
@@ -84,7 +84,7 @@ fn describe(sources: &[Source]) -> String {
 impl ServiceCatalog {
     /// Parses `iptables-save` or `ip6tables-save` output (nft-backed or legacy).
     /// Rules it does not understand are skipped, never an error.
-    pub fn parse_iptables_save(text: &str) -> ServiceCatalog {
+    pub(crate) fn parse_iptables_save(text: &str) -> ServiceCatalog {
         iptables::parse(text)
     }
 
@@ -93,15 +93,15 @@ impl ServiceCatalog {
     /// # Errors
     ///
     /// Only when the text is not nft's JSON at all; odd elements and rules are skipped.
-    pub fn parse_nft_json(json: &str) -> Result<ServiceCatalog, ServicesError> {
+    pub(crate) fn parse_nft_json(json: &str) -> Result<ServiceCatalog, ServicesError> {
         nftables::parse(json)
     }
 }
 
 /// IP protocol numbers of the protocols a Service port can use.
-pub const IPPROTO_TCP: u8 = 6;
-pub const IPPROTO_UDP: u8 = 17;
-pub const IPPROTO_SCTP: u8 = 132;
+pub(crate) const IPPROTO_TCP: u8 = 6;
+pub(crate) const IPPROTO_UDP: u8 = 17;
+pub(crate) const IPPROTO_SCTP: u8 = 132;
 
 /// `tcp`, `udp`, `sctp` (as iptables and nft print them) to the protocol number.
 fn proto_number(name: &str) -> Option<u8> {

@@ -40,7 +40,7 @@ const ENDPOINT_CHAIN_PREFIX: &str = "endpoint-";
 
 /// Parses `nft -j list table {ip,ip6} kube-proxy` output (or `nft -j list ruleset`:
 /// other tables are skipped) into a catalog.
-pub fn parse(json: &str) -> Result<ServiceCatalog, ServicesError> {
+pub(crate) fn parse(json: &str) -> Result<ServiceCatalog, ServicesError> {
     let doc: Value = serde_json::from_str(json).map_err(ServicesError::NftJson)?;
     let items = doc
         .get("nftables")

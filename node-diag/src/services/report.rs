@@ -9,14 +9,14 @@ use super::{Service, ServiceCatalog, Source, SourceStatus, proto_name};
 
 /// `node-diag services`' output.
 #[derive(Debug, Clone, Serialize)]
-pub struct Report {
-    pub services: Vec<Service>,
-    pub sources: Vec<Source>,
+pub(crate) struct Report {
+    pub(crate) services: Vec<Service>,
+    pub(crate) sources: Vec<Source>,
 }
 
 impl Report {
     /// Every Service of `catalog`.
-    pub fn new(catalog: &ServiceCatalog, sources: Vec<Source>) -> Self {
+    pub(crate) fn new(catalog: &ServiceCatalog, sources: Vec<Source>) -> Self {
         Self {
             services: catalog.services().cloned().collect(),
             sources,
@@ -25,7 +25,7 @@ impl Report {
 
     /// Only the Service answering on `addr` over `proto`, and the one `addr` is an
     /// endpoint of (both when they differ).
-    pub fn lookup(
+    pub(crate) fn lookup(
         catalog: &ServiceCatalog,
         sources: Vec<Source>,
         addr: SocketAddr,
@@ -47,7 +47,7 @@ impl Report {
     }
 
     /// The table, then one line per source.
-    pub fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         let list = |v: &[SocketAddr]| {
             if v.is_empty() {
                 "-".to_owned()

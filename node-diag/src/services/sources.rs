@@ -25,17 +25,17 @@ const SBIN_DIRS: [&str; 3] = ["/usr/sbin", "/sbin", "/usr/local/sbin"];
 
 /// One place the catalog is read from, and what came of it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Source {
+pub(crate) struct Source {
     /// The command, as run: `iptables-nft-save`, `nft -j list table ip kube-proxy`...
-    pub name: String,
+    pub(crate) name: String,
     #[serde(flatten)]
-    pub status: SourceStatus,
+    pub(crate) status: SourceStatus,
 }
 
 /// What came of reading one source.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "status", rename_all = "snake_case")]
-pub enum SourceStatus {
+pub(crate) enum SourceStatus {
     /// Read; `services` Service ports found in it (0 when kube-proxy does not use it).
     Read { services: usize },
     /// The tool ran, and there is nothing of kube-proxy's to read: no `kube-proxy` table
@@ -55,7 +55,7 @@ impl Source {
     }
 
     /// Whether the source was read (including a kube-proxy table that is not there).
-    pub fn is_read(&self) -> bool {
+    pub(crate) fn is_read(&self) -> bool {
         !matches!(self.status, SourceStatus::Unavailable { .. })
     }
 }
@@ -79,7 +79,7 @@ enum Parser {
 ///
 /// [`ServicesError::NothingReadable`] when no source at all could be read: then the
 /// node's Services are unknown, which is not the same as "none".
-pub fn read() -> Result<(ServiceCatalog, Vec<Source>), ServicesError> {
+pub(crate) fn read() -> Result<(ServiceCatalog, Vec<Source>), ServicesError> {
     let mut catalog = ServiceCatalog::new();
     let mut sources = Vec::new();
 

@@ -8,7 +8,7 @@ use super::{Service, ServiceCatalog, ServicesError, Source, read};
 type Reader = Box<dyn FnMut() -> Result<(ServiceCatalog, Vec<Source>), ServicesError> + Send>;
 
 /// A catalog kept current by [`CatalogWatcher::refresh`].
-pub struct CatalogWatcher {
+pub(crate) struct CatalogWatcher {
     reader: Reader,
     catalog: ServiceCatalog,
     sources: Vec<Source>,
@@ -36,12 +36,12 @@ impl Default for CatalogWatcher {
 impl CatalogWatcher {
     /// A watcher reading this thread's network namespace with [`read`]; empty until the
     /// first [`CatalogWatcher::refresh`].
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::with_reader(read)
     }
 
     /// A watcher reading through `reader` instead (tests; another namespace).
-    pub fn with_reader(
+    pub(crate) fn with_reader(
         reader: impl FnMut() -> Result<(ServiceCatalog, Vec<Source>), ServicesError> + Send + 'static,
     ) -> Self {
         Self {
@@ -53,12 +53,12 @@ impl CatalogWatcher {
     }
 
     /// The catalog as last read.
-    pub fn catalog(&self) -> &ServiceCatalog {
+    pub(crate) fn catalog(&self) -> &ServiceCatalog {
         &self.catalog
     }
 
     /// What became of each source at the last read.
-    pub fn sources(&self) -> &[Source] {
+    pub(crate) fn sources(&self) -> &[Source] {
         &self.sources
     }
 
@@ -70,7 +70,7 @@ impl CatalogWatcher {
     /// # Errors
     ///
     /// What [`read`] returns; the previous catalog is kept.
-    pub fn refresh(&mut self) -> Result<bool, ServicesError> {
+    pub(crate) fn refresh(&mut self) -> Result<bool, ServicesError> {
         let (catalog, sources) = match (self.reader)() {
             Ok(read) => read,
             Err(e) => {
