@@ -58,7 +58,7 @@ pub(super) fn text(
 
 #[cfg(test)]
 mod tests {
-    use node_diag_common::{DropInfo, drop_flag, event_kind};
+    use node_diag_common::{drop_flag, event_kind};
 
     use super::super::testkit::*;
     use crate::findings::{Kind, Layer, Severity};
@@ -140,13 +140,7 @@ mod tests {
     #[test]
     fn a_refusal_is_never_conntrack() {
         let mut ev = refused_with_rst();
-        ev.drop = DropInfo {
-            last_ns: 1,
-            reason: 12,
-            count: 1,
-            netns: 77,
-            ..Default::default()
-        };
+        ev.drop = dropped(12, 1, 77, 0);
         let f = run_with(&ev, Some(window(1000, 1000, 1, 0))).unwrap();
         assert_eq!((f.kind, f.layer), (Kind::TcpRefused, Layer::Firewall));
     }

@@ -98,6 +98,20 @@ pub(super) fn run_ctx(
     conntrack: Option<Window>,
     icmp_watched: bool,
 ) -> Option<Finding> {
+    correlate_in(ev, Translation::default(), conntrack, icmp_watched)
+}
+
+pub(super) fn run_translated(ev: &Event, translation: Translation) -> Option<Finding> {
+    correlate_in(ev, translation, None, true)
+}
+
+/// As the agent correlates `ev`, at the epoch, with ifindex 3 named `vpod0`.
+fn correlate_in(
+    ev: &Event,
+    translation: Translation,
+    conntrack: Option<Window>,
+    icmp_watched: bool,
+) -> Option<Finding> {
     let names = Names::new(reasons(), |_, i| (i == 3).then(|| "vpod0".to_string()));
     correlate(
         kind_of(ev),
@@ -106,25 +120,9 @@ pub(super) fn run_ctx(
             names: &names,
             now: SystemTime::UNIX_EPOCH,
             ephemeral_ports: 32768..=60999,
-            translation: Translation::default(),
+            translation,
             conntrack,
             icmp_watched,
-        },
-    )
-}
-
-pub(super) fn run_translated(ev: &Event, translation: Translation) -> Option<Finding> {
-    let names = Names::new(reasons(), |_, _| None);
-    correlate(
-        kind_of(ev),
-        ev,
-        &Context {
-            names: &names,
-            now: SystemTime::UNIX_EPOCH,
-            ephemeral_ports: 32768..=60999,
-            translation,
-            conntrack: None,
-            icmp_watched: true,
         },
     )
 }
