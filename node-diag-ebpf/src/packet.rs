@@ -10,6 +10,7 @@ use node_diag_common::{AF_INET, AF_INET6, FlowKey};
 
 use crate::{
     config::config,
+    flow::set_v4,
     kernel::{btf_read, kread, kread_into, rdonly_cast},
 };
 
@@ -21,15 +22,6 @@ pub const IPPROTO_TCP: u8 = 6;
 pub const IPPROTO_UDP: u8 = 17;
 pub const IPPROTO_ICMP: u8 = 1;
 pub const IPPROTO_ICMPV6: u8 = 58;
-
-/// Stores an IPv4 address in the first four bytes of a [`FlowKey`] address.
-#[inline(always)]
-pub fn set_v4(dst: &mut [u8; 16], v4: [u8; 4]) {
-    dst[0] = v4[0];
-    dst[1] = v4[1];
-    dst[2] = v4[2];
-    dst[3] = v4[3];
-}
 
 /// What [`skb_flow`] found at the network header of an skb.
 ///
@@ -206,13 +198,6 @@ fn ip_flow_cast(ip: u64, protocol: u16, p: &mut Packet, any_l4: bool) -> Option<
 #[inline(always)]
 fn wanted(l4proto: u8) -> bool {
     l4proto == IPPROTO_TCP || l4proto == IPPROTO_ICMP || l4proto == IPPROTO_ICMPV6
-}
-
-/// Turns `flow` around in place: the flow seen from its other end.
-#[inline(always)]
-pub fn reverse(flow: &mut FlowKey) {
-    core::mem::swap(&mut flow.saddr, &mut flow.daddr);
-    core::mem::swap(&mut flow.sport, &mut flow.dport);
 }
 
 /// Whether an ICMP(v6) type/code is "fragmentation needed" / "packet too big".

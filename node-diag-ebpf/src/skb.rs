@@ -10,10 +10,11 @@ use node_diag_common::{DROP_REASON_SLOTS, DropInfo, DropKey, counter, drop_flag,
 use crate::{
     config::{config, in_scope, in_scope_cached, now},
     emit::{Extra, bump, bump_lru, emit, inc, note_evidence},
+    flow::reverse,
     kernel::{btf_read, kread, skb_dev_btf},
     maps::{DROP_REASONS, DROPS, FRAG_DROPPED, OVERSIZE, OVERSIZE_BY_DEV, SYN_DROPS},
     nat::nat_join,
-    packet::{IPPROTO_TCP, Packet, TCP_FLAG_ACK, TCP_FLAG_SYN, ip_flow, is_frag_needed, reverse},
+    packet::{IPPROTO_TCP, Packet, TCP_FLAG_ACK, TCP_FLAG_SYN, ip_flow, is_frag_needed},
 };
 
 /// A BTF tracepoint: the arguments (`kfree_skb(skb, location, reason[, rx_sk])`,

@@ -18,10 +18,9 @@ use node_diag_common::{AF_INET, AF_INET6, ETH_HLEN, FlowKey, IcmpInfo, counter};
 use crate::{
     config::now,
     emit::{bump_lru, inc, note_evidence},
+    flow::set_v4,
     maps::{ICMP_ERR_RCVD, ICMP_RCVD, LINK_HDR},
-    packet::{
-        ETH_P_IP, ETH_P_IPV6, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP, set_v4,
-    },
+    packet::{ETH_P_IP, ETH_P_IPV6, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP},
 };
 
 const ICMP_DEST_UNREACH: u8 = 3;
