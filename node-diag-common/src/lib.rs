@@ -315,9 +315,131 @@ pub mod tcp_state {
     pub const CLOSE: u32 = 7;
 }
 
+/// Address families (`AF_*`), as `struct sock` and [`FlowKey::family`] hold them.
 pub const AF_INET: u16 = 2;
 pub const AF_INET6: u16 = 10;
-pub const IPPROTO_TCP: u16 = 6;
+
+/// EtherTypes (`ETH_P_*`, `<linux/if_ether.h>`), in host order, as `skb->protocol` reads
+/// once swapped.
+pub mod eth_p {
+    pub const IP: u16 = 0x0800;
+    pub const IPV6: u16 = 0x86DD;
+}
+
+/// IP protocol numbers (`IPPROTO_*`), typed as the IPv4 header's protocol and the IPv6
+/// header's next-header byte: the packet parsers compare them as they read them.
+/// `struct sock`'s `sk_protocol` is wider: widen at the use site.
+pub mod ipproto {
+    pub const ICMP: u8 = 1;
+    pub const TCP: u8 = 6;
+    pub const UDP: u8 = 17;
+    pub const ICMPV6: u8 = 58;
+    pub const SCTP: u8 = 132;
+}
+
+/// ICMP types and destination-unreachable codes (`<linux/icmp.h>`: RFC 792/1122/1812),
+/// typed as [`IcmpInfo`] stores them and `icmp:icmp_send` reports them; a parser widens
+/// the header's byte with `u32::from`.
+pub mod icmp {
+    pub const DEST_UNREACH: u32 = 3;
+
+    pub const NET_UNREACH: u32 = 0;
+    pub const HOST_UNREACH: u32 = 1;
+    pub const PROT_UNREACH: u32 = 2;
+    pub const PORT_UNREACH: u32 = 3;
+    /// Fragmentation needed and DF set: PMTUD's signal, carrying the next-hop MTU.
+    pub const FRAG_NEEDED: u32 = 4;
+    pub const SR_FAILED: u32 = 5;
+    pub const NET_UNKNOWN: u32 = 6;
+    pub const HOST_UNKNOWN: u32 = 7;
+    pub const HOST_ISOLATED: u32 = 8;
+    pub const NET_ANO: u32 = 9;
+    pub const HOST_ANO: u32 = 10;
+    pub const NET_UNR_TOS: u32 = 11;
+    pub const HOST_UNR_TOS: u32 = 12;
+    pub const PKT_FILTERED: u32 = 13;
+    pub const PREC_VIOLATION: u32 = 14;
+    pub const PREC_CUTOFF: u32 = 15;
+
+    /// The codes a filter sends (RFC 1812 "administratively prohibited").
+    pub const ADMIN_PROHIBITED: [u32; 3] = [NET_ANO, HOST_ANO, PKT_FILTERED];
+}
+
+/// ICMPv6 types and destination-unreachable codes (`<linux/icmpv6.h>`), typed as
+/// [`icmp`]'s.
+pub mod icmpv6 {
+    pub const DEST_UNREACH: u32 = 1;
+    /// IPv6's frag-needed: carries the MTU, whatever the code.
+    pub const PKT_TOOBIG: u32 = 2;
+
+    pub const NOROUTE: u32 = 0;
+    pub const ADM_PROHIBITED: u32 = 1;
+    pub const NOT_NEIGHBOUR: u32 = 2;
+    pub const ADDR_UNREACH: u32 = 3;
+    pub const PORT_UNREACH: u32 = 4;
+    pub const POLICY_FAIL: u32 = 5;
+    pub const REJECT_ROUTE: u32 = 6;
+
+    /// The codes a filter sends: `icmpv6_err_convert` makes each of them EACCES.
+    pub const ADMIN_PROHIBITED: [u32; 3] = [ADM_PROHIBITED, POLICY_FAIL, REJECT_ROUTE];
+}
+
+/// The socket errors (Linux `errno` values) the programs judge and the agent names,
+/// typed as [`Event::error`](crate::Event::error) carries them and as `struct sock_extended_err`'s `ee_errno`
+/// is. `sk_err` is an `int` holding the same positive values.
+pub mod errno {
+    /// ICMPv6 administratively prohibited (IPv4's maps to EHOSTUNREACH).
+    pub const EACCES: u32 = 13;
+    pub const EPIPE: u32 = 32;
+    pub const ENONET: u32 = 64;
+    pub const ENETUNREACH: u32 = 101;
+    pub const ECONNRESET: u32 = 104;
+    pub const ETIMEDOUT: u32 = 110;
+    pub const ECONNREFUSED: u32 = 111;
+    pub const EHOSTDOWN: u32 = 112;
+    pub const EHOSTUNREACH: u32 = 113;
+
+    /// The symbolic name of one of the errors above, `""` for any other.
+    pub const fn name(errno: u32) -> &'static str {
+        match errno {
+            EACCES => "EACCES",
+            EPIPE => "EPIPE",
+            ENONET => "ENONET",
+            ENETUNREACH => "ENETUNREACH",
+            ECONNRESET => "ECONNRESET",
+            ETIMEDOUT => "ETIMEDOUT",
+            ECONNREFUSED => "ECONNREFUSED",
+            EHOSTDOWN => "EHOSTDOWN",
+            EHOSTUNREACH => "EHOSTUNREACH",
+            _ => "",
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn names_every_judged_error() {
+            let all = [
+                (EACCES, "EACCES"),
+                (EPIPE, "EPIPE"),
+                (ENONET, "ENONET"),
+                (ENETUNREACH, "ENETUNREACH"),
+                (ECONNRESET, "ECONNRESET"),
+                (ETIMEDOUT, "ETIMEDOUT"),
+                (ECONNREFUSED, "ECONNREFUSED"),
+                (EHOSTDOWN, "EHOSTDOWN"),
+                (EHOSTUNREACH, "EHOSTUNREACH"),
+            ];
+            for (errno, expected) in all {
+                assert_eq!(name(errno), expected);
+            }
+            assert_eq!(name(0), "");
+            assert_eq!(name(1), "");
+        }
+    }
+}
 
 /// A TCP connection from the local socket's point of view (`s*` is the local end).
 /// IPv4 addresses occupy the first 4 bytes of `saddr`/`daddr`, the rest zero.

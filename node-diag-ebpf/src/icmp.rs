@@ -6,7 +6,7 @@
 use core::mem::MaybeUninit;
 
 use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
-use node_diag_common::{IcmpInfo, counter};
+use node_diag_common::{IcmpInfo, counter, eth_p, icmp, ipproto};
 
 use crate::{
     config::{config, in_scope, now},
@@ -14,11 +14,8 @@ use crate::{
     kernel::{field, kread, skb_dev},
     maps::ICMP_SENT,
     nat::nat_join,
-    packet::{ETH_P_IP, IPPROTO_TCP, Packet, TCP_FLAG_ACK, skb_flow},
+    packet::{Packet, TCP_FLAG_ACK, skb_flow},
 };
-
-const ICMP_DEST_UNREACH: i32 = 3;
-const ICMP_FRAG_NEEDED: i32 = 4;
 
 #[tracepoint]
 pub fn nd_icmp_send(ctx: TracePointContext) -> u32 {
@@ -28,15 +25,16 @@ pub fn nd_icmp_send(ctx: TracePointContext) -> u32 {
 }
 
 fn try_icmp_send(ctx: &TracePointContext) -> Option<()> {
-    let icmp_type = field::<i32>(ctx, config!(icmp_type))?;
-    if icmp_type != ICMP_DEST_UNREACH {
+    // `int` fields holding a type and a code: read as the `u32`s they are stored as.
+    let icmp_type = field::<u32>(ctx, config!(icmp_type))?;
+    if icmp_type != icmp::DEST_UNREACH {
         return None;
     }
-    let icmp_code = field::<i32>(ctx, config!(icmp_code))?;
+    let icmp_code = field::<u32>(ctx, config!(icmp_code))?;
     let skb = field::<u64>(ctx, config!(icmp_skbaddr))?;
     let (netns, ifindex) = skb_dev(skb);
     let mut mtu = 0;
-    if icmp_code == ICMP_FRAG_NEEDED {
+    if icmp_code == icmp::FRAG_NEEDED {
         if in_scope(netns) {
             inc(counter::ICMP_FRAG_SENT);
         }
@@ -48,8 +46,8 @@ fn try_icmp_send(ctx: &TracePointContext) -> Option<()> {
     }
     let mut slot = MaybeUninit::uninit();
     let packet = Packet::zero_in(&mut slot);
-    let l4proto = skb_flow(skb, ETH_P_IP, packet)?;
-    if l4proto == IPPROTO_TCP && packet.flags & TCP_FLAG_ACK == 0 {
+    let l4proto = skb_flow(skb, eth_p::IP, packet)?;
+    if l4proto == ipproto::TCP && packet.flags & TCP_FLAG_ACK == 0 {
         // A SYN rejected after this node's NAT: filed under the flow the socket connected
         // to, as the error itself reaches the socket translated back.
         let _ = nat_join(skb, &mut packet.flow, netns, false);
@@ -59,8 +57,8 @@ fn try_icmp_send(ctx: &TracePointContext) -> Option<()> {
     note_evidence();
     let mut info = IcmpInfo {
         last_ns: now(),
-        icmp_type: icmp_type as u32,
-        icmp_code: icmp_code as u32,
+        icmp_type,
+        icmp_code,
         netns,
         ifindex,
         mtu,

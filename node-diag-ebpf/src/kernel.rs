@@ -9,7 +9,7 @@ use aya_ebpf::{
 };
 use node_diag_common::{AF_INET, AF_INET6, FlowKey, KFUNC_RDONLY_CAST_MARK};
 
-use crate::{config::config, packet::set_v4};
+use crate::{config::config, flow::set_v4};
 
 /// One field of the tracepoint record at `offset`.
 #[inline(always)]

@@ -22,7 +22,8 @@
 //!
 //! What the hooks share: `maps` (every map), `config` (the read-only global `CONFIG`,
 //! the clock, the namespace scope check), `kernel` (tracepoint fields and kernel struct
-//! reads), `packet` (IP/TCP/ICMP parsing of an skb) and `emit` (verdict events, counters,
+//! reads), `packet` (IP/TCP/ICMP parsing of an skb), `flow` (flow key addresses, below
+//! both) and `emit` (verdict events, counters,
 //! the per-flow evidence update, and the programs' only log calls). Where the kernel has
 //! the `bpf_rdonly_cast` kfunc (6.2+), `kernel` and `packet` read sockets and packet
 //! headers with plain loads; before that, with probe reads. The agent picks one at load
@@ -39,6 +40,7 @@
 
 mod config;
 mod emit;
+mod flow;
 mod icmp;
 mod kernel;
 mod maps;

@@ -5,13 +5,12 @@
 //! filed under the original flow so the verdicts find it, and the translation goes to
 //! [`NAT`] for the agent to name the backend.
 
-use node_diag_common::{FlowKey, NatInfo};
+use node_diag_common::{FlowKey, NatInfo, ipproto};
 
 use crate::{
     config::{config, now},
     kernel::{kread, kread_into},
     maps::NAT,
-    packet::IPPROTO_TCP,
 };
 
 /// `enum ip_conntrack_info` values from `IP_CT_IS_REPLY` on are the reply direction.
@@ -38,7 +37,7 @@ pub fn nat_join(skb: u64, flow: &mut FlowKey, netns: u32, reply: bool) -> Option
     }
     let orig = ct + config!(ct_orig) as u64;
     let family = kread::<u16>(orig, config!(ct_l3num) as u32)?;
-    if family != flow.family || kread::<u8>(orig, config!(ct_protonum) as u32)? != IPPROTO_TCP {
+    if family != flow.family || kread::<u8>(orig, config!(ct_protonum) as u32)? != ipproto::TCP {
         return None;
     }
     let reply_tuple = ct + config!(ct_reply) as u64;

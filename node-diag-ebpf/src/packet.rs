@@ -2,34 +2,20 @@
 //! ICMP type/code) at an skb's network header, read at the BTF offsets of `struct
 //! sk_buff`, by plain loads through `bpf_rdonly_cast` where the kernel has it and by probe
 //! reads elsewhere. The TC classifier parses its own packets with direct loads; it shares only
-//! the protocol numbers and [`set_v4`].
+//! the protocol numbers (`node_diag_common::ipproto`) and [`set_v4`].
 
 use core::mem::MaybeUninit;
 
-use node_diag_common::{AF_INET, AF_INET6, FlowKey};
+use node_diag_common::{AF_INET, AF_INET6, FlowKey, eth_p, icmp, icmpv6, ipproto};
 
 use crate::{
     config::config,
+    flow::set_v4,
     kernel::{btf_read, kread, kread_into, rdonly_cast},
 };
 
 pub const TCP_FLAG_SYN: u8 = 0x02;
 pub const TCP_FLAG_ACK: u8 = 0x10;
-pub const ETH_P_IP: u16 = 0x0800;
-pub const ETH_P_IPV6: u16 = 0x86DD;
-pub const IPPROTO_TCP: u8 = 6;
-pub const IPPROTO_UDP: u8 = 17;
-pub const IPPROTO_ICMP: u8 = 1;
-pub const IPPROTO_ICMPV6: u8 = 58;
-
-/// Stores an IPv4 address in the first four bytes of a [`FlowKey`] address.
-#[inline(always)]
-pub fn set_v4(dst: &mut [u8; 16], v4: [u8; 4]) {
-    dst[0] = v4[0];
-    dst[1] = v4[1];
-    dst[2] = v4[2];
-    dst[3] = v4[3];
-}
 
 /// What [`skb_flow`] found at the network header of an skb.
 ///
@@ -98,7 +84,7 @@ pub fn ip_flow(ip: u64, protocol: u16, p: &mut Packet, any_l4: bool) -> Option<u
         return ip_flow_cast(ip, protocol, p, any_l4);
     }
     let flow = &mut p.flow;
-    let (l4, l4proto) = if protocol == ETH_P_IP {
+    let (l4, l4proto) = if protocol == eth_p::IP {
         let mut h = [0u8; 20];
         kread_into(&mut h, ip, 0)?;
         if h[0] >> 4 != 4 || !(any_l4 || wanted(h[9])) {
@@ -108,7 +94,7 @@ pub fn ip_flow(ip: u64, protocol: u16, p: &mut Packet, any_l4: bool) -> Option<u
         set_v4(&mut flow.saddr, [h[12], h[13], h[14], h[15]]);
         set_v4(&mut flow.daddr, [h[16], h[17], h[18], h[19]]);
         (ip + ((h[0] & 0x0f) as u64) * 4, h[9])
-    } else if protocol == ETH_P_IPV6 {
+    } else if protocol == eth_p::IPV6 {
         let next = kread::<u8>(ip, 6)?;
         if !(any_l4 || wanted(next)) {
             return None;
@@ -120,10 +106,10 @@ pub fn ip_flow(ip: u64, protocol: u16, p: &mut Packet, any_l4: bool) -> Option<u
     } else {
         return None;
     };
-    if l4proto == IPPROTO_TCP || (l4proto == IPPROTO_UDP && any_l4) {
+    if l4proto == ipproto::TCP || (l4proto == ipproto::UDP && any_l4) {
         // Ports, and for TCP the flags at byte 13.
         let mut t = [0u8; 14];
-        if l4proto == IPPROTO_TCP {
+        if l4proto == ipproto::TCP {
             kread_into(&mut t, l4, 0)?;
             p.flags = t[13];
         } else {
@@ -131,7 +117,7 @@ pub fn ip_flow(ip: u64, protocol: u16, p: &mut Packet, any_l4: bool) -> Option<u
         }
         flow.sport = u16::from_be_bytes([t[0], t[1]]);
         flow.dport = u16::from_be_bytes([t[2], t[3]]);
-    } else if l4proto == IPPROTO_ICMP || l4proto == IPPROTO_ICMPV6 {
+    } else if l4proto == ipproto::ICMP || l4proto == ipproto::ICMPV6 {
         let t = kread::<[u8; 2]>(l4, 0)?;
         p.flags = t[0];
         p.code = t[1];
@@ -147,7 +133,7 @@ pub fn ip_flow(ip: u64, protocol: u16, p: &mut Packet, any_l4: bool) -> Option<u
 #[inline(always)]
 fn ip_flow_cast(ip: u64, protocol: u16, p: &mut Packet, any_l4: bool) -> Option<u8> {
     let flow = &mut p.flow;
-    let (l4, l4proto) = if protocol == ETH_P_IP {
+    let (l4, l4proto) = if protocol == eth_p::IP {
         let h = rdonly_cast(ip, config!(cast_iphdr));
         let first: u8 = btf_read(h, 0);
         let proto: u8 = btf_read(h, 9);
@@ -159,7 +145,7 @@ fn ip_flow_cast(ip: u64, protocol: u16, p: &mut Packet, any_l4: bool) -> Option<
         set_v4(&mut flow.saddr, btf_read::<u32>(h, 12).to_ne_bytes());
         set_v4(&mut flow.daddr, btf_read::<u32>(h, 16).to_ne_bytes());
         (ip + ((first & 0x0f) as u64) * 4, proto)
-    } else if protocol == ETH_P_IPV6 {
+    } else if protocol == eth_p::IPV6 {
         let h = rdonly_cast(ip, config!(cast_ipv6hdr));
         let next: u8 = btf_read(h, 6);
         if !(any_l4 || wanted(next)) {
@@ -178,20 +164,20 @@ fn ip_flow_cast(ip: u64, protocol: u16, p: &mut Packet, any_l4: bool) -> Option<
     } else {
         return None;
     };
-    if l4proto == IPPROTO_TCP {
+    if l4proto == ipproto::TCP {
         let t = rdonly_cast(l4, config!(cast_tcphdr));
         flow.sport = u16::from_be(btf_read(t, 0));
         flow.dport = u16::from_be(btf_read(t, 2));
         p.flags = btf_read(t, 13);
-    } else if l4proto == IPPROTO_UDP && any_l4 {
+    } else if l4proto == ipproto::UDP && any_l4 {
         let u = rdonly_cast(l4, config!(cast_udphdr));
         flow.sport = u16::from_be(btf_read(u, 0));
         flow.dport = u16::from_be(btf_read(u, 2));
-    } else if l4proto == IPPROTO_ICMP {
+    } else if l4proto == ipproto::ICMP {
         let t = rdonly_cast(l4, config!(cast_icmphdr));
         p.flags = btf_read(t, 0);
         p.code = btf_read(t, 1);
-    } else if l4proto == IPPROTO_ICMPV6 {
+    } else if l4proto == ipproto::ICMPV6 {
         // A cast of its own: the verifier wants each call's type id a known constant.
         let t = rdonly_cast(l4, config!(cast_icmp6hdr));
         p.flags = btf_read(t, 0);
@@ -205,19 +191,13 @@ fn ip_flow_cast(ip: u64, protocol: u16, p: &mut Packet, any_l4: bool) -> Option<
 /// The transport protocols every parse wants (a SYN's flags, an ICMP error's type).
 #[inline(always)]
 fn wanted(l4proto: u8) -> bool {
-    l4proto == IPPROTO_TCP || l4proto == IPPROTO_ICMP || l4proto == IPPROTO_ICMPV6
-}
-
-/// Turns `flow` around in place: the flow seen from its other end.
-#[inline(always)]
-pub fn reverse(flow: &mut FlowKey) {
-    core::mem::swap(&mut flow.saddr, &mut flow.daddr);
-    core::mem::swap(&mut flow.sport, &mut flow.dport);
+    l4proto == ipproto::TCP || l4proto == ipproto::ICMP || l4proto == ipproto::ICMPV6
 }
 
 /// Whether an ICMP(v6) type/code is "fragmentation needed" / "packet too big".
 #[inline(always)]
 pub fn is_frag_needed(l4proto: u8, icmp_type: u8, code: u8) -> bool {
-    (l4proto == IPPROTO_ICMP && icmp_type == 3 && code == 4)
-        || (l4proto == IPPROTO_ICMPV6 && icmp_type == 2)
+    let (icmp_type, code) = (u32::from(icmp_type), u32::from(code));
+    (l4proto == ipproto::ICMP && icmp_type == icmp::DEST_UNREACH && code == icmp::FRAG_NEEDED)
+        || (l4proto == ipproto::ICMPV6 && icmp_type == icmpv6::PKT_TOOBIG)
 }

@@ -5,15 +5,18 @@
 use core::mem::MaybeUninit;
 
 use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
-use node_diag_common::{DROP_REASON_SLOTS, DropInfo, DropKey, counter, drop_flag, event_kind};
+use node_diag_common::{
+    DROP_REASON_SLOTS, DropInfo, DropKey, counter, drop_flag, event_kind, ipproto,
+};
 
 use crate::{
     config::{config, in_scope, in_scope_cached, now},
     emit::{Extra, bump, bump_lru, emit, inc, note_evidence},
+    flow::reverse,
     kernel::{btf_read, kread, skb_dev_btf},
     maps::{DROP_REASONS, DROPS, FRAG_DROPPED, OVERSIZE, OVERSIZE_BY_DEV, SYN_DROPS},
     nat::nat_join,
-    packet::{IPPROTO_TCP, Packet, TCP_FLAG_ACK, TCP_FLAG_SYN, ip_flow, is_frag_needed, reverse},
+    packet::{Packet, TCP_FLAG_ACK, TCP_FLAG_SYN, ip_flow, is_frag_needed},
 };
 
 /// A BTF tracepoint: the arguments (`kfree_skb(skb, location, reason[, rx_sk])`,
@@ -98,7 +101,7 @@ fn evidence(
     if reason == config!(reason_netfilter_drop) && is_frag_needed(l4proto, p.flags, p.code) {
         frag_needed_dropped(p, protocol, netns, ifindex);
     }
-    if flow_reason(reason) && l4proto == IPPROTO_TCP && p.flags & TCP_FLAG_SYN != 0 {
+    if flow_reason(reason) && l4proto == ipproto::TCP && p.flags & TCP_FLAG_SYN != 0 {
         syn_dropped(skb, p, reason, netns, ifindex);
     }
     Some(())

@@ -15,8 +15,12 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, RawTracePointContext},
 };
 use node_diag_common::{
-    AF_INET, AF_INET6, FlowKey, FlowState, IPPROTO_TCP, IcmpInfo, counter, event_flag, event_kind,
-    flow_flag, tcp_state,
+    AF_INET, AF_INET6, FlowKey, FlowState, IcmpInfo, counter,
+    errno::{
+        EACCES, ECONNREFUSED, ECONNRESET, EHOSTDOWN, EHOSTUNREACH, ENETUNREACH, ENONET, EPIPE,
+        ETIMEDOUT,
+    },
+    event_flag, event_kind, flow_flag, icmp, icmpv6, ipproto, tcp_state,
 };
 
 use crate::{
@@ -28,19 +32,6 @@ use crate::{
 
 /// How recent a generated ICMP error must be to explain a connect failure.
 const ICMP_WINDOW_NS: u64 = 3_000_000_000;
-
-const ICMP_DEST_UNREACH: u32 = 3;
-const ICMPV6_DEST_UNREACH: u32 = 1;
-
-const EACCES: i32 = 13;
-const EPIPE: i32 = 32;
-const ENONET: i32 = 64;
-const ENETUNREACH: i32 = 101;
-const ECONNRESET: i32 = 104;
-const ETIMEDOUT: i32 = 110;
-const ECONNREFUSED: i32 = 111;
-const EHOSTDOWN: i32 = 112;
-const EHOSTUNREACH: i32 = 113;
 
 /// `inet_sock_set_state(sk, oldstate, newstate)`; argument positions checked in BTF.
 #[raw_tracepoint(tracepoint = "inet_sock_set_state")]
@@ -62,7 +53,7 @@ fn try_set_state(ctx: &RawTracePointContext) -> Option<()> {
     }
     let sk: u64 = ctx.arg(0);
     if newstate == tcp_state::SYN_SENT {
-        if sock_read::<u16>(sk, config!(sk_protocol))? != IPPROTO_TCP {
+        if sock_read::<u16>(sk, config!(sk_protocol))? != u16::from(ipproto::TCP) {
             return None;
         }
         // Sockets are reused (SLAB_TYPESAFE_BY_RCU): every attempt starts a fresh entry,
@@ -167,7 +158,7 @@ fn closed(sk: u64, connecting: bool) -> Option<(u32, u32, u32, u32, Extra)> {
         // costs no read: the refused storm's path.
         // SAFETY: the pointer comes from the map.
         if unsafe { (*connect).flags } & flow_flag::RST_RECEIVED != 0
-            || sock_read::<i32>(sk, config!(sk_err))? != 0
+            || sock_read::<u32>(sk, config!(sk_err))? != 0
         {
             return None;
         }
@@ -210,11 +201,11 @@ fn closed(sk: u64, connecting: bool) -> Option<(u32, u32, u32, u32, Extra)> {
     if config!(btf_ok) == 0 {
         return None;
     }
-    let error = sock_read::<i32>(sk, config!(sk_err))?;
+    let error = sock_read::<u32>(sk, config!(sk_err))?;
     if error != ECONNRESET && error != EPIPE {
         return None;
     }
-    if sock_read::<u16>(sk, config!(sk_protocol))? != IPPROTO_TCP {
+    if sock_read::<u16>(sk, config!(sk_protocol))? != u16::from(ipproto::TCP) {
         return None;
     }
     let netns = sock_netns(sk);
@@ -224,7 +215,7 @@ fn closed(sk: u64, connecting: bool) -> Option<(u32, u32, u32, u32, Extra)> {
     inc(counter::ESTABLISHED_RESET);
     Some((
         event_kind::ESTABLISHED_RESET,
-        error as u32,
+        error,
         netns,
         0,
         Extra::default(),
@@ -242,15 +233,16 @@ pub fn nd_err_report(ctx: BtfTracePointContext) -> i32 {
 
 fn try_err_report(ctx: &BtfTracePointContext) -> Option<()> {
     let sk: u64 = ctx.arg(0);
-    if btf_read::<u16>(sk, config!(sk_protocol)) != IPPROTO_TCP {
+    if btf_read::<u16>(sk, config!(sk_protocol)) != u16::from(ipproto::TCP) {
         return None;
     }
     // Everything read through `sk` is read before it serves as a map key: a pointer
     // spilled to the stack and handed to a helper as key memory is a plain number to the
     // verifier afterwards (Linux 6.12 at least), and can no longer be dereferenced.
     let mut key = sock_tuple_btf(sk)?;
-    let hard = btf_read::<i32>(sk, config!(sk_err));
-    let soft = btf_read::<i32>(sk, config!(sk_err_soft));
+    // `int`s holding positive errnos: read as the `u32` an errno is here.
+    let hard = btf_read::<u32>(sk, config!(sk_err));
+    let soft = btf_read::<u32>(sk, config!(sk_err_soft));
     let state = btf_read_at::<u8>(sk, imm!(SK_STATE)) as u32;
     // The ICMP error this report is about, when the kernel queued it on the socket
     // (`ip_icmp_error`, before it sets the error). The report can come before the error
@@ -360,7 +352,7 @@ fn try_err_report(ctx: &BtfTracePointContext) -> Option<()> {
     emit(
         ctx,
         kind,
-        error as u32,
+        error,
         &key,
         netns,
         syn_retrans,
@@ -430,7 +422,7 @@ const SO_EE_ORIGIN_ICMP6: u8 = 3;
 /// changed the flow). Read through `sk` as a BTF pointer, so before `sk` serves as a map
 /// key.
 #[inline(always)]
-fn queued_icmp_error(sk: u64) -> Option<(i32, IcmpInfo)> {
+fn queued_icmp_error(sk: u64) -> Option<(u32, IcmpInfo)> {
     let (queue, ee) = (config!(sk_error_queue), config!(skb_ee));
     if queue == 0 || ee == 0 {
         return None;
@@ -443,7 +435,7 @@ fn queued_icmp_error(sk: u64) -> Option<(i32, IcmpInfo)> {
     }
     // `struct sock_extended_err`: ee_errno (u32), ee_origin, ee_type, ee_code (u8 each).
     let err = kread::<[u8; 8]>(tail, ee)?;
-    let errno = i32::from_ne_bytes([err[0], err[1], err[2], err[3]]);
+    let errno = u32::from_ne_bytes([err[0], err[1], err[2], err[3]]);
     if (err[4] != SO_EE_ORIGIN_ICMP && err[4] != SO_EE_ORIGIN_ICMP6) || errno == 0 {
         return None;
     }
@@ -461,7 +453,7 @@ fn queued_icmp_error(sk: u64) -> Option<(i32, IcmpInfo)> {
 /// The errno the kernel derives from an ICMP destination-unreachable code
 /// (`icmp_err_convert`), for an ICMP this kernel generated for `key` just now.
 #[inline(always)]
-fn icmp_sent_errno(key: &FlowKey) -> Option<i32> {
+fn icmp_sent_errno(key: &FlowKey) -> Option<u32> {
     // SAFETY: the value is copied out at once.
     let icmp = unsafe { ICMP_SENT.get(key) }?;
     if now().saturating_sub(icmp.last_ns) > ICMP_WINDOW_NS {
@@ -475,7 +467,7 @@ fn icmp_sent_errno(key: &FlowKey) -> Option<i32> {
 /// `icmp_err_convert` for ICMP, `icmpv6_err_convert` for ICMPv6. Other ICMP types
 /// (time exceeded, say) end no connect.
 #[inline(always)]
-fn icmp_rcvd_errno(key: &FlowKey, since: u64) -> Option<i32> {
+fn icmp_rcvd_errno(key: &FlowKey, since: u64) -> Option<u32> {
     // SAFETY: the value is copied out at once.
     let icmp = unsafe { ICMP_ERR_RCVD.get(key) }?;
     if icmp.last_ns < since || now().saturating_sub(icmp.last_ns) > ICMP_WINDOW_NS {
@@ -483,12 +475,12 @@ fn icmp_rcvd_errno(key: &FlowKey, since: u64) -> Option<i32> {
     }
     // The key's family is the quoted packet's, so the ICMP's.
     match (key.family, icmp.icmp_type) {
-        (AF_INET, ICMP_DEST_UNREACH) => unreach_errno(icmp.icmp_code),
-        (AF_INET6, ICMPV6_DEST_UNREACH) => match icmp.icmp_code {
-            0 => Some(ENETUNREACH),
-            2 | 3 => Some(EHOSTUNREACH),
-            4 => Some(ECONNREFUSED),
-            1 | 5 | 6 => Some(EACCES),
+        (AF_INET, icmp::DEST_UNREACH) => unreach_errno(icmp.icmp_code),
+        (AF_INET6, icmpv6::DEST_UNREACH) => match icmp.icmp_code {
+            icmpv6::NOROUTE => Some(ENETUNREACH),
+            icmpv6::NOT_NEIGHBOUR | icmpv6::ADDR_UNREACH => Some(EHOSTUNREACH),
+            icmpv6::PORT_UNREACH => Some(ECONNREFUSED),
+            icmpv6::ADM_PROHIBITED | icmpv6::POLICY_FAIL | icmpv6::REJECT_ROUTE => Some(EACCES),
             _ => None,
         },
         _ => None,
@@ -497,13 +489,17 @@ fn icmp_rcvd_errno(key: &FlowKey, since: u64) -> Option<i32> {
 
 /// `icmp_err_convert`'s errno for an ICMP destination unreachable `code`.
 #[inline(always)]
-fn unreach_errno(code: u32) -> Option<i32> {
+fn unreach_errno(code: u32) -> Option<u32> {
     match code {
-        0 | 6 | 9 | 11 => Some(ENETUNREACH),
-        1 | 10 | 12..=15 => Some(EHOSTUNREACH),
-        3 => Some(ECONNREFUSED),
-        7 => Some(EHOSTDOWN),
-        8 => Some(ENONET),
+        icmp::NET_UNREACH | icmp::NET_UNKNOWN | icmp::NET_ANO | icmp::NET_UNR_TOS => {
+            Some(ENETUNREACH)
+        }
+        icmp::HOST_UNREACH | icmp::HOST_ANO | icmp::HOST_UNR_TOS..=icmp::PREC_CUTOFF => {
+            Some(EHOSTUNREACH)
+        }
+        icmp::PORT_UNREACH => Some(ECONNREFUSED),
+        icmp::HOST_UNKNOWN => Some(EHOSTDOWN),
+        icmp::HOST_ISOLATED => Some(ENONET),
         _ => None,
     }
 }

@@ -13,20 +13,16 @@ use aya_ebpf::{
     macros::classifier,
     programs::TcContext,
 };
-use node_diag_common::{AF_INET, AF_INET6, ETH_HLEN, FlowKey, IcmpInfo, counter};
+use node_diag_common::{
+    AF_INET, AF_INET6, ETH_HLEN, FlowKey, IcmpInfo, counter, eth_p, icmp, icmpv6, ipproto,
+};
 
 use crate::{
     config::now,
     emit::{bump_lru, inc, note_evidence},
+    flow::set_v4,
     maps::{ICMP_ERR_RCVD, ICMP_RCVD, LINK_HDR},
-    packet::{
-        ETH_P_IP, ETH_P_IPV6, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP, set_v4,
-    },
 };
-
-const ICMP_DEST_UNREACH: u8 = 3;
-const ICMPV6_DEST_UNREACH: u8 = 1;
-const ICMPV6_PKT_TOOBIG: u8 = 2;
 
 /// A `T` at `off` bytes from the packet's network header. Relative to the network header,
 /// so no per-device link-layer length is looked up (Ethernet, or none on WireGuard and
@@ -89,8 +85,8 @@ fn try_tc_ingress(ctx: &TcContext) -> Option<()> {
     // SAFETY: `__sk_buff` context fields, read directly.
     let (protocol, ifindex) = unsafe { ((*ctx.skb.skb).protocol, (*ctx.skb.skb).ifindex) };
     let protocol = u16::from_be(protocol as u16);
-    let v4 = protocol == ETH_P_IP;
-    if !v4 && protocol != ETH_P_IPV6 {
+    let v4 = protocol == eth_p::IP;
+    if !v4 && protocol != eth_p::IPV6 {
         return None;
     }
     // Every IP packet passes here: one load decides whether it can be an ICMP error.
@@ -100,37 +96,38 @@ fn try_tc_ingress(ctx: &TcContext) -> Option<()> {
         None => load::<u8>(ctx, at as u32)?,
     };
     let (icmp_off, icmp_type, code, mtu) = if v4 {
-        if l4proto != IPPROTO_ICMP {
+        if l4proto != ipproto::ICMP {
             return None;
         }
-        let icmp = ((load::<u8>(ctx, 0)? & 0x0f) as u32) * 4;
+        let off = ((load::<u8>(ctx, 0)? & 0x0f) as u32) * 4;
         // type, code, checksum, unused, next-hop MTU
-        let h = load::<[u8; 8]>(ctx, icmp)?;
-        if h[0] != ICMP_DEST_UNREACH {
+        let h = load::<[u8; 8]>(ctx, off)?;
+        if u32::from(h[0]) != icmp::DEST_UNREACH {
             return None;
         }
-        let mtu = if h[1] == 4 {
+        let mtu = if u32::from(h[1]) == icmp::FRAG_NEEDED {
             u16::from_be_bytes([h[6], h[7]]) as u32
         } else {
             0
         };
-        (icmp, h[0], h[1], mtu)
+        (off, h[0], h[1], mtu)
     } else {
-        if l4proto != IPPROTO_ICMPV6 {
+        if l4proto != ipproto::ICMPV6 {
             return None;
         }
-        let icmp = 40;
+        let off = 40;
         // type, code, checksum, MTU
-        let h = load::<[u8; 8]>(ctx, icmp)?;
-        if h[0] != ICMPV6_PKT_TOOBIG && h[0] != ICMPV6_DEST_UNREACH {
+        let h = load::<[u8; 8]>(ctx, off)?;
+        let icmp_type = u32::from(h[0]);
+        if icmp_type != icmpv6::PKT_TOOBIG && icmp_type != icmpv6::DEST_UNREACH {
             return None;
         }
-        let mtu = if h[0] == ICMPV6_PKT_TOOBIG {
+        let mtu = if icmp_type == icmpv6::PKT_TOOBIG {
             u32::from_be_bytes([h[4], h[5], h[6], h[7]])
         } else {
             0
         };
-        (icmp, h[0], h[1], mtu)
+        (off, h[0], h[1], mtu)
     };
     // The quoted packet: the original sender's IP header and the first 8 transport bytes.
     let inner = icmp_off + 8;
@@ -147,15 +144,15 @@ fn try_tc_ingress(ctx: &TcContext) -> Option<()> {
         flow.daddr = load::<[u8; 16]>(ctx, inner + 24)?;
         (load::<u8>(ctx, inner + 6)?, inner + 40)
     };
-    if proto == IPPROTO_TCP || proto == IPPROTO_UDP {
+    if proto == ipproto::TCP || proto == ipproto::UDP {
         let ports = load::<[u8; 4]>(ctx, l4)?;
         flow.sport = u16::from_be_bytes([ports[0], ports[1]]);
         flow.dport = u16::from_be_bytes([ports[2], ports[3]]);
     }
     let mut info = IcmpInfo {
         last_ns: now(),
-        icmp_type: icmp_type as u32,
-        icmp_code: code as u32,
+        icmp_type: u32::from(icmp_type),
+        icmp_code: u32::from(code),
         netns: 0,
         ifindex,
         mtu,
@@ -168,9 +165,9 @@ fn try_tc_ingress(ctx: &TcContext) -> Option<()> {
         info.from = load::<[u8; 16]>(ctx, 8)?;
     }
     let frag_needed = if v4 {
-        code == 4
+        u32::from(code) == icmp::FRAG_NEEDED
     } else {
-        icmp_type == ICMPV6_PKT_TOOBIG
+        u32::from(icmp_type) == icmpv6::PKT_TOOBIG
     };
     if !frag_needed {
         note_evidence();

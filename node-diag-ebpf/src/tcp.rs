@@ -9,7 +9,7 @@ use aya_ebpf::{
 };
 use node_diag_common::{
     FlowKey, FlowState, RETRANS_REPORTED_PMTUD, RETRANS_REPORTED_STALL, RetransState, counter,
-    event_kind, flow_flag, tcp_state,
+    event_kind, flow_flag, ipproto, tcp_state,
 };
 
 use crate::{
@@ -20,7 +20,7 @@ use crate::{
         tcp_sock_read_as,
     },
     maps::{FRAG_DROPPED, ICMP_RCVD, ICMP_SENT, OVERSIZE, RETRANS},
-    packet::{IPPROTO_ICMP, is_frag_needed},
+    packet::is_frag_needed,
     sock::{live_connect, start_connect},
 };
 
@@ -263,7 +263,7 @@ fn has_frag_needed(flow: &FlowKey, since: u64) -> bool {
     // SAFETY (all map reads): values are copied out at once.
     let sent = recent_icmp(unsafe { ICMP_SENT.get(flow) }, since);
     // icmp:icmp_send is IPv4's (ICMPv6 has no such tracepoint).
-    (sent.count > 0 && is_frag_needed(IPPROTO_ICMP, sent.icmp_type as u8, sent.icmp_code as u8))
+    (sent.count > 0 && is_frag_needed(ipproto::ICMP, sent.icmp_type as u8, sent.icmp_code as u8))
         || recent_icmp(unsafe { ICMP_RCVD.get(flow) }, since).count > 0
         || recent_drop(unsafe { FRAG_DROPPED.get(flow) }, since).count > 0
 }

@@ -33,6 +33,7 @@ mod services;
 use std::{net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
 
 use clap::{Parser, Subcommand};
+use node_diag_common::ipproto;
 use output::OutputFormat;
 
 #[derive(Parser)]
@@ -163,9 +164,9 @@ enum ServiceProto {
 impl ServiceProto {
     fn number(self) -> u8 {
         match self {
-            ServiceProto::Tcp => services::IPPROTO_TCP,
-            ServiceProto::Udp => services::IPPROTO_UDP,
-            ServiceProto::Sctp => services::IPPROTO_SCTP,
+            ServiceProto::Tcp => ipproto::TCP,
+            ServiceProto::Udp => ipproto::UDP,
+            ServiceProto::Sctp => ipproto::SCTP,
         }
     }
 }

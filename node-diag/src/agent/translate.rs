@@ -10,13 +10,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use node_diag_common::Event;
+use node_diag_common::{Event, ipproto};
 use tracing::{debug, info, warn};
 
 use crate::{
     findings::correlate::{Translation, addr},
     kernel::maps::KernelMaps,
-    services::{CatalogWatcher, IPPROTO_TCP, ServiceCatalog, SourceStatus},
+    services::{CatalogWatcher, ServiceCatalog, SourceStatus},
 };
 
 /// How often kube-proxy's rules are re-read for Service names. kube-proxy itself
@@ -58,7 +58,7 @@ impl Translator {
         } else {
             // A netlink round trip: off the event loop, which the HTTP server shares.
             let lookup = tokio::task::spawn_blocking(move || {
-                crate::host_network::conntrack::translated_destination(IPPROTO_TCP, src, dst)
+                crate::host_network::conntrack::translated_destination(ipproto::TCP, src, dst)
             });
             match lookup.await {
                 Ok(Ok(found)) => found,
@@ -81,8 +81,8 @@ impl Translator {
         });
         let services = self.services.read().unwrap_or_else(PoisonError::into_inner);
         let service = services
-            .by_frontend(dst.ip(), IPPROTO_TCP, dst.port())
-            .or_else(|| backend.and_then(|b| services.by_backend(b.ip(), IPPROTO_TCP, b.port())));
+            .by_frontend(dst.ip(), ipproto::TCP, dst.port())
+            .or_else(|| backend.and_then(|b| services.by_backend(b.ip(), ipproto::TCP, b.port())));
         let Some(service) = service else {
             return Translation {
                 backend,

@@ -8,6 +8,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_GENERIC};
+use node_diag_common::{AF_INET, AF_INET6};
 
 use super::{
     nlmsg::{NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, attrs, exchange, message, put_attr},
@@ -35,8 +36,6 @@ const WGDEVICE_A_IFINDEX: u16 = 1;
 const WGDEVICE_A_FWMARK: u16 = 7;
 const WGDEVICE_A_PEERS: u16 = 8;
 const WGPEER_A_ENDPOINT: u16 = 4;
-const AF_INET: u16 = libc::AF_INET as u16;
-const AF_INET6: u16 = libc::AF_INET6 as u16;
 const GENL_HDRLEN: usize = 4;
 
 /// A generic netlink request: header, `cmd`/`version`, attributes.

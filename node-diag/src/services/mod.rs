@@ -58,6 +58,8 @@ pub(crate) use report::Report;
 pub(crate) use sources::{Source, SourceStatus, read};
 pub(crate) use watch::CatalogWatcher;
 
+use node_diag_common::ipproto;
+
 /// Why the Service catalog could not be read.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ServicesError {
@@ -98,17 +100,12 @@ impl ServiceCatalog {
     }
 }
 
-/// IP protocol numbers of the protocols a Service port can use.
-pub(crate) const IPPROTO_TCP: u8 = 6;
-pub(crate) const IPPROTO_UDP: u8 = 17;
-pub(crate) const IPPROTO_SCTP: u8 = 132;
-
 /// `tcp`, `udp`, `sctp` (as iptables and nft print them) to the protocol number.
 fn proto_number(name: &str) -> Option<u8> {
     match name.to_ascii_lowercase().as_str() {
-        "tcp" => Some(IPPROTO_TCP),
-        "udp" => Some(IPPROTO_UDP),
-        "sctp" => Some(IPPROTO_SCTP),
+        "tcp" => Some(ipproto::TCP),
+        "udp" => Some(ipproto::UDP),
+        "sctp" => Some(ipproto::SCTP),
         _ => None,
     }
 }
@@ -116,9 +113,9 @@ fn proto_number(name: &str) -> Option<u8> {
 /// The protocol number's name, for output.
 fn proto_name(proto: u8) -> Option<&'static str> {
     match proto {
-        IPPROTO_TCP => Some("tcp"),
-        IPPROTO_UDP => Some("udp"),
-        IPPROTO_SCTP => Some("sctp"),
+        ipproto::TCP => Some("tcp"),
+        ipproto::UDP => Some("udp"),
+        ipproto::SCTP => Some("sctp"),
         _ => None,
     }
 }

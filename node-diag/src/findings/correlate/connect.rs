@@ -5,7 +5,7 @@
 
 use std::{net::SocketAddr, ops::RangeInclusive};
 
-use node_diag_common::{AF_INET, Event, FlowKey, drop_flag, event_flag};
+use node_diag_common::{AF_INET, Event, FlowKey, drop_flag, errno, event_flag, icmp, icmpv6};
 
 use super::{Context, addr, conntrack, errno_name, nat::service_remediation, with_flow};
 use crate::{
@@ -40,17 +40,15 @@ const ROUTING_REASONS: &[&str] = &[
 ];
 
 /// ICMP destination-unreachable codes sent by filters (RFC 1812 administratively prohibited).
-const ICMP_ADMIN_CODES: &[u32] = &[9, 10, 13];
-const ICMP_PORT_UNREACH: u32 = 3;
-/// The socket error an ICMPv6 administratively-prohibited leaves.
-const EACCES: u32 = 13;
+const ICMP_ADMIN_CODES: &[u32] = &icmp::ADMIN_PROHIBITED;
+const ICMP_PORT_UNREACH: u32 = icmp::PORT_UNREACH;
 
 /// Whether a received destination-unreachable code is a filter's refusal: IPv4 codes 9,
 /// 10 and 13 (RFC 1812), ICMPv6 codes 1 (administratively prohibited), 5 (source
 /// address failed policy) and 6 (reject route).
 fn admin_prohibited(v6: bool, code: u32) -> bool {
     if v6 {
-        matches!(code, 1 | 5 | 6)
+        icmpv6::ADMIN_PROHIBITED.contains(&code)
     } else {
         ICMP_ADMIN_CODES.contains(&code)
     }
@@ -58,7 +56,11 @@ fn admin_prohibited(v6: bool, code: u32) -> bool {
 
 /// Whether a received destination-unreachable code is "port unreachable".
 fn port_unreachable(v6: bool, code: u32) -> bool {
-    code == if v6 { 4 } else { ICMP_PORT_UNREACH }
+    code == if v6 {
+        icmpv6::PORT_UNREACH
+    } else {
+        ICMP_PORT_UNREACH
+    }
 }
 
 /// What this node's evidence says failed the attempt.
@@ -370,7 +372,7 @@ fn unreachable(ev: &Event, seen: &Seen) -> Said {
         ),
         // Only an ICMPv6 administratively-prohibited makes EACCES: a filter on the path
         // (ip6tables/nft REJECT, a NetworkPolicy) said no.
-        Cause::None if ev.error == EACCES => (
+        Cause::None if ev.error == errno::EACCES => (
             Layer::Firewall,
             Severity::Critical,
             format!(

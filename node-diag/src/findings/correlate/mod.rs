@@ -21,26 +21,11 @@ use std::{
     time::SystemTime,
 };
 
-use node_diag_common::{AF_INET, Event, FlowKey};
+use node_diag_common::{AF_INET, Event, FlowKey, errno};
 
 pub(crate) use self::nat::Translation;
 use super::{Finding, Kind, conntrack::Window, names::Names};
 use crate::kernel::event::EventKind;
-
-pub(crate) fn errno_name(errno: u32) -> &'static str {
-    match errno {
-        13 => "EACCES",
-        32 => "EPIPE",
-        64 => "ENONET",
-        101 => "ENETUNREACH",
-        104 => "ECONNRESET",
-        110 => "ETIMEDOUT",
-        111 => "ECONNREFUSED",
-        112 => "EHOSTDOWN",
-        113 => "EHOSTUNREACH",
-        _ => "",
-    }
-}
 
 /// The address as the user knows it: an IPv4-mapped IPv6 address (`::ffff:a.b.c.d`,
 /// what a dual-stack socket connecting to IPv4 holds) is the IPv4 address it maps.
@@ -50,6 +35,11 @@ pub(crate) fn addr(flow: &FlowKey, bytes: &[u8; 16]) -> IpAddr {
     } else {
         IpAddr::V6(Ipv6Addr::from(*bytes)).to_canonical()
     }
+}
+
+/// The socket error's name for evidence and summaries.
+fn errno_name(e: u32) -> &'static str {
+    errno::name(e)
 }
 
 /// Context the correlator needs beyond the event.

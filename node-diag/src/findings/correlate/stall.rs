@@ -1,7 +1,7 @@
 //! The MTU family: DF packets dropped as too big, flows stalled on full-size segments
 //! with MTU evidence (PMTUD black holes), and stalls without it (a silent peer).
 
-use node_diag_common::{AF_INET, Event};
+use node_diag_common::{AF_INET, Event, icmp};
 
 use super::{Context, addr, with_flow};
 use crate::findings::{
@@ -12,10 +12,6 @@ use crate::findings::{
     },
 };
 
-/// ICMP destination unreachable, and its code "fragmentation needed".
-const ICMP_DEST_UNREACH: u32 = 3;
-const ICMP_FRAG_NEEDED: u32 = 4;
-
 /// MSS clamping, the stop-gap for every MTU fault.
 const CLAMP_MSS: &str = "iptables -t mangle -A POSTROUTING -p tcp --tcp-flags SYN,RST SYN -j TCPMSS --clamp-mss-to-pmtu";
 
@@ -24,8 +20,8 @@ const CLAMP_MSS: &str = "iptables -t mangle -A POSTROUTING -p tcp --tcp-flags SY
 /// throughout the window.
 fn frag_evidence(ev: &Event, watched: bool) -> FragEvidence {
     let sent = (ev.icmp.last_ns != 0
-        && ev.icmp.icmp_type == ICMP_DEST_UNREACH
-        && ev.icmp.icmp_code == ICMP_FRAG_NEEDED)
+        && ev.icmp.icmp_type == icmp::DEST_UNREACH
+        && ev.icmp.icmp_code == icmp::FRAG_NEEDED)
         .then_some(ev.icmp);
     let seen = watched || ev.icmp_rcvd.count > 0;
     FragEvidence {
@@ -41,7 +37,7 @@ fn frag_evidence(ev: &Event, watched: bool) -> FragEvidence {
 
 /// Whether this node generated a frag-needed for the flow.
 fn frag_needed_generated(ev: &Event) -> bool {
-    ev.icmp.icmp_code == ICMP_FRAG_NEEDED && ev.icmp.count > 0
+    ev.icmp.icmp_code == icmp::FRAG_NEEDED && ev.icmp.count > 0
 }
 
 pub(super) fn df_oversize(ev: &Event, ctx: &Context<'_>) -> Finding {
