@@ -12,6 +12,8 @@
 //!   route). Dropping it deletes all four namespaces and everything inside.
 //! - [`netns`]: the [`Netns`] guard, and [`in_netns`] / [`spawn_in_netns`], which run a
 //!   closure on a thread that entered a namespace; sockets created there stay in it.
+//! - [`tunnel`]: tunnel devices the kernel may lack ([`Error::MissingKind`]), an IPv6
+//!   underlay, and WireGuard keys.
 //! - [`Agent`]: `node-diag run` as a process inside node A, with its ready file, its
 //!   stdout findings and stderr captured, and its HTTP endpoints read from node A.
 //! - [`Containerd`]: a real containerd with its CRI plugin in node A, its own state and
@@ -38,6 +40,7 @@ pub mod metrics;
 pub mod netns;
 pub mod process;
 pub mod topology;
+pub mod tunnel;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
