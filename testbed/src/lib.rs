@@ -12,6 +12,8 @@
 //!   route). Dropping it deletes all four namespaces and everything inside.
 //! - [`netns`]: the [`Netns`] guard, and [`in_netns`] / [`spawn_in_netns`], which run a
 //!   closure on a thread that entered a namespace; sockets created there stay in it.
+//! - [`cni`]: the device shapes real CNIs create (flannel, Calico VXLAN and IPIP,
+//!   Cilium's tunnels, a multi-NIC node), built in place of the topology's overlay.
 //! - [`tunnel`]: tunnel devices the kernel may lack ([`Error::MissingKind`]), an IPv6
 //!   underlay, and WireGuard keys.
 //! - [`Agent`]: `node-diag run` as a process inside node A, with its ready file, its
@@ -31,6 +33,7 @@
 
 pub mod agent;
 pub mod cmd;
+pub mod cni;
 #[cfg(feature = "cri")]
 pub mod containerd;
 mod error;
