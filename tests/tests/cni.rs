@@ -41,12 +41,10 @@ mod cni {
     use node_diag_tests::topology::{POD_HOST_IF, POD_IF};
     use node_diag_tests::tunnel::or_skip;
     use node_diag_tests::{
-        Agent, ServerMode, TcpServer, Topology, cmd, node_diag_bin, tcp_request,
+        Agent, BULK, ServerMode, TcpServer, Topology, bulk_to_pod_b, cmd, node_diag_bin,
     };
     use serde_json::Value;
 
-    /// A transfer big enough to fill full-size segments for a while.
-    const BULK: usize = 200 * 1024;
     /// The MTU findings are computed before the agent is ready; this only covers a slow
     /// VM.
     const FINDING_WITHIN: Duration = Duration::from_secs(5);
@@ -342,13 +340,8 @@ mod cni {
     /// back, with nothing about MTUs, oversize drops or stalls from the agent.
     fn bulk_transfer_is_clean(topo: &Topology, agent: &Agent, port: u16) {
         let _server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(port), ServerMode::Echo);
-        let reply = tcp_request(
-            &topo.pod_a,
-            topo.pod_b_addr(port),
-            &vec![0x5a; BULK],
-            Duration::from_secs(20),
-        )
-        .expect("bulk transfer pod A -> pod B through the shape");
+        let reply = bulk_to_pod_b(topo, port, 0x5a, Duration::from_secs(20))
+            .expect("bulk transfer pod A -> pod B through the shape");
         assert_eq!(reply.len(), BULK);
         agent.expect_no_finding(is_transfer_trouble, QUIET);
     }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use node_diag_tests::finding::field;
 use node_diag_tests::topology::{POD_HOST_IF, UNDERLAY_IF, VXLAN_IF};
-use node_diag_tests::{Agent, ServerMode, TcpServer, Topology, cmd, tcp_request};
+use node_diag_tests::{Agent, BULK, ServerMode, TcpServer, Topology, bulk_to_pod_b, cmd};
 
 /// Node A's interfaces the agent attaches to: every one but loopback and the pods' veths.
 const INTERFACES: [&str; 2] = [UNDERLAY_IF, VXLAN_IF];
@@ -345,20 +345,13 @@ fn agents_clsact_holding_a_foreign_filter_is_kept() {
 #[test]
 fn netlink_filter_sees_frag_needed_from_beyond_this_node() {
     const FRAG_RECEIVED: &str = r#"node_diag_icmp_frag_needed_total{direction="received"}"#;
-    const BULK: usize = 200 * 1024;
     let topo = Topology::new();
     node_diag_tests::narrow_node_b_pod_link(&topo, 1400);
     let agent = start_netlink(&topo);
     one_filter_each(&topo, &agent, "ready agent");
     let before = agent.counter(FRAG_RECEIVED);
     let _server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(9004), ServerMode::Echo);
-    let reply = tcp_request(
-        &topo.pod_a,
-        topo.pod_b_addr(9004),
-        &vec![4; BULK],
-        Duration::from_secs(10),
-    )
-    .unwrap_or_else(|e| {
+    let reply = bulk_to_pod_b(&topo, 9004, 4, Duration::from_secs(10)).unwrap_or_else(|e| {
         let route = cmd::try_run_in(
             &topo.pod_a,
             &["ip", "route", "get", &topo.pod_b_ip.to_string()],
