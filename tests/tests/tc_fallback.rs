@@ -276,24 +276,36 @@ fn foreign_intact(topo: &Topology, agent: &Agent, direction: &str, when: &str) {
     );
 }
 
-#[test]
-fn foreign_clsact_and_filter_survive_start_and_sigterm() {
-    let topo = Topology::new();
+/// Another tool's clsact on [`SHARED_IF`], with its filter on `direction`, there before
+/// the agent.
+fn foreign_clsact_with_filter(topo: &Topology, direction: &str) {
     cmd::run_in(
         &topo.node_a,
         &["tc", "qdisc", "add", "dev", SHARED_IF, "clsact"],
     );
-    foreign_filter(&topo, "ingress");
+    foreign_filter(topo, direction);
+}
+
+/// Once the agent has exited: the foreign filter on `direction` as it was, and nothing
+/// of the agent's anywhere.
+fn only_the_foreign_filter_left(topo: &Topology, agent: &Agent, direction: &str) {
+    foreign_intact(topo, agent, direction, "after exit");
+    let left = filters(topo, SHARED_IF, "ingress");
+    assert!(!left.contains("bpf"), "bpf filter left:\n{left}");
+    nothing_left(topo, &[VXLAN_IF, POD_HOST_IF], agent);
+}
+
+#[test]
+fn foreign_clsact_and_filter_survive_start_and_sigterm() {
+    let topo = Topology::new();
+    foreign_clsact_with_filter(&topo, "ingress");
 
     let mut agent = start_netlink(&topo);
     one_filter_each(&topo, &agent, "ready agent");
     foreign_intact(&topo, &agent, "ingress", "agent running");
     terminate_ok(&mut agent);
 
-    foreign_intact(&topo, &agent, "ingress", "after exit");
-    let left = filters(&topo, SHARED_IF, "ingress");
-    assert!(!left.contains("bpf"), "bpf filter left:\n{left}");
-    nothing_left(&topo, &[VXLAN_IF, POD_HOST_IF], &agent);
+    only_the_foreign_filter_left(&topo, &agent, "ingress");
 }
 
 /// A killed agent's filter beside another tool's: the next agent removes only its own,
@@ -301,11 +313,7 @@ fn foreign_clsact_and_filter_survive_start_and_sigterm() {
 #[test]
 fn killed_agents_filter_beside_a_foreign_one_goes_alone() {
     let topo = Topology::new();
-    cmd::run_in(
-        &topo.node_a,
-        &["tc", "qdisc", "add", "dev", SHARED_IF, "clsact"],
-    );
-    foreign_filter(&topo, "egress");
+    foreign_clsact_with_filter(&topo, "egress");
 
     let mut agent = start_netlink(&topo);
     one_filter_each(&topo, &agent, "first agent");
@@ -317,10 +325,7 @@ fn killed_agents_filter_beside_a_foreign_one_goes_alone() {
     foreign_intact(&topo, &agent, "egress", "agent after a kill");
     terminate_ok(&mut agent);
 
-    foreign_intact(&topo, &agent, "egress", "after exit");
-    let left = filters(&topo, SHARED_IF, "ingress");
-    assert!(!left.contains("bpf"), "bpf filter left:\n{left}");
-    nothing_left(&topo, &[VXLAN_IF, POD_HOST_IF], &agent);
+    only_the_foreign_filter_left(&topo, &agent, "egress");
 }
 
 /// A clsact the agent added but another tool started using is kept on exit, with the
@@ -333,10 +338,7 @@ fn agents_clsact_holding_a_foreign_filter_is_kept() {
     foreign_filter(&topo, "egress");
     terminate_ok(&mut agent);
 
-    foreign_intact(&topo, &agent, "egress", "after exit");
-    let left = filters(&topo, SHARED_IF, "ingress");
-    assert!(!left.contains("bpf"), "bpf filter left:\n{left}");
-    nothing_left(&topo, &[VXLAN_IF, POD_HOST_IF], &agent);
+    only_the_foreign_filter_left(&topo, &agent, "egress");
 }
 
 /// `mtu.rs`'s `frag_needed_from_beyond_this_node_is_counted_as_received` through the
