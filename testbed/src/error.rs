@@ -19,6 +19,15 @@ pub enum Error {
         stderr: String,
         stdout: String,
     },
+    /// The kernel does not know a device kind (its module is missing): callers skip
+    /// what needs it, or fail where every kind must be there.
+    #[error("kernel {release} has no {kind} support: `{command}`: {stderr}")]
+    MissingKind {
+        kind: String,
+        release: String,
+        command: String,
+        stderr: String,
+    },
     #[error("{context}: {source}")]
     Io { context: String, source: io::Error },
     #[error("topology: {from} cannot ping {to} within {timeout:?}")]

@@ -188,12 +188,9 @@ fn ensure_iptables_base(netns: &str, backend: IptablesBackend) -> Result<()> {
         }
     }
     for (table, rule) in base_rules() {
-        let mut check = vec![ipt, "-t", table, "-C"];
-        check.extend_from_slice(rule);
+        let check = iptables_rule(ipt, table, "-C", &rule);
         if !cmd::try_run_in(netns, &check)?.status.success() {
-            let mut append = vec![ipt, "-t", table, "-A"];
-            append.extend_from_slice(rule);
-            cmd::run_in(netns, &append)?;
+            cmd::run_in(netns, &iptables_rule(ipt, table, "-A", &rule))?;
         }
     }
     Ok(())
@@ -201,107 +198,63 @@ fn ensure_iptables_base(netns: &str, backend: IptablesBackend) -> Result<()> {
 
 /// The rules kube-proxy keeps in shared and built-in chains: the jumps to
 /// KUBE-SERVICES (nat: every packet; filter: new connections, where the REJECTs
-/// are), and masquerading of marked packets.
-fn base_rules() -> [(&'static str, &'static [&'static str]); 8] {
-    [
+/// are), and masquerading of marked packets. Each is its table and its arguments in
+/// the order kube-proxy writes them, which `iptables -C` needs to find it.
+fn base_rules() -> [(&'static str, Vec<&'static str>); 8] {
+    const NEW: &[&str] = &["-m", "conntrack", "--ctstate", "NEW"];
+    const PORTALS: &str = "kubernetes service portals";
+    // (table, chain, matches, comment, target with its options)
+    let rules: [(_, _, &[&str], _, &[&str]); 8] = [
+        ("nat", "PREROUTING", &[], Some(PORTALS), &["KUBE-SERVICES"]),
+        ("nat", "OUTPUT", &[], Some(PORTALS), &["KUBE-SERVICES"]),
         (
             "nat",
-            &[
-                "PREROUTING",
-                "-m",
-                "comment",
-                "--comment",
-                "kubernetes service portals",
-                "-j",
-                "KUBE-SERVICES",
-            ],
-        ),
-        (
-            "nat",
-            &[
-                "OUTPUT",
-                "-m",
-                "comment",
-                "--comment",
-                "kubernetes service portals",
-                "-j",
-                "KUBE-SERVICES",
-            ],
+            "POSTROUTING",
+            &[],
+            Some("kubernetes postrouting rules"),
+            &["KUBE-POSTROUTING"],
         ),
         (
             "nat",
-            &[
-                "POSTROUTING",
-                "-m",
-                "comment",
-                "--comment",
-                "kubernetes postrouting rules",
-                "-j",
-                "KUBE-POSTROUTING",
-            ],
+            "KUBE-MARK-MASQ",
+            &[],
+            None,
+            &["MARK", "--or-mark", MASQ_MARK],
         ),
         (
             "nat",
-            &["KUBE-MARK-MASQ", "-j", "MARK", "--or-mark", MASQ_MARK],
+            "KUBE-POSTROUTING",
+            &["-m", "mark", "!", "--mark", "0x4000/0x4000"],
+            None,
+            &["RETURN"],
         ),
         (
             "nat",
-            &[
-                "KUBE-POSTROUTING",
-                "-m",
-                "mark",
-                "!",
-                "--mark",
-                "0x4000/0x4000",
-                "-j",
-                "RETURN",
-            ],
+            "KUBE-POSTROUTING",
+            &[],
+            Some("kubernetes service traffic requiring SNAT"),
+            &["MASQUERADE"],
         ),
-        (
-            "nat",
-            &[
-                "KUBE-POSTROUTING",
-                "-m",
-                "comment",
-                "--comment",
-                "kubernetes service traffic requiring SNAT",
-                "-j",
-                "MASQUERADE",
-            ],
-        ),
-        (
-            "filter",
-            &[
-                "FORWARD",
-                "-m",
-                "conntrack",
-                "--ctstate",
-                "NEW",
-                "-m",
-                "comment",
-                "--comment",
-                "kubernetes service portals",
-                "-j",
-                "KUBE-SERVICES",
-            ],
-        ),
-        (
-            "filter",
-            &[
-                "OUTPUT",
-                "-m",
-                "conntrack",
-                "--ctstate",
-                "NEW",
-                "-m",
-                "comment",
-                "--comment",
-                "kubernetes service portals",
-                "-j",
-                "KUBE-SERVICES",
-            ],
-        ),
-    ]
+        ("filter", "FORWARD", NEW, Some(PORTALS), &["KUBE-SERVICES"]),
+        ("filter", "OUTPUT", NEW, Some(PORTALS), &["KUBE-SERVICES"]),
+    ];
+    rules.map(|(table, chain, matches, comment, target)| {
+        let mut rule = vec![chain];
+        rule.extend_from_slice(matches);
+        if let Some(comment) = comment {
+            rule.extend(["-m", "comment", "--comment", comment]);
+        }
+        rule.push("-j");
+        rule.extend_from_slice(target);
+        (table, rule)
+    })
+}
+
+/// `<ipt> -t <table> <op> <rule...>`, e.g. `-C` to check for a base rule.
+fn iptables_rule<'a>(ipt: &'a str, table: &'a str, op: &'a str, rule: &[&'a str]) -> Vec<&'a str> {
+    let mut argv = vec![ipt, "-t", table, op];
+    argv.extend_from_slice(rule);
+    argv
 }
 
 /// Installs `svc` in network namespace `netns` as kube-proxy's nftables mode does
@@ -405,12 +358,9 @@ pub fn remove_kube_proxy_rules(netns: &str) -> Result<()> {
             continue;
         }
         for (table, rule) in base_rules() {
-            let mut check = vec![ipt, "-t", table, "-C"];
-            check.extend_from_slice(rule);
+            let check = iptables_rule(ipt, table, "-C", &rule);
             while cmd::try_run_in(netns, &check)?.status.success() {
-                let mut delete = vec![ipt, "-t", table, "-D"];
-                delete.extend_from_slice(rule);
-                cmd::run_in(netns, &delete)?;
+                cmd::run_in(netns, &iptables_rule(ipt, table, "-D", &rule))?;
             }
         }
         for table in ["filter", "nat"] {

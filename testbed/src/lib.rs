@@ -12,6 +12,10 @@
 //!   route). Dropping it deletes all four namespaces and everything inside.
 //! - [`netns`]: the [`Netns`] guard, and [`in_netns`] / [`spawn_in_netns`], which run a
 //!   closure on a thread that entered a namespace; sockets created there stay in it.
+//! - [`cni`]: the device shapes real CNIs create (flannel, Calico VXLAN and IPIP,
+//!   Cilium's tunnels, a multi-NIC node), built in place of the topology's overlay.
+//! - [`tunnel`]: tunnel devices the kernel may lack ([`Error::MissingKind`]), an IPv6
+//!   underlay, and WireGuard keys.
 //! - [`Agent`]: `node-diag run` as a process inside node A, with its ready file, its
 //!   stdout findings and stderr captured, and its HTTP endpoints read from node A.
 //! - [`Containerd`]: a real containerd with its CRI plugin in node A, its own state and
@@ -29,6 +33,7 @@
 
 pub mod agent;
 pub mod cmd;
+pub mod cni;
 #[cfg(feature = "cri")]
 pub mod containerd;
 mod error;
@@ -38,6 +43,7 @@ pub mod metrics;
 pub mod netns;
 pub mod process;
 pub mod topology;
+pub mod tunnel;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 

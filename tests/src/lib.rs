@@ -55,7 +55,9 @@ use std::time::Duration;
 
 pub use agent::{Agent, node_diag_bin};
 pub use node_diag_testbed::{netns, topology, unique_name};
-pub use tcp::{ConnectOutcome, ServerMode, TcpServer, tcp_connect, tcp_request};
+pub use tcp::{
+    BULK, ConnectOutcome, ServerMode, TcpServer, bulk_to_pod_b, tcp_connect, tcp_request,
+};
 
 /// The running kernel's (major, minor), from `/proc/sys/kernel/osrelease`.
 pub fn kernel_version() -> (u32, u32) {

@@ -197,6 +197,25 @@ pub fn tcp_request(
     })
 }
 
+/// A transfer big enough to fill full-size segments for a while: the tests' bulk.
+pub const BULK: usize = 200 * 1024;
+
+/// Sends [`BULK`] bytes of `byte` from pod A to pod B's `port`, where the caller runs an
+/// echo server, and returns what came back; see [`tcp_request`].
+pub fn bulk_to_pod_b(
+    topo: &crate::Topology,
+    port: u16,
+    byte: u8,
+    timeout: Duration,
+) -> io::Result<Vec<u8>> {
+    tcp_request(
+        &topo.pod_a,
+        topo.pod_b_addr(port),
+        &vec![byte; BULK],
+        timeout,
+    )
+}
+
 /// What a [`TcpServer`] does with each connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ServerMode {

@@ -10,11 +10,11 @@ use std::time::{Duration, Instant};
 
 use node_diag_tests::finding::{assert_shape, assert_shape_mtu, field, flow_is, mismatch_on};
 use node_diag_tests::topology::{POD_HOST_IF, POD_IF, VXLAN_IF};
-use node_diag_tests::{Agent, ServerMode, TcpServer, Topology, cmd, tcp_request};
+use node_diag_tests::{
+    Agent, BULK, ServerMode, TcpServer, Topology, bulk_to_pod_b, cmd, tcp_request,
+};
 use serde_json::Value;
 
-/// A transfer big enough to fill full-size segments for a while.
-const BULK: usize = 200 * 1024;
 const BLACKHOLES: &str = "node_diag_pmtud_blackholes";
 const FRAG_SENT: &str = r#"node_diag_icmp_frag_needed_total{direction="sent"}"#;
 const FRAG_DROPPED: &str = r#"node_diag_icmp_frag_needed_total{direction="dropped"}"#;
@@ -47,13 +47,8 @@ fn correct_mtus_make_no_mtu_finding() {
     let topo = Topology::new();
     let agent = Agent::start_ready(&topo);
     let _server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(9001), ServerMode::Echo);
-    let reply = tcp_request(
-        &topo.pod_a,
-        topo.pod_b_addr(9001),
-        &vec![1; BULK],
-        Duration::from_secs(10),
-    )
-    .expect("bulk transfer over a correctly sized overlay");
+    let reply = bulk_to_pod_b(&topo, 9001, 1, Duration::from_secs(10))
+        .expect("bulk transfer over a correctly sized overlay");
     assert_eq!(reply.len(), BULK);
     agent.expect_no_finding(is_mtu_kind, Duration::from_secs(3));
     assert_eq!(
@@ -116,13 +111,8 @@ fn oversized_pod_mtu_with_icmp_allowed_is_an_oversize_drop_that_recovers() {
     let agent = Agent::start_ready(&topo);
     let _server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(9002), ServerMode::Echo);
 
-    let reply = tcp_request(
-        &topo.pod_a,
-        topo.pod_b_addr(9002),
-        &vec![2; BULK],
-        Duration::from_secs(10),
-    )
-    .expect("PMTUD works when frag-needed gets back: the transfer completes");
+    let reply = bulk_to_pod_b(&topo, 9002, 2, Duration::from_secs(10))
+        .expect("PMTUD works when frag-needed gets back: the transfer completes");
     assert_eq!(reply.len(), BULK);
 
     let f = agent.wait_finding(
@@ -326,13 +316,8 @@ fn frag_needed_from_beyond_this_node_is_counted_as_received() {
     let agent = Agent::start_ready_watching_icmp(&topo);
     let before = agent.counter(FRAG_RECEIVED);
     let _server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(9004), ServerMode::Echo);
-    let reply = tcp_request(
-        &topo.pod_a,
-        topo.pod_b_addr(9004),
-        &vec![4; BULK],
-        Duration::from_secs(10),
-    )
-    .expect("PMTUD recovers: the transfer completes");
+    let reply = bulk_to_pod_b(&topo, 9004, 4, Duration::from_secs(10))
+        .expect("PMTUD recovers: the transfer completes");
     assert_eq!(reply.len(), BULK);
     agent.wait_counter_at_least(FRAG_RECEIVED, before + 1.0, Duration::from_secs(3));
     // Node B's drop is not this node's: no oversize finding here.
@@ -378,13 +363,8 @@ fn masqueraded_flow_with_frag_needed(filtered: bool) {
     let _server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(port), ServerMode::Echo);
 
     if !filtered {
-        let reply = tcp_request(
-            &topo.pod_a,
-            topo.pod_b_addr(port),
-            &vec![6; BULK],
-            Duration::from_secs(10),
-        )
-        .expect("PMTUD recovers through the masquerade");
+        let reply = bulk_to_pod_b(&topo, port, 6, Duration::from_secs(10))
+            .expect("PMTUD recovers through the masquerade");
         assert_eq!(reply.len(), BULK);
         agent.wait_counter_at_least(FRAG_RECEIVED, received + 1.0, Duration::from_secs(3));
         agent.expect_no_finding(is_mtu_kind, Duration::from_secs(1));

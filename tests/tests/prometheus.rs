@@ -20,14 +20,12 @@ use node_diag_common::openmetrics::openmetrics_to_text;
 use node_diag_testbed::{http, process::die_with_parent};
 use node_diag_tests::topology::{POD_HOST_IF, POD_IF};
 use node_diag_tests::{
-    Agent, ConnectOutcome, ServerMode, TcpServer, Topology, ok, tcp_connect, tcp_request,
-    unique_name,
+    Agent, BULK, ConnectOutcome, ServerMode, TcpServer, Topology, bulk_to_pod_b, ok, tcp_connect,
+    tcp_request, unique_name,
 };
 use serde_json::Value;
 
 const READY: Duration = Duration::from_secs(30);
-/// A transfer big enough to fill full-size segments for a while.
-const BULK: usize = 200 * 1024;
 /// The `node` label the test's scrape config gives the agent, as the DaemonSet's
 /// relabelling does from `__meta_kubernetes_pod_node_name`.
 const NODE_LABEL: &str = "node-a";
@@ -347,13 +345,7 @@ fn agent_metrics_pass_promtool_check_metrics() {
     let outcome = tcp_connect(&topo.pod_a, topo.pod_b_addr(9401), Duration::from_secs(2));
     assert!(matches!(outcome, ConnectOutcome::Refused), "{outcome:?}");
     let _server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(9402), ServerMode::Echo);
-    let reply = tcp_request(
-        &topo.pod_a,
-        topo.pod_b_addr(9402),
-        &[7; BULK],
-        Duration::from_secs(10),
-    )
-    .expect("bulk transfer");
+    let reply = bulk_to_pod_b(&topo, 9402, 7, Duration::from_secs(10)).expect("bulk transfer");
     assert_eq!(reply.len(), BULK);
     agent.wait_counter_at_least(
         r#"node_diag_tcp_connect_failures_total{reason="refused"}"#,
@@ -409,13 +401,8 @@ fn healthy_node_fires_no_alert() {
     // Correct MTUs, bulk traffic both ways and a second connection: a healthy node.
     let _server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(9411), ServerMode::Echo);
     for _ in 0..2 {
-        let reply = tcp_request(
-            &topo.pod_a,
-            topo.pod_b_addr(9411),
-            &[3; BULK],
-            Duration::from_secs(10),
-        )
-        .expect("bulk transfer over a correctly sized overlay");
+        let reply = bulk_to_pod_b(&topo, 9411, 3, Duration::from_secs(10))
+            .expect("bulk transfer over a correctly sized overlay");
         assert_eq!(reply.len(), BULK);
     }
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use node_diag_tests::finding::field;
 use node_diag_tests::topology::{POD_HOST_IF, UNDERLAY_IF, VXLAN_IF};
-use node_diag_tests::{Agent, ServerMode, TcpServer, Topology, cmd, tcp_request};
+use node_diag_tests::{Agent, BULK, ServerMode, TcpServer, Topology, bulk_to_pod_b, cmd};
 
 /// Node A's interfaces the agent attaches to: every one but loopback and the pods' veths.
 const INTERFACES: [&str; 2] = [UNDERLAY_IF, VXLAN_IF];
@@ -276,24 +276,36 @@ fn foreign_intact(topo: &Topology, agent: &Agent, direction: &str, when: &str) {
     );
 }
 
-#[test]
-fn foreign_clsact_and_filter_survive_start_and_sigterm() {
-    let topo = Topology::new();
+/// Another tool's clsact on [`SHARED_IF`], with its filter on `direction`, there before
+/// the agent.
+fn foreign_clsact_with_filter(topo: &Topology, direction: &str) {
     cmd::run_in(
         &topo.node_a,
         &["tc", "qdisc", "add", "dev", SHARED_IF, "clsact"],
     );
-    foreign_filter(&topo, "ingress");
+    foreign_filter(topo, direction);
+}
+
+/// Once the agent has exited: the foreign filter on `direction` as it was, and nothing
+/// of the agent's anywhere.
+fn only_the_foreign_filter_left(topo: &Topology, agent: &Agent, direction: &str) {
+    foreign_intact(topo, agent, direction, "after exit");
+    let left = filters(topo, SHARED_IF, "ingress");
+    assert!(!left.contains("bpf"), "bpf filter left:\n{left}");
+    nothing_left(topo, &[VXLAN_IF, POD_HOST_IF], agent);
+}
+
+#[test]
+fn foreign_clsact_and_filter_survive_start_and_sigterm() {
+    let topo = Topology::new();
+    foreign_clsact_with_filter(&topo, "ingress");
 
     let mut agent = start_netlink(&topo);
     one_filter_each(&topo, &agent, "ready agent");
     foreign_intact(&topo, &agent, "ingress", "agent running");
     terminate_ok(&mut agent);
 
-    foreign_intact(&topo, &agent, "ingress", "after exit");
-    let left = filters(&topo, SHARED_IF, "ingress");
-    assert!(!left.contains("bpf"), "bpf filter left:\n{left}");
-    nothing_left(&topo, &[VXLAN_IF, POD_HOST_IF], &agent);
+    only_the_foreign_filter_left(&topo, &agent, "ingress");
 }
 
 /// A killed agent's filter beside another tool's: the next agent removes only its own,
@@ -301,11 +313,7 @@ fn foreign_clsact_and_filter_survive_start_and_sigterm() {
 #[test]
 fn killed_agents_filter_beside_a_foreign_one_goes_alone() {
     let topo = Topology::new();
-    cmd::run_in(
-        &topo.node_a,
-        &["tc", "qdisc", "add", "dev", SHARED_IF, "clsact"],
-    );
-    foreign_filter(&topo, "egress");
+    foreign_clsact_with_filter(&topo, "egress");
 
     let mut agent = start_netlink(&topo);
     one_filter_each(&topo, &agent, "first agent");
@@ -317,10 +325,7 @@ fn killed_agents_filter_beside_a_foreign_one_goes_alone() {
     foreign_intact(&topo, &agent, "egress", "agent after a kill");
     terminate_ok(&mut agent);
 
-    foreign_intact(&topo, &agent, "egress", "after exit");
-    let left = filters(&topo, SHARED_IF, "ingress");
-    assert!(!left.contains("bpf"), "bpf filter left:\n{left}");
-    nothing_left(&topo, &[VXLAN_IF, POD_HOST_IF], &agent);
+    only_the_foreign_filter_left(&topo, &agent, "egress");
 }
 
 /// A clsact the agent added but another tool started using is kept on exit, with the
@@ -333,10 +338,7 @@ fn agents_clsact_holding_a_foreign_filter_is_kept() {
     foreign_filter(&topo, "egress");
     terminate_ok(&mut agent);
 
-    foreign_intact(&topo, &agent, "egress", "after exit");
-    let left = filters(&topo, SHARED_IF, "ingress");
-    assert!(!left.contains("bpf"), "bpf filter left:\n{left}");
-    nothing_left(&topo, &[VXLAN_IF, POD_HOST_IF], &agent);
+    only_the_foreign_filter_left(&topo, &agent, "egress");
 }
 
 /// `mtu.rs`'s `frag_needed_from_beyond_this_node_is_counted_as_received` through the
@@ -345,20 +347,13 @@ fn agents_clsact_holding_a_foreign_filter_is_kept() {
 #[test]
 fn netlink_filter_sees_frag_needed_from_beyond_this_node() {
     const FRAG_RECEIVED: &str = r#"node_diag_icmp_frag_needed_total{direction="received"}"#;
-    const BULK: usize = 200 * 1024;
     let topo = Topology::new();
     node_diag_tests::narrow_node_b_pod_link(&topo, 1400);
     let agent = start_netlink(&topo);
     one_filter_each(&topo, &agent, "ready agent");
     let before = agent.counter(FRAG_RECEIVED);
     let _server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(9004), ServerMode::Echo);
-    let reply = tcp_request(
-        &topo.pod_a,
-        topo.pod_b_addr(9004),
-        &vec![4; BULK],
-        Duration::from_secs(10),
-    )
-    .unwrap_or_else(|e| {
+    let reply = bulk_to_pod_b(&topo, 9004, 4, Duration::from_secs(10)).unwrap_or_else(|e| {
         let route = cmd::try_run_in(
             &topo.pod_a,
             &["ip", "route", "get", &topo.pod_b_ip.to_string()],

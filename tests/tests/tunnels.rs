@@ -20,18 +20,19 @@
 /// One module, so that the name filter `tunnels` (as in `cargo xtask integration
 /// --filter tunnels`) selects these tests and no other binary's.
 mod tunnels {
-    use std::process::{Command, Stdio};
     use std::time::Duration;
+
+    use node_diag_testbed::tunnel::{self, UNDERLAY_V6, peer_key};
 
     use node_diag_tests::finding::{assert_shape_mtu, field, is_mismatch_on, mismatch_on};
     use node_diag_tests::topology::{UNDERLAY_IF, UNDERLAY_MTU};
     use node_diag_tests::tunnel::add_tunnel_or_skip;
-    use node_diag_tests::{Agent, Topology, cmd};
+    use node_diag_tests::{Agent, Topology, cmd, ok};
     use serde_json::Value;
 
     /// Node A's and node B's IPv6 underlay addresses (on `ul0`).
-    const NODE_A_V6: &str = "fd00:77::1";
-    const NODE_B_V6: &str = "fd00:77::2";
+    const NODE_A_V6: &str = UNDERLAY_V6[0];
+    const NODE_B_V6: &str = UNDERLAY_V6[1];
     /// The MTU findings are computed before the agent is ready; this only covers a slow VM.
     const FINDING_WITHIN: Duration = Duration::from_secs(5);
     /// How long a clean tunnel is watched for a finding.
@@ -261,7 +262,7 @@ mod tunnels {
         if !add_tunnel_or_skip(&topo.node_a, name, "wireguard", &[]) {
             return false;
         }
-        let peer_key = public_key(&cmd::run(&["wg", "genkey"]));
+        let peer_key = ok(peer_key());
         let mut args = vec!["wg", "set", name, "peer", &peer_key];
         if let Some(endpoint) = endpoint {
             args.extend(["endpoint", endpoint]);
@@ -269,29 +270,6 @@ mod tunnels {
         args.extend(["allowed-ips", "10.99.0.2/32"]);
         cmd::run_in(&topo.node_a, &args);
         true
-    }
-
-    /// `wg pubkey` of a private key.
-    fn public_key(private: &str) -> String {
-        use std::io::Write as _;
-        let mut child = Command::new("wg")
-            .arg("pubkey")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("wg pubkey (install wireguard-tools)");
-        child
-            .stdin
-            .take()
-            .expect("stdin")
-            .write_all(private.as_bytes())
-            .expect("write the private key");
-        let out = child.wait_with_output().expect("wg pubkey");
-        assert!(out.status.success(), "wg pubkey: {out:?}");
-        String::from_utf8(out.stdout)
-            .expect("utf-8")
-            .trim()
-            .to_owned()
     }
 
     /// WireGuard's default MTU: room for an IPv6 underlay on 1500.
@@ -509,22 +487,8 @@ mod tunnels {
 
     // VXLAN over IPv6 ---------------------------------------------------------------------
 
-    /// IPv6 addresses on both ends of the underlay veth.
     fn add_ipv6_underlay(topo: &Topology) {
-        for (node, addr) in [(&topo.node_a, NODE_A_V6), (&topo.node_b, NODE_B_V6)] {
-            let cidr = format!("{addr}/64");
-            cmd::run(&[
-                "ip",
-                "-n",
-                node,
-                "addr",
-                "add",
-                &cidr,
-                "dev",
-                UNDERLAY_IF,
-                "nodad",
-            ]);
-        }
+        ok(tunnel::add_ipv6_underlay(topo));
     }
 
     fn vxlan6<'a>(name: &'a str, source: &'a str, how: &str) -> Tunnel<'a> {

@@ -66,6 +66,60 @@ fn assert_layer(finding: &Value, layer: &str) {
     assert_eq!(field(finding, "layer"), layer, "layer of {finding:#}");
 }
 
+/// A refusal by a RST, as from a closed port (or a firewall answering in its name).
+fn by_rst(outcome: &ConnectOutcome) -> bool {
+    matches!(outcome, ConnectOutcome::Refused)
+}
+
+/// Connects pod A to pod B's `port`, which must be refused as `refused` says, and
+/// returns the `tcp_refused` finding on that flow, checked for the contract's shape and
+/// for `layer`, once the refused counter has counted it.
+#[track_caller]
+fn refused_connect(
+    topo: &Topology,
+    agent: &Agent,
+    port: u16,
+    refused: fn(&ConnectOutcome) -> bool,
+    layer: &str,
+) -> Value {
+    let before = agent.counter(REFUSED);
+    let outcome = tcp_connect(&topo.pod_a, topo.pod_b_addr(port), STEP);
+    assert!(refused(&outcome), "{outcome:?}");
+    let flow = pods_flow(topo, port);
+    let f = agent.wait_finding(kind_on_flow("tcp_refused", flow), Duration::from_secs(1));
+    assert_shape(&f);
+    assert_layer(&f, layer);
+    agent.wait_counter_at_least(REFUSED, before + 1.0, STEP);
+    f
+}
+
+/// Connects pod A to pod B's `port` and gives up after `after` (see
+/// [`connect_and_abandon`]); returns the abandoned `tcp_timeout` finding on that flow,
+/// checked for the contract's shape and for `layer`, once the timeout counter has
+/// counted it.
+#[track_caller]
+fn abandoned_connect(
+    topo: &Topology,
+    agent: &Agent,
+    port: u16,
+    after: Duration,
+    layer: &str,
+) -> Value {
+    let before = agent.counter(TIMEOUT);
+    let start = Instant::now();
+    let outcome = connect_and_abandon(&topo.pod_a, topo.pod_b_addr(port), after);
+    assert!(matches!(outcome, ConnectOutcome::TimedOut), "{outcome:?}");
+    let f = agent.wait_finding(
+        kind_on_flow("tcp_timeout", pods_flow(topo, port)),
+        left(start, Duration::from_secs(4)),
+    );
+    assert_shape(&f);
+    assert_layer(&f, layer);
+    assert_eq!(f["evidence"]["abandoned"], true, "{f:#}");
+    agent.wait_counter_at_least(TIMEOUT, before + 1.0, STEP);
+    f
+}
+
 /// Connects from `netns` to `addr` with socket2's `connect_timeout(after)` and, when it
 /// times out, closes the socket at once: an application giving up on its own deadline
 /// (a kubelet probe), before the kernel's `ETIMEDOUT`.
@@ -420,22 +474,15 @@ fn local_reject_with_tcp_reset_is_this_nodes_firewall() {
     // The application listens: only the firewall refuses.
     let server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(port), ServerMode::Echo);
     topo.reject_forwarded_tcp(&topo.node_a, port, Reject::TcpReset);
-    let before = agent.counter(REFUSED);
 
-    let outcome = tcp_connect(&topo.pod_a, topo.pod_b_addr(port), STEP);
-    assert!(matches!(outcome, ConnectOutcome::Refused), "{outcome:?}");
-
-    let flow = pods_flow(&topo, port);
-    let f = agent.wait_finding(kind_on_flow("tcp_refused", flow), Duration::from_secs(1));
-    assert_shape(&f);
-    assert_layer(&f, "firewall");
+    let f = refused_connect(&topo, &agent, port, by_rst, "firewall");
     assert_eq!(f["evidence"]["drop_reason"], "NETFILTER_DROP", "{f:#}");
+    let flow = pods_flow(&topo, port);
     agent.expect_no_finding(
         |f| kind_on_flow("tcp_refused", flow)(f) && field(f, "layer") == "listener",
         Duration::from_millis(500),
     );
     assert_eq!(server.accepted(), 0, "the SYN must never reach the server");
-    agent.wait_counter_at_least(REFUSED, before + 1.0, STEP);
 }
 
 /// `reject with icmpx type port-unreachable` on the other node: the client gets
@@ -447,18 +494,16 @@ fn remote_icmp_port_unreachable_is_a_firewall_not_the_listener() {
     let port = 9103;
     let server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(port), ServerMode::Echo);
     topo.reject_forwarded_tcp(&topo.node_b, port, Reject::IcmpPortUnreachable);
-    let before = agent.counter(REFUSED);
 
-    let outcome = tcp_connect(&topo.pod_a, topo.pod_b_addr(port), STEP);
-    assert!(outcome.is_refused_by_icmp(), "{outcome:?}");
-
-    let flow = pods_flow(&topo, port);
-    let f = agent.wait_finding(kind_on_flow("tcp_refused", flow), Duration::from_secs(1));
-    assert_shape(&f);
-    assert_layer(&f, "firewall");
+    let f = refused_connect(
+        &topo,
+        &agent,
+        port,
+        ConnectOutcome::is_refused_by_icmp,
+        "firewall",
+    );
     assert_eq!(f["evidence"]["rst_received"], false, "{f:#}");
     assert_eq!(server.accepted(), 0, "the SYN must never reach the server");
-    agent.wait_counter_at_least(REFUSED, before + 1.0, STEP);
 }
 
 /// The control for the test above: a closed port answers with a RST, and that is the
@@ -468,17 +513,9 @@ fn closed_port_answered_with_rst_is_the_listener() {
     let topo = Topology::new();
     let agent = Agent::start_ready(&topo);
     let port = 9104;
-    let before = agent.counter(REFUSED);
 
-    let outcome = tcp_connect(&topo.pod_a, topo.pod_b_addr(port), STEP);
-    assert!(matches!(outcome, ConnectOutcome::Refused), "{outcome:?}");
-
-    let flow = pods_flow(&topo, port);
-    let f = agent.wait_finding(kind_on_flow("tcp_refused", flow), Duration::from_secs(1));
-    assert_shape(&f);
-    assert_layer(&f, "listener");
+    let f = refused_connect(&topo, &agent, port, by_rst, "listener");
     assert_eq!(f["evidence"]["rst_received"], true, "{f:#}");
-    agent.wait_counter_at_least(REFUSED, before + 1.0, STEP);
 }
 
 /// This node's firewall drops the SYNs and the application gives up after 1 s, before
@@ -490,22 +527,9 @@ fn abandoned_connect_with_local_drop_is_a_timeout() {
     let port = 9105;
     let _server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(port), ServerMode::Echo);
     topo.drop_forwarded_tcp(&topo.node_a, port);
-    let before = agent.counter(TIMEOUT);
 
-    let start = Instant::now();
-    let outcome = connect_and_abandon(&topo.pod_a, topo.pod_b_addr(port), Duration::from_secs(1));
-    assert!(matches!(outcome, ConnectOutcome::TimedOut), "{outcome:?}");
-
-    let flow = pods_flow(&topo, port);
-    let f = agent.wait_finding(
-        kind_on_flow("tcp_timeout", flow),
-        left(start, Duration::from_secs(4)),
-    );
-    assert_shape(&f);
-    assert_layer(&f, "firewall");
-    assert_eq!(f["evidence"]["abandoned"], true, "{f:#}");
+    let f = abandoned_connect(&topo, &agent, port, Duration::from_secs(1), "firewall");
     assert_eq!(f["evidence"]["drop_reason"], "NETFILTER_DROP", "{f:#}");
-    agent.wait_counter_at_least(TIMEOUT, before + 1.0, STEP);
 }
 
 /// The other node drops the SYNs; the application gives up after 1.5 s (one SYN
@@ -518,29 +542,12 @@ fn abandoned_connect_with_remote_drop_is_a_timeout_of_unknown_layer() {
     let port = 9106;
     let _server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(port), ServerMode::Echo);
     topo.drop_forwarded_tcp(&topo.node_b, port);
-    let before = agent.counter(TIMEOUT);
 
-    let start = Instant::now();
-    let outcome = connect_and_abandon(
-        &topo.pod_a,
-        topo.pod_b_addr(port),
-        Duration::from_millis(1500),
-    );
-    assert!(matches!(outcome, ConnectOutcome::TimedOut), "{outcome:?}");
-
-    let flow = pods_flow(&topo, port);
-    let f = agent.wait_finding(
-        kind_on_flow("tcp_timeout", flow),
-        left(start, Duration::from_secs(4)),
-    );
-    assert_shape(&f);
-    assert_layer(&f, "unknown");
-    assert_eq!(f["evidence"]["abandoned"], true, "{f:#}");
+    let f = abandoned_connect(&topo, &agent, port, Duration::from_millis(1500), "unknown");
     assert!(
         f["evidence"].get("drop_reason").is_none(),
         "no drop on this node: {f:#}"
     );
-    agent.wait_counter_at_least(TIMEOUT, before + 1.0, STEP);
 }
 
 /// A listener with backlog 1 whose two queued connections are never accepted: its
@@ -881,13 +888,7 @@ fn foreign_namespace_connects_are_not_reported() {
     );
 
     // The pod's own refused connect still is.
-    let before = agent.counter(REFUSED);
-    let outcome = tcp_connect(&topo.pod_a, topo.pod_b_addr(port), STEP);
-    assert!(matches!(outcome, ConnectOutcome::Refused), "{outcome:?}");
-    let flow = pods_flow(&topo, port);
-    let f = agent.wait_finding(kind_on_flow("tcp_refused", flow), Duration::from_secs(1));
-    assert_shape(&f);
-    assert_layer(&f, "listener");
+    let f = refused_connect(&topo, &agent, port, by_rst, "listener");
     assert_eq!(
         f["netns"].as_u64(),
         Some(netns_inode(&topo.pod_a)),
@@ -898,7 +899,6 @@ fn foreign_namespace_connects_are_not_reported() {
         f["evidence"].get("syn_retransmits").is_none(),
         "a connect refused at once has no SYN retransmits: {f:#}"
     );
-    agent.wait_counter_at_least(REFUSED, before + 1.0, STEP);
     agent.expect_no_finding(is_foreign, Duration::from_millis(200));
     drop(agent);
     drop(foreign);
