@@ -502,7 +502,9 @@ pub struct DropInfo {
     pub ifindex: u32,
     /// [`drop_flag`] bits.
     pub flags: u32,
-    pub _pad: u32,
+    /// For a packet dropped as too big: the MTU it exceeded (0 otherwise), so a later
+    /// segment that fits it is not explained by this drop.
+    pub mtu: u32,
 }
 const _: () = assert!(core::mem::size_of::<DropInfo>() == 32);
 
@@ -570,6 +572,25 @@ const _: () = assert!(core::mem::size_of::<RetransState>() == 72);
 pub const RETRANS_REPORTED_PMTUD: u32 = 1;
 /// [`RetransState::reported`]: a stall without MTU evidence was reported.
 pub const RETRANS_REPORTED_STALL: u32 = 2;
+
+/// Whether MTU evidence explains a stalled segment: the programs and the agent judge
+/// alike with these.
+pub mod stall {
+    use super::AF_INET;
+
+    /// The smallest packet a segment of `len` payload bytes makes: IP and TCP headers
+    /// without options.
+    pub const fn smallest_packet(family: u16, len: u32) -> u32 {
+        len + if family == AF_INET { 40 } else { 60 }
+    }
+
+    /// Whether a `packet`-byte packet still exceeds the `mtu` a drop or a frag-needed
+    /// named (0: not named, so it may). Once it fits, PMTUD has worked for the flow and
+    /// that evidence is not about this stall.
+    pub const fn exceeds(packet: u32, mtu: u32) -> bool {
+        mtu == 0 || packet > mtu
+    }
+}
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]

@@ -132,7 +132,7 @@ fn syn_dropped(skb: u64, p: &mut Packet, reason: u32, netns: u32, ifindex: u32) 
         netns,
         ifindex,
         flags: drop_flags,
-        _pad: 0,
+        mtu: 0,
     };
     bump_lru(&SYN_DROPS, &p.flow, &mut info).map(|_new| ())
 }
@@ -189,7 +189,7 @@ fn oversize(
         netns,
         ifindex: egress,
         flags: 0,
-        _pad: 0,
+        mtu,
     };
     if bump_lru(&OVERSIZE, &packet.flow, &mut info)? {
         emit(
@@ -227,7 +227,7 @@ fn frag_needed_dropped(packet: &Packet, protocol: u16, netns: u32, ifindex: u32)
         netns,
         ifindex,
         flags: 0,
-        _pad: 0,
+        mtu: 0,
     };
     bump_lru(&FRAG_DROPPED, &inner.flow, &mut info).map(|_new| ())
 }

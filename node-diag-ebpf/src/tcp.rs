@@ -8,8 +8,8 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, RawTracePointContext},
 };
 use node_diag_common::{
-    FlowKey, FlowState, RETRANS_REPORTED_PMTUD, RETRANS_REPORTED_STALL, RetransState, counter,
-    event_kind, flow_flag, ipproto, tcp_state,
+    DropInfo, FlowKey, FlowState, RETRANS_REPORTED_PMTUD, RETRANS_REPORTED_STALL, RetransState,
+    counter, event_kind, flow_flag, ipproto, stall, tcp_state,
 };
 
 use crate::{
@@ -55,10 +55,11 @@ fn try_retransmit(ctx: &BtfTracePointContext) -> Option<()> {
     }
     // Loss recovery (fast retransmits, RACK, tail loss probes) runs with the socket's
     // RTO count at 0: most retransmits of a lossy but working path leave here.
-    if tcp_sock_read_as::<u8>(sk, imm!(CAST_TCP_SOCK), imm!(TCP_RTO_COUNT))? == 0 {
+    let rto_count = tcp_sock_read_as::<u8>(sk, imm!(CAST_TCP_SOCK), imm!(TCP_RTO_COUNT))?;
+    if rto_count == 0 {
         return None;
     }
-    data_retransmit(ctx, sk)
+    data_retransmit(ctx, sk, u32::from(rto_count))
 }
 
 /// A connecting socket's SYN retransmit: counted, and the connect reported as timing out
@@ -137,9 +138,12 @@ fn syn_retransmit(ctx: &BtfTracePointContext, sk: u64) -> Option<()> {
 ///
 /// Only the retransmits of a retransmission timeout count: a segment that keeps getting
 /// no answer is retried on the timer, each time with the socket's RTO count raised
-/// first, which the caller has checked. Out of line, see [`syn_retransmit`].
+/// first, which the caller has checked (`rto_count`). A stall that began before the
+/// programs were loaded is tracked from its next retransmit with the repeats that RTO
+/// count says it has had, so an agent restarted during a black hole judges it at once.
+/// Out of line, see [`syn_retransmit`].
 #[inline(never)]
-fn data_retransmit(ctx: &BtfTracePointContext, sk: u64) -> Option<()> {
+fn data_retransmit(ctx: &BtfTracePointContext, sk: u64, rto_count: u32) -> Option<()> {
     let skb: u64 = ctx.arg(1);
     // The write-queue skb holds payload only, possibly several MSS when segmentation is
     // offloaded; at least one MSS is a full-size segment.
@@ -160,6 +164,7 @@ fn data_retransmit(ctx: &BtfTracePointContext, sk: u64) -> Option<()> {
         kread::<u32>(skb, config!(skb_cb))?
     };
     let now = now();
+    let threshold = config!(fullsize_retrans_threshold);
     let Some(state) = RETRANS.get_ptr_mut(&sk) else {
         let netns = sock_netns(sk);
         if !in_scope(netns) {
@@ -173,17 +178,21 @@ fn data_retransmit(ctx: &BtfTracePointContext, sk: u64) -> Option<()> {
             last_ns: now,
             // Probe reads: `sk` has served as a map key (see `sock::try_err_report`).
             flow: sock_tuple(sk)?,
-            repeats: 1,
+            repeats: if rto_count > 1 { rto_count } else { 1 },
             reported: 0,
             netns,
             seq,
         };
-        return RETRANS.insert(&sk, &entry, 0).ok();
+        RETRANS.insert(&sk, &entry, 0).ok()?;
+        if entry.repeats < threshold {
+            return Some(());
+        }
+        let state = RETRANS.get_ptr_mut(&sk)?;
+        return judge_stall(ctx, state, entry.repeats, full_size, len, mss);
     };
-    let threshold = config!(fullsize_retrans_threshold);
     // SAFETY: the entry belongs to this socket, whose retransmits the kernel serialises
     // under the socket lock; the values are copied out at once.
-    let (repeats, netns, flow, first_ns, reported) = unsafe {
+    let (repeats, reported) = unsafe {
         if (*state).seq == seq {
             if !full_size && (*state).reported == RETRANS_REPORTED_PMTUD {
                 // The reported black hole's segment is now retried smaller: the path
@@ -201,13 +210,7 @@ fn data_retransmit(ctx: &BtfTracePointContext, sk: u64) -> Option<()> {
             (*state).first_ns = now;
         }
         (*state).last_ns = now;
-        (
-            (*state).repeats,
-            (*state).netns,
-            (*state).flow,
-            (*state).first_ns,
-            (*state).reported,
-        )
+        ((*state).repeats, (*state).reported)
     };
     if full_size {
         inc(counter::FULLSIZE_RETRANSMITS);
@@ -215,14 +218,48 @@ fn data_retransmit(ctx: &BtfTracePointContext, sk: u64) -> Option<()> {
     if repeats < threshold || reported == RETRANS_REPORTED_PMTUD {
         return Some(());
     }
+    judge_stall(ctx, state, repeats, full_size, len, mss)
+}
+
+/// Reports a stall of `repeats` retransmits of a `len`-byte segment (the socket's MSS
+/// `mss`): a PMTUD black hole with MTU evidence the segment still exceeds, else a plain
+/// stall (once).
+#[inline(always)]
+fn judge_stall(
+    ctx: &BtfTracePointContext,
+    state: *mut RetransState,
+    repeats: u32,
+    full_size: bool,
+    len: u32,
+    mss: u32,
+) -> Option<()> {
+    // SAFETY: as in the caller; the values are copied out at once.
+    let (netns, flow, first_ns, reported) = unsafe {
+        (
+            (*state).netns,
+            (*state).flow,
+            (*state).first_ns,
+            (*state).reported,
+        )
+    };
     // A stall is a black hole only with evidence that size is the problem; a peer that
     // went silent (a dead node, a drop rule, an idle timeout) stalls the same way.
     let since = first_ns.saturating_sub(STALL_EVIDENCE_NS);
+    // The smallest packet the segment makes (IP and TCP headers without options): once
+    // it fits what a drop or a frag-needed said, PMTUD has worked for this flow and the
+    // stall is not that MTU's.
+    let packet = stall::smallest_packet(flow.family, len);
+    let exceeds = |mtu: u32| stall::exceeds(packet, mtu);
     let (pmtud, oversize) = if full_size {
         // SAFETY: the value is copied out at once.
         let oversize = recent_drop(unsafe { OVERSIZE.get(&flow) }, since);
+        let oversize = if exceeds(oversize.mtu) {
+            oversize
+        } else {
+            DropInfo::default()
+        };
         (
-            oversize.count > 0 || has_frag_needed(&flow, since),
+            oversize.count > 0 || has_frag_needed(&flow, since, packet),
             oversize,
         )
     } else {
@@ -257,14 +294,19 @@ fn data_retransmit(ctx: &BtfTracePointContext, sk: u64) -> Option<()> {
 }
 
 /// Whether frag-needed / packet-too-big was generated, dropped or received for `flow`
-/// since `since`.
+/// since `since`, announcing an MTU a `packet`-byte packet exceeds (one dropped here
+/// never reached the sender, so it counts whatever it announced).
 #[inline(always)]
-fn has_frag_needed(flow: &FlowKey, since: u64) -> bool {
+fn has_frag_needed(flow: &FlowKey, since: u64, packet: u32) -> bool {
     // SAFETY (all map reads): values are copied out at once.
     let sent = recent_icmp(unsafe { ICMP_SENT.get(flow) }, since);
+    let rcvd = recent_icmp(unsafe { ICMP_RCVD.get(flow) }, since);
+    let exceeds = |mtu: u32| stall::exceeds(packet, mtu);
     // icmp:icmp_send is IPv4's (ICMPv6 has no such tracepoint).
-    (sent.count > 0 && is_frag_needed(ipproto::ICMP, sent.icmp_type as u8, sent.icmp_code as u8))
-        || recent_icmp(unsafe { ICMP_RCVD.get(flow) }, since).count > 0
+    (sent.count > 0
+        && is_frag_needed(ipproto::ICMP, sent.icmp_type as u8, sent.icmp_code as u8)
+        && exceeds(sent.mtu))
+        || (rcvd.count > 0 && exceeds(rcvd.mtu))
         || recent_drop(unsafe { FRAG_DROPPED.get(flow) }, since).count > 0
 }
 

@@ -9,6 +9,7 @@
 //!
 //! - [`state`]: what the loop shares with the HTTP handlers ([`http`]).
 //! - [`metrics`]: the Prometheus registry, fed kernel totals and findings.
+//! - [`blackholes`]: which reported PMTUD black holes are still open, by their sockets.
 //! - [`conntrack_watch`]: each namespace's conntrack counters, the evidence of
 //!   conntrack verdicts.
 //! - [`mtu_refresh`]: the MTU model's conditions and gauges, rebuilt on link changes.
@@ -24,6 +25,7 @@
 //! per key per second; the rest of their count is read from the kernel's `VERDICT_AGG`
 //! map on every tick.
 
+mod blackholes;
 mod conntrack_watch;
 mod http;
 pub(crate) mod icmp_watch;
@@ -53,6 +55,7 @@ use tokio::{
 use tracing::{info, warn};
 
 use self::{
+    blackholes::BlackholeWatch,
     conntrack_watch::ConntrackWatch,
     icmp_watch::IcmpWatch,
     metrics::{KernelTotals, Metrics},
@@ -200,7 +203,11 @@ pub(crate) async fn run(opts: RunOptions) -> Result<(), AgentError> {
                 }
                 agent.on_link_change().await;
             }
-            _ = refresh_tick.tick() => agent.on_refresh(),
+            _ = refresh_tick.tick() => {
+                agent.on_refresh();
+                agent.recheck_stalls().await;
+                agent.ask_blackholes().await;
+            }
             _ = sigterm.recv() => { info!("SIGTERM: shutting down"); break; }
             _ = sigint.recv() => { info!("SIGINT: shutting down"); break; }
         }
@@ -224,6 +231,8 @@ struct Agent {
     names: Names,
     ephemeral_ports: RangeInclusive<u16>,
     verdicts: verdicts::VerdictTracker,
+    blackholes: BlackholeWatch,
+    stalls: blackholes::StallRecheck,
     /// Ring-buffer records that could not be decoded, and verdicts whose events never
     /// came: both are events lost.
     bad_records: Arc<AtomicU64>,
@@ -293,6 +302,8 @@ impl Agent {
             names,
             ephemeral_ports: crate::host_network::local_port_range(),
             verdicts: verdicts::VerdictTracker::default(),
+            blackholes: BlackholeWatch::default(),
+            stalls: blackholes::StallRecheck::default(),
             bad_records: Arc::new(AtomicU64::new(0)),
             tasks: Vec::new(),
             opts,
@@ -381,6 +392,11 @@ impl Agent {
             icmp_watched,
         };
         let mut finding = correlate(kind, &ev, &ctx);
+        if kind == EventKind::TcpStall && ev.mtu != 0 && ev.len >= ev.mtu {
+            // A full-size segment: its MTU evidence may follow the retransmit the
+            // programs judged it on (an agent started mid-stall sees none before).
+            self.stalls.push(ev, Instant::now());
+        }
         if let Some(f) = finding.as_mut() {
             f.name_pods(self.pods.current().name(&f.ends()));
         }
@@ -441,7 +457,7 @@ impl Agent {
             &self.names,
             self.bad_records.load(Ordering::Relaxed),
         );
-        let blackholes = self.maps.active_blackholes();
+        let blackholes = self.blackholes.open(&self.maps.reported_blackholes(), now);
         let mut metrics = self.shared.metrics();
         metrics.sync_kernel(totals);
         metrics.set_blackholes(blackholes.len());
@@ -480,6 +496,34 @@ impl Agent {
                 &mut self.watch,
                 monotonic_ns(),
             );
+        }
+    }
+
+    /// Judges again the full-size stalls reported without MTU evidence, now that their
+    /// evidence had time to arrive: with it, a stall is the black hole it was, reported
+    /// as such (the stall withdrawn) and followed until it closes.
+    async fn recheck_stalls(&mut self) {
+        for ev in self.stalls.due(Instant::now()) {
+            let Some(blackhole) = blackholes::as_blackhole(&ev, &self.maps) else {
+                continue;
+            };
+            self.maps.mark_blackhole(&ev.flow);
+            let stalled = self.shared.store().resolve(
+                |f| f.kind == Kind::TcpStall && flow_matches(f, &ev.flow),
+                SystemTime::now(),
+            );
+            for f in stalled {
+                print_finding(&f, self.opts.format);
+            }
+            self.on_event(EventKind::PmtudStall, blackhole).await;
+        }
+    }
+
+    /// Asks the sockets of quiet black-holed flows whether they are still stuck.
+    async fn ask_blackholes(&mut self) {
+        let reported = self.maps.reported_blackholes();
+        if !reported.is_empty() {
+            self.blackholes.ask(&reported).await;
         }
     }
 

@@ -9,7 +9,8 @@
 //! - `fdb`: VXLAN FDB entries, the peers of a VXLAN without a remote.
 //! - `wireguard`: a WireGuard device's peers' endpoints, over generic netlink.
 //! - `conntrack`: where this node's NAT sent a connection, over ctnetlink.
-//! - `nlmsg`: the raw netlink messages of those two families.
+//! - `sock_diag`: one TCP socket's progress (RTO count, backoff, MSS), over inet_diag.
+//! - `nlmsg`: the raw netlink messages of those families.
 //! - `namespaces`: network namespaces, their ids, which ones make up this node
 //!   ([`local_scope`]: the agent's own and every pod namespace attached to it by a veth),
 //!   and running code inside one.
@@ -36,6 +37,7 @@ mod namespaces;
 mod nlmsg;
 mod routes;
 mod rtnetlink;
+pub(crate) mod sock_diag;
 pub(crate) mod tc;
 mod underlay;
 mod wireguard;
@@ -47,7 +49,7 @@ pub(crate) use interfaces::{
 pub(crate) use inventory::{local_port_range, snapshot};
 pub(crate) use links::{Link, UdpEncap, links};
 pub(crate) use monitor::watch;
-pub(crate) use namespaces::{LocalNode, local_node, netns_inode, pod_veths};
+pub(crate) use namespaces::{LocalNode, in_netns, local_node, netns_inode, pod_veths};
 pub(crate) use routes::{Route, route_get};
 pub(crate) use rtnetlink::NetlinkError;
 

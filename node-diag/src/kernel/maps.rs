@@ -4,7 +4,7 @@
 //! now), and the maps the agent writes (the netns scope and its generation).
 
 use std::{
-    collections::{BTreeSet, HashMap, HashSet},
+    collections::{BTreeSet, HashMap},
     os::fd::{AsFd, AsRawFd},
 };
 
@@ -16,15 +16,25 @@ use aya::{
     },
 };
 use node_diag_common::{
-    DROP_REASON_SLOTS, DropKey, DropSlot, FlowKey, MAP_COUNTERS, MAP_DROP_REASONS, MAP_DROPS,
-    MAP_EVENTS, MAP_NAT, MAP_OVERSIZE_BY_DEV, MAP_RETRANS, MAP_SCOPE, MAP_SCOPE_GEN,
+    DROP_REASON_SLOTS, DropInfo, DropKey, DropSlot, FlowKey, IcmpInfo, MAP_COUNTERS,
+    MAP_DROP_REASONS, MAP_DROPS, MAP_EVENTS, MAP_FRAG_DROPPED, MAP_ICMP_RCVD, MAP_ICMP_SENT,
+    MAP_NAT, MAP_OVERSIZE, MAP_OVERSIZE_BY_DEV, MAP_RETRANS, MAP_SCOPE, MAP_SCOPE_GEN,
     MAP_VERDICT_AGG, NatInfo, RETRANS_REPORTED_PMTUD, RetransState, VerdictAgg, VerdictKey,
     counter,
 };
 use tracing::warn;
 
-/// A black-holed flow stays "now" while its full-size retransmits keep coming.
-const BLACKHOLE_QUIET_NS: u64 = 10_000_000_000;
+/// A flow the kernel reported as a PMTUD black hole (see [`KernelMaps::reported_blackholes`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ReportedBlackhole {
+    pub(crate) flow: FlowKey,
+    pub(crate) netns: u32,
+    /// Since its last retransmit.
+    pub(crate) quiet_ns: u64,
+}
+
+/// `BPF_EXIST`: update an element only if it is still there.
+const BPF_EXIST: u64 = 2;
 
 #[derive(Debug, thiserror::Error)]
 #[error("eBPF map {name} is missing or has the wrong type: {reason}")]
@@ -61,10 +71,30 @@ pub(crate) struct KernelMaps {
     drops: PerCpuHashMap<MapData, DropKey, u64>,
     oversize_by_dev: PerCpuHashMap<MapData, DropKey, u64>,
     retrans: BpfHashMap<MapData, u64, RetransState>,
+    /// A flow's MTU evidence, for a stall the programs judged before it arrived.
+    evidence: FlowEvidenceMaps,
     nat: BpfHashMap<MapData, FlowKey, NatInfo>,
     verdict_agg: BpfHashMap<MapData, VerdictKey, VerdictAgg>,
     scope: BpfHashMap<MapData, u32, u32>,
     scope_gen: Array<MapData, u64>,
+}
+
+/// The per-flow evidence maps the programs fill.
+struct FlowEvidenceMaps {
+    oversize: BpfHashMap<MapData, FlowKey, DropInfo>,
+    icmp_sent: BpfHashMap<MapData, FlowKey, IcmpInfo>,
+    icmp_rcvd: BpfHashMap<MapData, FlowKey, IcmpInfo>,
+    frag_dropped: BpfHashMap<MapData, FlowKey, DropInfo>,
+}
+
+/// A flow's MTU evidence as the programs recorded it (entries last seen before the
+/// window asked for are left out, as zero).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct FlowEvidence {
+    pub(crate) oversize: DropInfo,
+    pub(crate) icmp_sent: IcmpInfo,
+    pub(crate) icmp_rcvd: IcmpInfo,
+    pub(crate) frag_dropped: DropInfo,
 }
 
 fn take<M>(
@@ -98,6 +128,12 @@ impl KernelMaps {
                 drops: take(ebpf, MAP_DROPS, PerCpuHashMap::try_from)?,
                 oversize_by_dev: take(ebpf, MAP_OVERSIZE_BY_DEV, PerCpuHashMap::try_from)?,
                 retrans: take(ebpf, MAP_RETRANS, BpfHashMap::try_from)?,
+                evidence: FlowEvidenceMaps {
+                    oversize: take(ebpf, MAP_OVERSIZE, BpfHashMap::try_from)?,
+                    icmp_sent: take(ebpf, MAP_ICMP_SENT, BpfHashMap::try_from)?,
+                    icmp_rcvd: take(ebpf, MAP_ICMP_RCVD, BpfHashMap::try_from)?,
+                    frag_dropped: take(ebpf, MAP_FRAG_DROPPED, BpfHashMap::try_from)?,
+                },
                 nat: take(ebpf, MAP_NAT, BpfHashMap::try_from)?,
                 verdict_agg: take(ebpf, MAP_VERDICT_AGG, BpfHashMap::try_from)?,
                 scope: take(ebpf, MAP_SCOPE, BpfHashMap::try_from)?,
@@ -138,18 +174,51 @@ impl KernelMaps {
         counts
     }
 
-    /// Flows whose PMTUD stall was reported and whose full-size retransmits continue.
-    pub(crate) fn active_blackholes(&self) -> HashSet<FlowKey> {
+    /// The flows reported as PMTUD black holes whose sockets the kernel still tracks,
+    /// each with its namespace and how long ago its last retransmit was (ns). Whether
+    /// one is still stuck is the socket's to say (`agent::blackholes`).
+    pub(crate) fn reported_blackholes(&self) -> Vec<ReportedBlackhole> {
         let now = monotonic_ns();
         self.retrans
             .iter()
             .flatten()
-            .filter(|(_, s)| {
-                s.reported == RETRANS_REPORTED_PMTUD
-                    && now.saturating_sub(s.last_ns) < BLACKHOLE_QUIET_NS
+            .filter(|(_, s)| s.reported == RETRANS_REPORTED_PMTUD)
+            .map(|(_, s)| ReportedBlackhole {
+                flow: s.flow,
+                netns: s.netns,
+                quiet_ns: now.saturating_sub(s.last_ns),
             })
-            .map(|(_, s)| s.flow)
             .collect()
+    }
+
+    /// The MTU evidence recorded for `flow` since `since_ns` (the programs' clock).
+    pub(crate) fn flow_evidence(&self, flow: &FlowKey, since_ns: u64) -> FlowEvidence {
+        let m = &self.evidence;
+        let drop = |d: Option<DropInfo>| d.filter(|d| d.last_ns >= since_ns).unwrap_or_default();
+        let icmp = |i: Option<IcmpInfo>| i.filter(|i| i.last_ns >= since_ns).unwrap_or_default();
+        FlowEvidence {
+            oversize: drop(m.oversize.get(flow, 0).ok()),
+            icmp_sent: icmp(m.icmp_sent.get(flow, 0).ok()),
+            icmp_rcvd: icmp(m.icmp_rcvd.get(flow, 0).ok()),
+            frag_dropped: drop(m.frag_dropped.get(flow, 0).ok()),
+        }
+    }
+
+    /// Marks `flow`'s retransmit state as a reported black hole, as the programs do
+    /// when they report one themselves, so that it is followed until it closes and not
+    /// reported again.
+    pub(crate) fn mark_blackhole(&mut self, flow: &FlowKey) {
+        let found: Vec<(u64, RetransState)> = self
+            .retrans
+            .iter()
+            .flatten()
+            .filter(|(_, s)| s.flow == *flow)
+            .collect();
+        for (sk, mut state) in found {
+            state.reported = RETRANS_REPORTED_PMTUD;
+            // The socket may have closed meanwhile: then there is nothing to follow.
+            let _ = self.retrans.insert(sk, state, BPF_EXIST);
+        }
     }
 
     /// Where this node's NAT sent `flow` (as its socket knows it), when a hook saw the

@@ -73,6 +73,9 @@ pub(super) const KERNEL_SUBSET: &[&str] = &[
     "unbound_vxlan_above_its_underlay_is_an_overlay_mismatch",
     "frag_needed_from_beyond_this_node_is_counted_as_received",
     "masqueraded_flow_with_frag_needed_filtered_is_a_black_hole",
+    "a_black_hole_stays_open_while_its_flow_is_stuck",
+    "an_agent_started_during_a_black_hole_reports_it_at_the_next_retransmit",
+    "a_stall_after_pmtud_worked_is_no_black_hole",
     // nat
     "service_rejected_on_this_node_is_the_firewall_not_the_listener",
     "service_rejected_by_icmp_beyond_this_node_is_a_firewall_not_the_service",

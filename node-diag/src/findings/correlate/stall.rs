@@ -35,6 +35,16 @@ fn frag_evidence(ev: &Event, watched: bool) -> FragEvidence {
     }
 }
 
+/// The MTU a frag-needed for the flow announced, when one was sent or received here:
+/// on a plain stall of a full-size segment it means the segments shrank to fit it
+/// (the kernel judges a black hole only on MTU evidence the segment still exceeds).
+fn pmtud_worked_for(ev: &Event) -> Option<u32> {
+    if ev.icmp_rcvd.count > 0 && ev.icmp_rcvd.mtu != 0 {
+        return Some(ev.icmp_rcvd.mtu);
+    }
+    (frag_needed_generated(ev) && ev.icmp.mtu != 0).then_some(ev.icmp.mtu)
+}
+
 /// Whether this node generated a frag-needed for the flow.
 fn frag_needed_generated(ev: &Event) -> bool {
     ev.icmp.icmp_code == icmp::FRAG_NEEDED && ev.icmp.count > 0
@@ -182,6 +192,11 @@ pub(super) fn tcp_stall(ev: &Event, ctx: &Context<'_>) -> Finding {
             "The stalled segment ({} bytes) is shorter than the MSS ({}), so size is not the problem",
             ev.len, ev.mtu
         )
+    } else if let Some(mtu) = pmtud_worked_for(ev) {
+        // The kernel found the frag-needed it had no longer applies: the segments shrank.
+        format!(
+            "PMTUD already worked for this flow (a frag-needed announced MTU {mtu} and its segments now fit it), so size is not the problem"
+        )
     } else if ctx.icmp_watched || ev.icmp_rcvd.count > 0 {
         "With no oversize drop and no ICMP frag-needed for this flow, size is not the problem"
             .to_owned()
@@ -224,7 +239,7 @@ pub(super) fn tcp_stall(ev: &Event, ctx: &Context<'_>) -> Finding {
 mod tests {
     use std::net::Ipv6Addr;
 
-    use node_diag_common::event_kind;
+    use node_diag_common::{IcmpInfo, event_kind};
     use serde_json::Value;
 
     use super::super::testkit::*;
@@ -323,6 +338,26 @@ mod tests {
         let f = run(&ev).unwrap();
         assert_eq!(f.evidence.to_map()["frag_needed_received"], 0);
         assert!(f.evidence.to_map().get("icmp_watch").is_none());
+    }
+
+    #[test]
+    fn stall_after_pmtud_worked_says_so() {
+        // The segments shrank to the 1450 the frag-needed announced, then the peer died.
+        let mut ev = event(event_kind::TCP_STALL, 0);
+        ev.retrans = 3;
+        (ev.mtu, ev.len) = (1398, 1398);
+        ev.icmp_rcvd = IcmpInfo {
+            mtu: 1450,
+            ..frag_needed_sent(1, 1450)
+        };
+        let f = run(&ev).unwrap();
+        assert_eq!((f.kind, f.layer), (Kind::TcpStall, Layer::Unknown));
+        assert!(
+            f.summary.contains("PMTUD already worked for this flow"),
+            "{}",
+            f.summary
+        );
+        assert_eq!(f.evidence.to_map()["frag_needed_received_mtu"], 1450);
     }
 
     #[test]
