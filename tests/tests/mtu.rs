@@ -436,6 +436,8 @@ fn a_black_hole_stays_open_while_its_flow_is_stuck() {
         kind_on_flow("pmtud_blackhole", &topo, port),
         Duration::from_secs(5),
     );
+    // The gauge follows on the agent's next 500 ms tick.
+    agent.wait_counter_at_least(BLACKHOLES, 1.0, Duration::from_secs(2));
     let held = Instant::now();
     while held.elapsed() < Duration::from_secs(60) {
         assert_eq!(
