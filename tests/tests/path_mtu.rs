@@ -99,7 +99,7 @@ fn learned_path_mtu_below_the_overlays_need_is_an_overlay_mismatch() {
 }
 
 #[test]
-fn a_path_at_1500_everywhere_learns_nothing_and_reports_no_mismatch() {
+fn a_path_mtu_of_1500_everywhere_learns_nothing_and_reports_no_mismatch() {
     let topo = ok(RoutedTopology::build(&unique_name()));
     let agent = Agent::start_ready_in(&topo);
     let node_b = IpAddr::from(topo.node_b_underlay);
@@ -127,7 +127,9 @@ fn learned_ipv6_path_mtu_below_the_overlays_need_is_an_overlay_mismatch() {
     ok(topo.narrow_towards_b(1400));
     let agent = Agent::start_ready_in(&topo);
     let node_b = IpAddr::from(topo.node_b_underlay_v6.expect("an IPv6 underlay"));
-    agent.expect_no_finding(is_mismatch, Duration::from_secs(1));
+    // vx6 itself fits its 1500 underlay (1430); the pods, at 1450 for vx0, do not fit it
+    // and are reported from the start, which is not what this test is about.
+    agent.expect_no_finding(mismatch_on(&topo.node_a, VXLAN6_IF), Duration::from_secs(1));
 
     // 1452 + 48 = 1500 bytes.
     assert_eq!(learn(&topo, node_b, 1452), 1400);
