@@ -91,7 +91,12 @@ fn learned_path_mtu_below_the_overlays_need_is_an_overlay_mismatch() {
     // and the series goes.
     ok(topo.flush_route_cache(&topo.node_a));
     let resolved = agent.wait_finding(
-        |f| mismatch_on(&topo.node_a, VXLAN_IF)(f) && f["status"] == "resolved",
+        |f| {
+            is_mismatch(f)
+                && f["interface"] == VXLAN_IF
+                && f["evidence"]["netns_name"] == topo.node_a.as_str()
+                && f["status"] == "resolved"
+        },
         REFRESH,
     );
     assert!(resolved["resolved_at"].is_string(), "{resolved:#}");
