@@ -10,6 +10,7 @@
 use std::{
     cell::Cell,
     io::{BufRead, BufReader, Read},
+    marker::PhantomData,
     net::TcpListener,
     path::{Path, PathBuf},
     process::{Child, Command, ExitStatus, Stdio},
@@ -63,10 +64,24 @@ pub struct Termination {
     pub killed: bool,
 }
 
-/// A running agent. It borrows the [`Topology`] it runs in, so it always stops before
-/// the namespaces are deleted.
+/// A topology the agent can run in: the namespace of its node A.
+pub trait AgentHost {
+    /// The network namespace the agent runs in.
+    fn agent_netns(&self) -> &str;
+}
+
+impl AgentHost for Topology {
+    fn agent_netns(&self) -> &str {
+        &self.node_a
+    }
+}
+
+/// A running agent. It borrows the [`Topology`] (or other [`AgentHost`]) it runs in, so
+/// it always stops before the namespaces are deleted.
 pub struct Agent<'t> {
-    topo: &'t Topology,
+    /// The namespace it runs in (node A), borrowed from the topology for `'t`.
+    netns: String,
+    _topology: PhantomData<&'t ()>,
     child: Child,
     listen: String,
     ready_file: PathBuf,
@@ -88,17 +103,29 @@ impl<'t> Agent<'t> {
         listen: Option<&str>,
         extra: &[&str],
     ) -> Result<Agent<'t>> {
+        Agent::start_in(topo, binary, listen, extra)
+    }
+
+    /// [`Agent::start`] in any [`AgentHost`] (e.g. a
+    /// [`RoutedTopology`](crate::routed::RoutedTopology)), which it borrows.
+    pub fn start_in<H: AgentHost>(
+        host: &'t H,
+        binary: &Path,
+        listen: Option<&str>,
+        extra: &[&str],
+    ) -> Result<Agent<'t>> {
         crate::require_root()?;
+        let netns = host.agent_netns().to_owned();
         let listen = match listen {
             Some(listen) => listen.to_owned(),
-            None => format!("127.0.0.1:{}", free_port(&topo.node_a)?),
+            None => format!("127.0.0.1:{}", free_port(&netns)?),
         };
         let ready_file = std::env::temp_dir().join(format!("{}.ready", crate::unique_name()));
         let _ = std::fs::remove_file(&ready_file);
 
         let mut command = Command::new("ip");
         command
-            .args(["netns", "exec", &topo.node_a])
+            .args(["netns", "exec", &netns])
             .arg(binary)
             .args([
                 "run",
@@ -129,7 +156,8 @@ impl<'t> Agent<'t> {
             readers.push(spawn_stderr_reader(stderr, Arc::clone(&shared)));
         }
         Ok(Agent {
-            topo,
+            netns,
+            _topology: PhantomData,
             child,
             listen,
             ready_file,
@@ -254,7 +282,7 @@ impl<'t> Agent<'t> {
 
     /// `GET path` on the agent from inside node A, whatever the status.
     pub fn get(&self, path: &str, accept: Option<&str>) -> Result<http::Response> {
-        http::get(&self.topo.node_a, &self.listen, path, accept)
+        http::get(&self.netns, &self.listen, path, accept)
     }
 
     /// `GET /metrics`: the whole exposition text.
@@ -278,7 +306,7 @@ impl<'t> Agent<'t> {
     }
 
     fn get_ok(&self, path: &str) -> Result<String> {
-        http::get_ok(&self.topo.node_a, &self.listen, path).map_err(|e| self.error(e.to_string()))
+        http::get_ok(&self.netns, &self.listen, path).map_err(|e| self.error(e.to_string()))
     }
 
     /// Sends SIGTERM and waits (up to 10 s, then SIGKILL) for the exit.

@@ -10,6 +10,10 @@
 //!   "pod" per node (the layout of `PLATFORM.md`, "Reproducing real node faults in
 //!   network namespaces"), with fault injectors (nftables drops, MTU changes, a lost
 //!   route). Dropping it deletes all four namespaces and everything inside.
+//! - [`RoutedTopology`] ([`routed`]): two nodes in different subnets joined by a router
+//!   namespace, a DF-setting VXLAN and a pod each (IPv6 underlay optional), with the
+//!   router's faults (a narrower hop towards node B, ICMP frag-needed filtered, the
+//!   tunnel's port dropped) and route-cache helpers (learn, read, flush a path MTU).
 //! - [`netns`]: the [`Netns`] guard, and [`in_netns`] / [`spawn_in_netns`], which run a
 //!   closure on a thread that entered a namespace; sockets created there stay in it.
 //! - [`cni`]: the device shapes real CNIs create (flannel, Calico VXLAN and IPIP,
@@ -42,16 +46,18 @@ pub mod kube_proxy;
 pub mod metrics;
 pub mod netns;
 pub mod process;
+pub mod routed;
 pub mod topology;
 pub mod tunnel;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-pub use agent::{Agent, Termination};
+pub use agent::{Agent, AgentHost, Termination};
 #[cfg(feature = "cri")]
 pub use containerd::{Containerd, PodPool};
 pub use error::{Error, Result};
 pub use netns::{Netns, in_netns, spawn_in_netns};
+pub use routed::RoutedTopology;
 pub use topology::Topology;
 
 /// A name no other live run uses: `ndt-<pid%10000>-<n>`, `n` counting up within this

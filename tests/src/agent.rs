@@ -82,6 +82,21 @@ impl<'t> Agent<'t> {
         agent
     }
 
+    /// [`Agent::start_ready`] in another topology's node A (a
+    /// [`RoutedTopology`](node_diag_testbed::RoutedTopology)), which it borrows.
+    pub fn start_ready_in<H: node_diag_testbed::AgentHost>(host: &'t H) -> Agent<'t> {
+        crate::require_root();
+        let bin = node_diag_bin();
+        let mut agent = Agent(crate::ok(node_diag_testbed::Agent::start_in(
+            host,
+            &bin,
+            None,
+            &[],
+        )));
+        agent.wait_ready(READY);
+        agent
+    }
+
     /// Starts the agent in node A with the standard flags.
     pub fn start(topo: &'t Topology) -> Agent<'t> {
         Agent::start_with_args(topo, &[])

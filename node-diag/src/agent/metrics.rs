@@ -14,7 +14,7 @@ use node_diag_common::counter;
 use crate::{
     findings::{Finding, names::Names},
     kernel::maps::KernelCounts,
-    mtu::InterfaceMtu,
+    mtu::{InterfaceMtu, MAX_PATH_MTU_SERIES, PathMtu},
 };
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -44,6 +44,12 @@ pub(crate) struct InterfaceMtuLabels {
     pub(crate) interface: String,
     pub(crate) kind: String,
     pub(crate) netns: String,
+}
+
+/// A remote tunnel endpoint (a peer node's underlay address).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct EndpointLabel {
+    pub(crate) endpoint: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -121,6 +127,7 @@ pub(crate) struct Metrics {
     icmp_watch: Gauge,
     interface_mtu: Family<InterfaceMtuLabels, Gauge>,
     headroom: Family<InterfaceNetnsLabels, Gauge>,
+    path_mtu: Family<EndpointLabel, Gauge>,
     conntrack_drops: Family<ReasonLabel, Counter>,
     last: KernelTotals,
 }
@@ -200,6 +207,14 @@ impl Metrics {
             "Expected MTU (underlay minus encapsulation) minus the effective MTU (the interface's, capped by its routes' mtu); negative when misconfigured",
             headroom.clone(),
         );
+        let path_mtu = Family::<EndpointLabel, Gauge>::default();
+        registry.register(
+            "node_diag_path_mtu_bytes",
+            format!(
+                "Smallest path MTU the route cache learned (from ICMP frag-needed or packet-too-big) towards each remote tunnel endpoint; only endpoints with a learned path MTU, at most {MAX_PATH_MTU_SERIES} (the smallest)"
+            ),
+            path_mtu.clone(),
+        );
         let conntrack_drops = Family::<ReasonLabel, Counter>::default();
         registry.register(
             "node_diag_conntrack_drops",
@@ -249,6 +264,7 @@ impl Metrics {
             icmp_watch,
             interface_mtu,
             headroom,
+            path_mtu,
             conntrack_drops,
             last: KernelTotals::default(),
         }
@@ -369,6 +385,19 @@ impl Metrics {
         }
     }
 
+    /// Replaces the learned path MTU gauges: one series per endpoint in `paths` (the
+    /// model caps them), none for an endpoint whose learned path MTU expired.
+    pub(crate) fn set_path_mtus(&self, paths: &[PathMtu]) {
+        self.path_mtu.clear();
+        for p in paths.iter().take(MAX_PATH_MTU_SERIES) {
+            self.path_mtu
+                .get_or_create(&EndpointLabel {
+                    endpoint: p.endpoint.to_string(),
+                })
+                .set(i64::from(p.mtu));
+        }
+    }
+
     /// The OpenMetrics exposition (what Prometheus asks for first).
     pub(crate) fn encode(&self) -> Result<String, std::fmt::Error> {
         let mut out = String::new();
@@ -444,6 +473,20 @@ mod tests {
             "node_diag_overlay_mtu_headroom_bytes{interface=\"eth0\",netns=\"pod-a\"} -50"
         ));
         assert!(text.contains("node_diag_build_info{version=\""));
+        let path = |endpoint: &str, mtu| PathMtu {
+            endpoint: endpoint.parse().unwrap(),
+            mtu,
+        };
+        m.set_path_mtus(&[path("192.168.79.2", 1400), path("fd00:79::2", 1280)]);
+        let text = m.encode().unwrap();
+        assert!(
+            text.contains("node_diag_path_mtu_bytes{endpoint=\"192.168.79.2\"} 1400"),
+            "{text}"
+        );
+        assert!(text.contains("node_diag_path_mtu_bytes{endpoint=\"fd00:79::2\"} 1280"));
+        // Expired: the series goes.
+        m.set_path_mtus(&[path("fd00:79::2", 1280)]);
+        assert!(!m.encode().unwrap().contains("192.168.79.2"));
         assert!(text.ends_with("# EOF\n"));
     }
 }

@@ -1,5 +1,6 @@
 //! The MTU model's share of the agent: rebuilt from a netlink snapshot at start, on link
-//! notifications and periodically, it sets the MTU gauges and syncs the condition
+//! notifications and periodically (which is how a path MTU the route cache learns, or
+//! forgets, is seen), it sets the MTU and path MTU gauges and syncs the condition
 //! findings (`overlay_mtu_mismatch`, `pmtud_disabled`): new ones printed, gone ones
 //! resolved.
 
@@ -30,7 +31,11 @@ pub(crate) async fn refresh_mtu(shared: &Shared, pods: &PodsHandle, format: Outp
     };
     let now = SystemTime::now();
     let model = crate::mtu::Model::from(&snapshot);
-    shared.metrics().set_mtu_model(&model.gauges());
+    {
+        let metrics = shared.metrics();
+        metrics.set_mtu_model(&model.gauges());
+        metrics.set_path_mtus(model.path_mtus());
+    }
     let mut findings = model.findings(now);
     // An interface finding in a pod's namespace names the pod whose interface it is.
     let index = pods.current();

@@ -295,7 +295,8 @@ pub(crate) struct OversizeEvidence {
 }
 
 /// An interface above its limit: the MTU model's arithmetic, every field present
-/// (`null` where the model has no value).
+/// (`null` where the model has no value), except the learned path MTU's, present only
+/// when the route cache's learned path MTU limits the underlay.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub(crate) struct MtuEvidence {
     pub(crate) underlay: Option<String>,
@@ -306,6 +307,16 @@ pub(crate) struct MtuEvidence {
     pub(crate) underlay_endpoint: Option<IpAddr>,
     pub(crate) underlay_endpoints: Option<u32>,
     pub(crate) underlay_source: Option<UnderlaySource>,
+    /// With `underlay_source: learned_pmtu`, how the underlay device was found.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) underlay_found_by: Option<UnderlaySource>,
+    /// The path MTU the route cache learned towards `underlay_endpoint`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) learned_pmtu: Option<u32>,
+    /// Seconds until the kernel forgets it (and the finding resolves, unless learned
+    /// again).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) learned_pmtu_expires_secs: Option<u32>,
     pub(crate) encapsulation: Option<String>,
     pub(crate) overhead: Option<u32>,
     pub(crate) overhead_breakdown: Option<String>,

@@ -195,6 +195,11 @@ pub(crate) enum UnderlaySource {
     DefaultRoute,
     /// The largest-MTU physical interface that is up, as a last resort.
     LargestPhysical,
+    /// Not how the device was found but what limits it: the path MTU the route cache
+    /// learned towards an endpoint (from an ICMP frag-needed or packet-too-big), below
+    /// the device's MTU and its route's `mtu`. The MTU model reports it in place of the
+    /// way the device was found, which then goes to `underlay_found_by`.
+    LearnedPmtu,
 }
 
 impl UnderlaySource {
@@ -229,13 +234,33 @@ pub(crate) struct Underlay {
     pub(crate) route: Option<String>,
     /// That route's `mtu` metric, which caps the device's for encapsulated packets.
     pub(crate) route_mtu: Option<u32>,
+    /// The path MTU the route cache learned towards `endpoint`, when it has one.
+    pub(crate) learned_mtu: Option<u32>,
+    /// Seconds until that learned path MTU expires.
+    pub(crate) learned_expires_secs: Option<u32>,
+    /// Every endpoint of this way out the learned path MTU is for (ways are split by it,
+    /// so they share it); empty without one.
+    pub(crate) learned_endpoints: Vec<IpAddr>,
 }
 
 impl Underlay {
-    /// The largest encapsulated packet this way out carries: the device's MTU, capped by
-    /// the route's `mtu` (a larger route `mtu` does not make the device carry more).
-    pub(crate) fn path_mtu(&self) -> u32 {
+    /// What the configuration lets this way out carry: the device's MTU, capped by the
+    /// route's `mtu` (a larger route `mtu` does not make the device carry more).
+    pub(crate) fn configured_mtu(&self) -> u32 {
         self.route_mtu.map_or(self.mtu, |r| r.min(self.mtu))
+    }
+
+    /// The learned path MTU, when it is below what the configuration carries: the path
+    /// beyond this node is narrower than its own devices and routes.
+    pub(crate) fn learned_below(&self) -> Option<u32> {
+        self.learned_mtu.filter(|&l| l < self.configured_mtu())
+    }
+
+    /// The largest encapsulated packet this way out carries: the configured MTU, or the
+    /// path MTU the route cache learned when it is smaller.
+    pub(crate) fn path_mtu(&self) -> u32 {
+        self.learned_below()
+            .unwrap_or_else(|| self.configured_mtu())
     }
 
     /// The outer header's family, when the endpoint tells it.

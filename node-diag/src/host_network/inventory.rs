@@ -265,6 +265,9 @@ fn assemble(
                         endpoints: w.endpoints,
                         route: w.route.clone(),
                         route_mtu: w.route_mtu,
+                        learned_mtu: w.learned.map(|l| l.mtu),
+                        learned_expires_secs: w.learned.map(|l| l.expires_secs),
+                        learned_endpoints: w.learned_endpoints.clone(),
                     })
                 })
                 .collect();

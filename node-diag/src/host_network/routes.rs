@@ -1,7 +1,8 @@
 //! Route and address lookups: where the kernel sends a packet for an address, the
-//! configured route that decides it (its `mtu` and `advmss` metrics included), the main
-//! table's routes, and which device holds a local address. The inventory uses them to
-//! find each tunnel endpoint's underlay and what the routes through an interface cap.
+//! configured route that decides it (its `mtu` and `advmss` metrics included), the path
+//! MTU the route cache learned for it (a route exception), the main table's routes, and
+//! which device holds a local address. The inventory uses them to find each tunnel
+//! endpoint's underlay and what the routes through an interface cap.
 
 use std::{fmt, net::IpAddr};
 
@@ -10,8 +11,8 @@ use netlink_packet_route::{
     AddressFamily, RouteNetlinkMessage,
     address::{AddressAttribute, AddressMessage},
     route::{
-        RouteAddress, RouteAttribute, RouteFlags, RouteHeader, RouteIp6Tunnel, RouteIpTunnel,
-        RouteLwTunnelEncap, RouteMessage, RouteMetric, RouteProtocol, RouteType,
+        RouteAddress, RouteAttribute, RouteCacheInfo, RouteFlags, RouteHeader, RouteIp6Tunnel,
+        RouteIpTunnel, RouteLwTunnelEncap, RouteMessage, RouteMetric, RouteProtocol, RouteType,
     },
 };
 use netlink_sys::Socket;
@@ -98,6 +99,53 @@ pub(crate) fn address_owner(addr: IpAddr) -> Result<Option<u32>, NetlinkError> {
         }
         _ => None,
     }))
+}
+
+/// A path MTU the kernel learned for one destination from an ICMP frag-needed (IPv4) or
+/// packet-too-big (IPv6): a route exception, what `ip route get` prints as
+/// `cache expires 598sec mtu 1400`. It lives until it expires
+/// (`net.ipv4.route.mtu_expires`, `net.ipv6.route.mtu_expires`: 600 s by default) or the
+/// cache is flushed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LearnedPmtu {
+    pub(crate) mtu: u32,
+    /// Seconds until the kernel forgets it.
+    pub(crate) expires_secs: u32,
+}
+
+/// `rta_expires` counts clock ticks (`USER_HZ`, 100 on every architecture Linux exposes
+/// to user space).
+const USER_HZ: u32 = 100;
+
+/// The learned path MTU in a route lookup's answer (not a FIB match), if any. The kernel
+/// puts an exception's PMTU in RTAX_MTU only while the exception has not expired, and its
+/// expiry in RTA_CACHEINFO; a configured `mtu` metric comes without an expiry. An IPv6
+/// exception is also flagged RTM_F_CLONED (RTF_CACHE), while IPv4 flags every answer so.
+pub(crate) fn learned_pmtu_of(r: &RouteMessage) -> Option<LearnedPmtu> {
+    let mut mtu = None;
+    let mut expires = 0;
+    for a in &r.attributes {
+        match a {
+            RouteAttribute::Metrics(metrics) => {
+                mtu = metrics.iter().find_map(|m| match m {
+                    RouteMetric::Mtu(m) if *m != 0 => Some(*m),
+                    _ => None,
+                });
+            }
+            RouteAttribute::CacheInfo(RouteCacheInfo { expires: e, .. }) => expires = *e,
+            _ => {}
+        }
+    }
+    if r.header.address_family == AddressFamily::Inet6
+        && !r.header.flags.contains(RouteFlags::Cloned)
+    {
+        return None;
+    }
+    (expires > 0).then_some(())?;
+    Some(LearnedPmtu {
+        mtu: mtu?,
+        expires_secs: expires.div_ceil(USER_HZ),
+    })
 }
 
 /// One next hop of a configured route.
@@ -331,6 +379,37 @@ impl FibLookup {
             Err(e) => Err(e),
         }
     }
+
+    /// The path MTU the route cache learned for `dst` (`ip route get`, not `fibmatch`:
+    /// only the resolved route carries the exception), looked up from `oif` with `mark`
+    /// like [`FibLookup::fib_match`]. `Ok(None)` when nothing was learned or there is no
+    /// route.
+    pub(crate) fn learned_pmtu(
+        &self,
+        dst: IpAddr,
+        oif: Option<u32>,
+        mark: Option<u32>,
+    ) -> Result<Option<LearnedPmtu>, NetlinkError> {
+        let mut msg = RouteMessage::default();
+        msg.header.address_family = family_of(dst);
+        msg.header.destination_prefix_length = if dst.is_ipv4() { 32 } else { 128 };
+        msg.attributes
+            .push(RouteAttribute::Destination(RouteAddress::from(dst)));
+        if let Some(oif) = oif {
+            msg.attributes.push(RouteAttribute::Oif(oif));
+        }
+        if let Some(mark) = mark {
+            msg.attributes.push(RouteAttribute::Mark(mark));
+        }
+        match request(&self.sock, RouteNetlinkMessage::GetRoute(msg), 0) {
+            Ok(replies) => Ok(replies.iter().find_map(|m| match m {
+                RouteNetlinkMessage::NewRoute(r) => learned_pmtu_of(r),
+                _ => None,
+            })),
+            Err(NetlinkError::Kernel(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
 }
 
 /// Route messages as the kernel dumps them, built with the crate's types and parsed
@@ -398,10 +477,46 @@ pub(crate) mod fixtures {
             msg.attributes.push(RouteAttribute::EncapType(kind));
             msg.attributes.push(RouteAttribute::Encap(vec![attr]));
         }
+        route_entry_from(&round_trip(&msg)).expect("an IP route")
+    }
+
+    fn round_trip(msg: &RouteMessage) -> RouteMessage {
         let mut buf = vec![0; msg.buffer_len()];
         msg.emit(&mut buf);
-        let parsed = RouteMessage::parse(buf.as_slice()).expect("fixture parses");
-        route_entry_from(&parsed).expect("an IP route")
+        RouteMessage::parse(buf.as_slice()).expect("fixture parses")
+    }
+
+    /// A route lookup's answer (`ip route get`) for `dst` out of `oif`: RTAX_MTU `mtu`,
+    /// `rta_expires` `expires` clock ticks, flagged RTM_F_CLONED when `cloned`,
+    /// serialized and parsed back.
+    pub(crate) fn answer(
+        dst: IpAddr,
+        oif: u32,
+        mtu: Option<u32>,
+        expires: u32,
+        cloned: bool,
+    ) -> RouteMessage {
+        let mut msg = RouteMessage::default();
+        msg.header.address_family = family_of(dst);
+        msg.header.destination_prefix_length = if dst.is_ipv4() { 32 } else { 128 };
+        msg.header.table = RouteHeader::RT_TABLE_MAIN;
+        msg.header.kind = RouteType::Unicast;
+        if cloned {
+            msg.header.flags = RouteFlags::Cloned;
+        }
+        msg.attributes
+            .push(RouteAttribute::Destination(RouteAddress::from(dst)));
+        msg.attributes.push(RouteAttribute::Oif(oif));
+        if let Some(mtu) = mtu {
+            msg.attributes
+                .push(RouteAttribute::Metrics(vec![RouteMetric::Mtu(mtu)]));
+        }
+        // struct rta_cacheinfo: clntref, lastuse, expires, error, used, id, ts, tsage.
+        let mut raw = [0u8; 32];
+        raw[8..12].copy_from_slice(&expires.to_ne_bytes());
+        let info = RouteCacheInfo::parse(&raw).expect("cacheinfo parses");
+        msg.attributes.push(RouteAttribute::CacheInfo(info));
+        round_trip(&msg)
     }
 }
 
@@ -475,6 +590,38 @@ mod tests {
         assert_eq!(r.encap_dst, Some(a("fd00:77::2")));
         assert!(r.via(7) && !r.via(2));
         assert_eq!(r.family, Family::V4);
+    }
+
+    #[test]
+    fn learned_path_mtus_are_the_exceptions_that_expire() {
+        use super::fixtures::answer;
+        // `cache expires 598sec mtu 1400`: an IPv4 exception.
+        let v4 = answer(a("192.168.79.2"), 2, Some(1400), 59_712, true);
+        assert_eq!(
+            learned_pmtu_of(&v4),
+            Some(LearnedPmtu {
+                mtu: 1400,
+                expires_secs: 598
+            })
+        );
+        // A route's own `mtu` metric has no expiry: configured, not learned.
+        assert_eq!(
+            learned_pmtu_of(&answer(a("192.168.79.2"), 2, Some(1400), 0, true)),
+            None
+        );
+        // Nothing learned: no metric.
+        assert_eq!(
+            learned_pmtu_of(&answer(a("192.168.79.2"), 2, None, 0, true)),
+            None
+        );
+        // IPv6 (packet-too-big): an RTF_CACHE clone with an expiry.
+        let v6 = answer(a("fd00:79::2"), 2, Some(1280), 30_000, true);
+        assert_eq!(learned_pmtu_of(&v6).map(|l| l.mtu), Some(1280));
+        // An IPv6 route that expires (from a router advertisement) is no exception.
+        assert_eq!(
+            learned_pmtu_of(&answer(a("fd00:79::2"), 2, Some(1280), 30_000, false)),
+            None
+        );
     }
 
     #[test]

@@ -10,6 +10,10 @@
 //! (Calico's `tunl0`), the `encap ... dst` of a route through a metadata-mode device.
 //! Without any, the underlay is the bound device, else the device holding the local
 //! address, else the default route's, else the largest physical interface.
+//!
+//! Each endpoint's path MTU learned by the route cache (a frag-needed or packet-too-big
+//! from a hop beyond this node) is read too: a way out is one per learned MTU as well,
+//! since a narrower hop towards one peer limits that peer's packets alone.
 
 use std::{collections::HashMap, net::IpAddr};
 
@@ -19,7 +23,7 @@ use super::{
     fdb::FdbEntry,
     interfaces::{ARPHRD_LOOPBACK, Family, LinkKind, UnderlaySource},
     links::{Link, Tunnel},
-    routes::{self, FibLookup, RouteEntry},
+    routes::{self, FibLookup, LearnedPmtu, RouteEntry},
     rtnetlink::NetlinkError,
     wireguard::WgDevice,
 };
@@ -50,6 +54,13 @@ pub(super) trait Kernel {
     ) -> Result<Option<RouteEntry>, NetlinkError>;
     /// The interface holding local address `addr`.
     fn address_owner(&self, addr: IpAddr) -> Result<Option<u32>, NetlinkError>;
+    /// The path MTU the route cache learned for `dst` (see [`FibLookup::learned_pmtu`]).
+    fn learned_pmtu(
+        &self,
+        dst: IpAddr,
+        oif: Option<u32>,
+        mark: Option<u32>,
+    ) -> Result<Option<LearnedPmtu>, NetlinkError>;
 }
 
 impl Kernel for FibLookup {
@@ -64,6 +75,15 @@ impl Kernel for FibLookup {
 
     fn address_owner(&self, addr: IpAddr) -> Result<Option<u32>, NetlinkError> {
         routes::address_owner(addr)
+    }
+
+    fn learned_pmtu(
+        &self,
+        dst: IpAddr,
+        oif: Option<u32>,
+        mark: Option<u32>,
+    ) -> Result<Option<LearnedPmtu>, NetlinkError> {
+        FibLookup::learned_pmtu(self, dst, oif, mark)
     }
 }
 
@@ -95,6 +115,10 @@ pub(crate) struct RawUnderlay {
     /// The route to the endpoint, when it has an `mtu` metric.
     pub(crate) route: Option<String>,
     pub(crate) route_mtu: Option<u32>,
+    /// The path MTU the route cache learned towards the endpoint(s).
+    pub(crate) learned: Option<LearnedPmtu>,
+    /// The endpoints `learned` is for.
+    pub(crate) learned_endpoints: Vec<IpAddr>,
 }
 
 impl RawUnderlay {
@@ -106,6 +130,8 @@ impl RawUnderlay {
             endpoints: 0,
             route: None,
             route_mtu: None,
+            learned: None,
+            learned_endpoints: Vec::new(),
         }
     }
 }
@@ -226,11 +252,26 @@ pub(super) fn resolve_underlays(
         if !usable(dev) {
             continue;
         }
+        let learned = match kernel.learned_pmtu(ep.addr, oif, mark) {
+            Ok(l) => l,
+            Err(e) => {
+                debug!(tunnel = %link.name, endpoint = %ep.addr, error = %e, "learned PMTU lookup failed");
+                None
+            }
+        };
+        let learned_mtu = learned.map(|l| l.mtu);
         let family = Some(Family::of(ep.addr));
         if let Some((w, _)) = ways.iter_mut().find(|(w, f)| {
-            w.ifindex == dev && w.route_mtu == route_mtu && w.source == source && *f == family
+            w.ifindex == dev
+                && w.route_mtu == route_mtu
+                && w.source == source
+                && *f == family
+                && w.learned.map(|l| l.mtu) == learned_mtu
         }) {
             w.endpoints += 1;
+            if learned.is_some() {
+                w.learned_endpoints.push(ep.addr);
+            }
             continue;
         }
         ways.push((
@@ -241,6 +282,8 @@ pub(super) fn resolve_underlays(
                 endpoints: 1,
                 route: route_mtu.map(|_| route.to_string()),
                 route_mtu,
+                learned,
+                learned_endpoints: learned.map(|_| ep.addr).into_iter().collect(),
             },
             family,
         ));
@@ -299,6 +342,8 @@ mod tests {
     struct Table {
         routes: Vec<RouteEntry>,
         asked: RefCell<Asked>,
+        /// The route cache's exceptions by destination.
+        learned: HashMap<IpAddr, LearnedPmtu>,
     }
 
     impl Table {
@@ -306,6 +351,7 @@ mod tests {
             Self {
                 routes,
                 asked: RefCell::new(Vec::new()),
+                learned: HashMap::new(),
             }
         }
     }
@@ -348,6 +394,15 @@ mod tests {
 
         fn address_owner(&self, _: IpAddr) -> Result<Option<u32>, NetlinkError> {
             Ok(None)
+        }
+
+        fn learned_pmtu(
+            &self,
+            dst: IpAddr,
+            _: Option<u32>,
+            _: Option<u32>,
+        ) -> Result<Option<LearnedPmtu>, NetlinkError> {
+            Ok(self.learned.get(&dst).copied())
         }
     }
 
@@ -487,6 +542,39 @@ mod tests {
         assert_eq!(ways[0].source, UnderlaySource::RouteToRemote);
         assert_eq!(ways[0].route_mtu, Some(1500));
         assert_eq!(ways[0].route.as_deref(), Some("192.168.88.0/25"));
+    }
+
+    #[test]
+    fn a_learned_path_mtu_is_its_own_way_out() {
+        // flannel.1 with three peers on cl0; the route cache learned 1400 towards two of
+        // them (a narrower hop beyond this node on their way).
+        let vx = link_fx::vxlan(vec![InfoVxlan::Id(1)]);
+        let mut links = nics();
+        links.push(vx.clone());
+        let fdb = [2, 3, 4].map(|p| fdb::fixtures::entry(vx.index, v4([192, 168, 88, p])));
+        let routes = node_routes();
+        let mut k = Table::new(routes.clone());
+        for p in [3, 4] {
+            k.learned.insert(
+                v4([192, 168, 88, p]),
+                LearnedPmtu {
+                    mtu: 1400,
+                    expires_secs: 590,
+                },
+            );
+        }
+        let ways = resolve_with(&vx, &links, &routes, &fdb, &HashMap::new(), &k);
+        assert_eq!(ways.len(), 2, "{ways:?}");
+        assert_eq!((ways[0].learned, ways[0].endpoints), (None, 1));
+        let w = &ways[1];
+        assert_eq!(
+            (w.ifindex, w.endpoint, w.endpoints, w.learned.map(|l| l.mtu)),
+            (CL0, Some(v4([192, 168, 88, 3])), 2, Some(1400))
+        );
+        assert_eq!(
+            w.learned_endpoints,
+            vec![v4([192, 168, 88, 3]), v4([192, 168, 88, 4])]
+        );
     }
 
     #[test]

@@ -19,6 +19,15 @@ fn mismatch_finding(v: &MtuVerdict, now: SystemTime) -> Finding {
     // Where the underlay is a route's `mtu` below its device, raising that route is the
     // way to raise the underlay.
     let raise_underlay = match (&v.underlay_route, &v.underlay) {
+        // A hop beyond this node is the narrow one: nothing here can raise it.
+        _ if v.learned_pmtu.is_some() => format!(
+            "raise the MTU of the hop towards {} that carries only {} bytes (beyond this \
+             node: the route cache learned it from an ICMP frag-needed or packet-too-big) \
+             by {excess} bytes",
+            v.underlay_endpoint
+                .map_or_else(|| "the tunnel's endpoint".into(), |a| a.to_string()),
+            v.learned_pmtu.unwrap_or(0)
+        ),
         (Some(route), Some(dev)) => {
             format!("raise the mtu of route {route} (it caps the underlay {dev}) by {excess} bytes")
         }
@@ -103,6 +112,9 @@ fn mismatch_finding(v: &MtuVerdict, now: SystemTime) -> Finding {
         underlay_endpoint: v.underlay_endpoint,
         underlay_endpoints: v.underlay_endpoints,
         underlay_source: v.underlay_source,
+        underlay_found_by: v.underlay_found_by,
+        learned_pmtu: v.learned_pmtu,
+        learned_pmtu_expires_secs: v.learned_pmtu_expires_secs,
         encapsulation: v.encapsulation.clone(),
         overhead: v.overhead,
         overhead_breakdown: v.overhead_breakdown.clone(),
@@ -277,5 +289,123 @@ mod tests {
             fs[0].summary
         );
         assert!(fs[0].remediation.contains("or raise vx0's MTU to 1450"));
+    }
+
+    /// Issue 37, case 2: the route cache learned 1400 towards node B, so the 1450 VXLAN
+    /// carries 1350 at most, whatever its own devices say.
+    #[test]
+    fn a_learned_path_mtu_below_the_overlays_need_is_a_mismatch() {
+        let peer = IpAddr::from([10, 0, 0, 2]);
+        let snap = learned(node(1500, 1450, 1450, 1450), "vx0", peer, 1400);
+        let vs = verdicts(&snap);
+        let vx = verdict(&vs, NODE, "vx0");
+        assert_eq!(vx.verdict, Verdict::Mismatch, "{vx:#?}");
+        assert_eq!((vx.expected_mtu, vx.headroom), (Some(1350), Some(-100)));
+        assert_eq!(vx.underlay_source, Some(UnderlaySource::LearnedPmtu));
+        assert_eq!(vx.underlay_found_by, Some(UnderlaySource::Bound));
+        assert!(
+            vx.detail.starts_with(
+                "underlay ul0 1400 (the route cache learned a path MTU of 1400 towards \
+                 10.0.0.2, below ul0's 1500) − VXLAN 50 = 1350, but vxlan vx0 is 1450"
+            ),
+            "{}",
+            vx.detail
+        );
+        let fs = findings(&snap, SystemTime::UNIX_EPOCH);
+        let on = |name: &str| {
+            fs.iter()
+                .find(|f| f.interface.as_deref() == Some(name))
+                .unwrap_or_else(|| panic!("no finding on {name}: {fs:#?}"))
+        };
+        assert_eq!(fs.len(), 3, "vx0, the pod and its node-side veth: {fs:#?}");
+        let f = on("vx0");
+        assert_eq!(
+            (f.kind, f.layer),
+            (Kind::OverlayMtuMismatch, Layer::OverlayMtu)
+        );
+        let e = f.evidence.to_map();
+        assert_eq!(e["underlay_source"], "learned_pmtu");
+        assert_eq!(e["underlay_found_by"], "bound");
+        assert_eq!(e["underlay_endpoint"], "10.0.0.2");
+        assert_eq!(e["learned_pmtu"], 1400);
+        assert_eq!(e["learned_pmtu_expires_secs"], 590);
+        assert_eq!(e["underlay_mtu"], 1400);
+        assert_eq!(e["underlay_device_mtu"], 1500);
+        assert_eq!(e["expected_mtu"], 1350);
+        assert!(
+            f.remediation.starts_with(
+                "Set vx0's MTU to 1350 (the CNI's tunnel MTU setting), or raise the MTU of \
+                 the hop towards 10.0.0.2 that carries only 1400 bytes"
+            ),
+            "{}",
+            f.remediation
+        );
+        // The pods inherit the overlay's limit and its arithmetic.
+        let pod = on("eth0");
+        assert!(
+            pod.summary.starts_with(
+                "underlay ul0 1400 (the route cache learned a path MTU of 1400 towards \
+                 10.0.0.2, below ul0's 1500) − VXLAN 50 = 1350 (overlay vx0), but pod eth0"
+            ),
+            "{}",
+            pod.summary
+        );
+        assert_eq!(pod.evidence.to_map()["learned_pmtu"], 1400);
+    }
+
+    #[test]
+    fn a_learned_path_mtu_that_does_not_narrow_the_path_changes_nothing() {
+        let peer = IpAddr::from([10, 0, 0, 2]);
+        // Learned on a jumbo underlay, above what the 1450 overlay needs: fine, and not
+        // the underlay's limit either (9000 − 50 would be).
+        let snap = learned(node(9000, 1450, 1450, 1450), "vx0", peer, 1500);
+        let vs = verdicts(&snap);
+        let vx = verdict(&vs, NODE, "vx0");
+        assert_eq!(vx.verdict, Verdict::Ok, "{vx:#?}");
+        assert_eq!(vx.underlay_source, Some(UnderlaySource::LearnedPmtu));
+        assert!(findings(&snap, SystemTime::UNIX_EPOCH).is_empty());
+        // At the device's MTU: not below it, so not a limit, and no new keys.
+        let snap = learned(node(1500, 1450, 1450, 1450), "vx0", peer, 1500);
+        let vx = verdict(&verdicts(&snap), NODE, "vx0").clone();
+        assert_eq!(vx.underlay_source, Some(UnderlaySource::Bound));
+        assert_eq!(vx.learned_pmtu, None);
+        // Expired: what the 1500 pod's finding says has no trace of it.
+        let snap = node(1500, 1450, 1500, 1450);
+        let fs = findings(&snap, SystemTime::UNIX_EPOCH);
+        let e = fs[0].evidence.to_map();
+        for key in [
+            "learned_pmtu",
+            "learned_pmtu_expires_secs",
+            "underlay_found_by",
+        ] {
+            assert!(!e.contains_key(key), "{key} in {e:?}");
+        }
+        assert!(e.contains_key("underlay_route"), "existing keys stay, null");
+    }
+
+    #[test]
+    fn a_learned_path_mtu_towards_an_ipv6_endpoint_counts_ipv6_headers() {
+        // Packet-too-big from a 1280 hop towards node B's IPv6 address.
+        let peer: IpAddr = "fd00:79::2".parse().unwrap();
+        let mut snap = node(1500, 1430, 1430, 1430);
+        let vx = snap
+            .interfaces
+            .iter_mut()
+            .find(|i| i.name == "vx0")
+            .unwrap();
+        vx.remote_family = None;
+        let snap = learned(snap, "vx0", peer, 1280);
+        let vs = verdicts(&snap);
+        let vx = verdict(&vs, NODE, "vx0");
+        assert_eq!(
+            (vx.encapsulation.as_deref(), vx.expected_mtu, vx.verdict),
+            (Some("VXLAN/IPv6"), Some(1210), Verdict::Mismatch)
+        );
+        assert!(
+            vx.detail
+                .contains("learned a path MTU of 1280 towards fd00:79::2"),
+            "{}",
+            vx.detail
+        );
     }
 }

@@ -67,6 +67,9 @@ pub(super) fn way(
         endpoints,
         route: None,
         route_mtu: None,
+        learned_mtu: None,
+        learned_expires_secs: None,
+        learned_endpoints: Vec::new(),
     }
 }
 
@@ -148,6 +151,23 @@ pub(super) fn node(ul_mtu: u32, vx_mtu: u32, pod_mtu: u32, node_veth_mtu: u32) -
             ),
         ],
     }
+}
+
+/// `snap` with the route cache having learned path MTU `mtu` towards `endpoint`, the
+/// endpoint of `tunnel`'s first way out, expiring in 590 s.
+pub(super) fn learned(mut snap: Snapshot, tunnel: &str, endpoint: IpAddr, mtu: u32) -> Snapshot {
+    let t = snap
+        .interfaces
+        .iter_mut()
+        .find(|i| i.netns == NODE && i.name == tunnel)
+        .unwrap_or_else(|| panic!("no tunnel {tunnel}"));
+    let u = &mut t.underlays[0];
+    u.endpoint = Some(endpoint);
+    u.endpoints = u.endpoints.max(1);
+    u.learned_mtu = Some(mtu);
+    u.learned_expires_secs = Some(590);
+    u.learned_endpoints = vec![endpoint];
+    snap
 }
 
 pub(super) fn verdict<'a>(vs: &'a [MtuVerdict], ns: u32, name: &str) -> &'a MtuVerdict {

@@ -2,7 +2,8 @@
 //! underlay), the largest MTU it may have, its effective MTU, and the verdict.
 //!
 //! - Overlays are held to the smallest of their ways out: each underlay's path MTU (the
-//!   device's MTU, capped by the `mtu` of the route to the endpoint) minus the
+//!   device's MTU, capped by the `mtu` of the route to the endpoint, and by the path MTU
+//!   the route cache learned towards the endpoint when that is smaller) minus the
 //!   encapsulation overhead for that endpoint's family.
 //! - Pod interfaces and node-side veths are held to the ceiling: the smallest limit of the
 //!   node's overlays that are up.
@@ -81,6 +82,13 @@ pub(crate) struct MtuVerdict {
     pub(crate) underlay_route: Option<String>,
     pub(crate) underlay_route_mtu: Option<u32>,
     pub(crate) underlay_source: Option<UnderlaySource>,
+    /// With `underlay_source` `learned_pmtu`: how the underlay device was found.
+    pub(crate) underlay_found_by: Option<UnderlaySource>,
+    /// The path MTU the route cache learned towards the endpoint, when it limits the
+    /// underlay.
+    pub(crate) learned_pmtu: Option<u32>,
+    /// Seconds until the kernel forgets that learned path MTU.
+    pub(crate) learned_pmtu_expires_secs: Option<u32>,
     /// The endpoint whose route is the underlay, when known.
     pub(crate) underlay_endpoint: Option<IpAddr>,
     /// How many endpoints the tunnel's ways out were found from.
@@ -209,6 +217,9 @@ impl MtuVerdict {
             underlay_route: None,
             underlay_route_mtu: None,
             underlay_source: None,
+            underlay_found_by: None,
+            learned_pmtu: None,
+            learned_pmtu_expires_secs: None,
             underlay_endpoint: None,
             underlay_endpoints: None,
             encapsulation: None,
@@ -381,11 +392,34 @@ fn overlay_verdict(i: &Interface) -> MtuVerdict {
     let endpoints: u32 = i.underlays.iter().map(|u| u.endpoints).sum();
     v.underlay_endpoints = (endpoints > 0).then_some(endpoints);
     let mut arithmetic = format!("underlay {} {}", u.name, u.path_mtu());
-    if let (Some(route), Some(m)) = (&u.route, u.route_mtu)
-        && m < u.mtu
-    {
+    let route_cap = match (&u.route, u.route_mtu) {
+        (Some(route), Some(m)) if m < u.mtu => Some((route, m)),
+        _ => None,
+    };
+    if let Some((route, m)) = route_cap {
         v.underlay_route = Some(route.clone());
         v.underlay_route_mtu = Some(m);
+    }
+    if let Some(learned) = u.learned_below() {
+        // The devices and routes of this node carry more: a hop beyond it is narrower,
+        // and the route cache says so since a frag-needed (packet-too-big) came back.
+        v.underlay_source = Some(UnderlaySource::LearnedPmtu);
+        v.underlay_found_by = Some(u.source);
+        v.learned_pmtu = Some(learned);
+        v.learned_pmtu_expires_secs = u.learned_expires_secs;
+        let towards = u
+            .endpoint
+            .map_or_else(|| "its endpoint".into(), |a| a.to_string());
+        let below = match route_cap {
+            Some((route, m)) => format!("route {route} mtu {m}"),
+            None => format!("{}'s {}", u.name, u.mtu),
+        };
+        let _ = write!(
+            arithmetic,
+            " (the route cache learned a path MTU of {learned} towards {towards}, below \
+             {below})"
+        );
+    } else if let Some((route, m)) = route_cap {
         let _ = write!(
             arithmetic,
             " (route {route} mtu {m} caps {} {})",
@@ -511,6 +545,9 @@ pub(super) fn verdicts(snap: &Snapshot) -> Vec<MtuVerdict> {
         v.underlay_route = ov.underlay_route.clone();
         v.underlay_route_mtu = ov.underlay_route_mtu;
         v.underlay_source = ov.underlay_source;
+        v.underlay_found_by = ov.underlay_found_by;
+        v.learned_pmtu = ov.learned_pmtu;
+        v.learned_pmtu_expires_secs = ov.learned_pmtu_expires_secs;
         v.underlay_endpoint = ov.underlay_endpoint;
         v.underlay_endpoints = ov.underlay_endpoints;
         v.encapsulation = ov.encapsulation.clone();
