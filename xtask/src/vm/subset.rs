@@ -76,6 +76,9 @@ pub(super) const KERNEL_SUBSET: &[&str] = &[
     "a_black_hole_stays_open_while_its_flow_is_stuck",
     "an_agent_started_during_a_black_hole_reports_it_at_the_next_retransmit",
     "a_stall_after_pmtud_worked_is_no_black_hole",
+    // path_mtu
+    "learned_path_mtu_below_the_overlays_need_is_an_overlay_mismatch",
+    "learned_ipv6_path_mtu_below_the_overlays_need_is_an_overlay_mismatch",
     // nat
     "service_rejected_on_this_node_is_the_firewall_not_the_listener",
     "service_rejected_by_icmp_beyond_this_node_is_a_firewall_not_the_service",
