@@ -191,6 +191,10 @@ pub mod event_kind {
     pub const CONNECT_ABANDONED: u32 = 9;
     /// A connect already reported as timing out was established after all.
     pub const CONNECT_LATE: u32 = 10;
+    /// A stall without MTU evidence ended with its segment sent again smaller: the
+    /// kernel's own black-hole detection (`tcp_mtu_probing`) shrank the MSS. `len` is
+    /// the segment before, `mtu` the MSS after, the window the stall's length.
+    pub const MSS_SHRUNK: u32 = 11;
 }
 
 /// [`FlowState::flags`] bits.
@@ -566,8 +570,11 @@ pub struct RetransState {
     pub netns: u32,
     /// Sequence number of the segment being retransmitted.
     pub seq: u32,
+    /// Its length when last retransmitted: sent again shorter, the MSS shrank.
+    pub len: u32,
+    pub _pad: u32,
 }
-const _: () = assert!(core::mem::size_of::<RetransState>() == 72);
+const _: () = assert!(core::mem::size_of::<RetransState>() == 80);
 /// [`RetransState::reported`]: a PMTUD black hole was reported.
 pub const RETRANS_REPORTED_PMTUD: u32 = 1;
 /// [`RetransState::reported`]: a stall without MTU evidence was reported.

@@ -182,6 +182,8 @@ fn data_retransmit(ctx: &BtfTracePointContext, sk: u64, rto_count: u32) -> Optio
             reported: 0,
             netns,
             seq,
+            len,
+            _pad: 0,
         };
         RETRANS.insert(&sk, &entry, 0).ok()?;
         if entry.repeats < threshold {
@@ -192,26 +194,60 @@ fn data_retransmit(ctx: &BtfTracePointContext, sk: u64, rto_count: u32) -> Optio
     };
     // SAFETY: the entry belongs to this socket, whose retransmits the kernel serialises
     // under the socket lock; the values are copied out at once.
-    let (repeats, reported) = unsafe {
-        if (*state).seq == seq {
-            if !full_size && (*state).reported == RETRANS_REPORTED_PMTUD {
-                // The reported black hole's segment is now retried smaller: the path
-                // shrank the MSS, that stall is over.
-                (*state).repeats = 1;
-                (*state).reported = 0;
-                (*state).first_ns = now;
-            } else {
-                (*state).repeats += 1;
-            }
-        } else {
-            (*state).seq = seq;
+    let (repeats, reported, shrunk) = unsafe {
+        let shrunk = (*state).seq == seq && len < (*state).len;
+        if shrunk {
+            // The segment is retried smaller: the MSS shrank (a frag-needed took
+            // effect, or the kernel's MTU probing gave up on the size), that stall is
+            // over. Reported below when nothing on the path had said why.
+            let before = (
+                (*state).repeats,
+                (*state).reported,
+                (*state).len,
+                (*state).first_ns,
+            );
             (*state).repeats = 1;
             (*state).reported = 0;
             (*state).first_ns = now;
+            (*state).len = len;
+            (*state).last_ns = now;
+            (1, before.1, Some(before))
+        } else {
+            if (*state).seq == seq {
+                (*state).repeats += 1;
+            } else {
+                (*state).seq = seq;
+                (*state).repeats = 1;
+                (*state).reported = 0;
+                (*state).first_ns = now;
+            }
+            (*state).len = len;
+            (*state).last_ns = now;
+            ((*state).repeats, (*state).reported, None)
         }
-        (*state).last_ns = now;
-        ((*state).repeats, (*state).reported)
     };
+    if let Some((stalled, was_reported, before_len, since)) = shrunk
+        && stalled >= 2
+        && was_reported != RETRANS_REPORTED_PMTUD
+    {
+        // SAFETY: as above.
+        let (flow, netns) = unsafe { ((*state).flow, (*state).netns) };
+        emit(
+            ctx,
+            event_kind::MSS_SHRUNK,
+            0,
+            &flow,
+            netns,
+            stalled,
+            Extra {
+                mtu: mss,
+                len: before_len,
+                since,
+                ..Extra::default()
+            },
+        );
+        return Some(());
+    }
     if full_size {
         inc(counter::FULLSIZE_RETRANSMITS);
     }

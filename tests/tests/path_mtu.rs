@@ -7,15 +7,17 @@
 //! Root, `NODE_DIAG_BIN` set (or `cargo xtask test`), one test at a time:
 //! `cargo test -p node-diag-tests --test path_mtu -- --test-threads=1`.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use node_diag_testbed::RoutedTopology;
 use node_diag_testbed::routed::VXLAN6_IF;
-use node_diag_tests::finding::{assert_shape_mtu, field, mismatch_on};
+use node_diag_tests::finding::{assert_shape, assert_shape_mtu, field, flow_is, mismatch_on};
 use node_diag_tests::topology::VXLAN_IF;
-use node_diag_tests::{Agent, ok, unique_name};
+use node_diag_tests::{Agent, BULK, ServerMode, TcpServer, ok, tcp_request, unique_name};
 use serde_json::Value;
+
+const BLACKHOLES: &str = "node_diag_pmtud_blackholes";
 
 /// The MTU model is rebuilt every 10 s without a link change: a learned path MTU is seen
 /// by the next rebuild.
@@ -153,4 +155,81 @@ fn learned_ipv6_path_mtu_below_the_overlays_need_is_an_overlay_mismatch() {
     // The IPv4 path learned nothing: its VXLAN is fine.
     agent.expect_no_finding(mismatch_on(&topo.node_a, VXLAN_IF), Duration::from_secs(1));
     ok(topo.flush_route_cache(&topo.node_a));
+}
+
+/// Issue 37, case 4: the narrow hop with the router's frag-needed filtered, and pod A's
+/// `tcp_mtu_probing=1` (Cilium sets it for its pods). The kernel detects the black hole
+/// after a few RTOs and shrinks the MSS: the transfer completes seconds late, with
+/// nothing on the path saying why. That is a black hole, recovered: a warning that names
+/// the probing, the MSS before and after and the seconds lost, resolved as the flow
+/// moves; never the critical gauge.
+#[test]
+fn a_black_hole_masked_by_mtu_probing_is_reported_recovered() {
+    let topo = ok(RoutedTopology::build(&unique_name()));
+    ok(topo.narrow_towards_b(1400));
+    ok(topo.drop_router_frag_needed());
+    ok(topo.sysctl(&topo.pod_a, "net.ipv4.tcp_mtu_probing=1"));
+    let agent = Agent::start_ready_in(&topo);
+    let port = 9021;
+    let addr = SocketAddr::new(topo.pod_b_ip.into(), port);
+    let _server = TcpServer::start(&topo.pod_b, addr, ServerMode::Echo);
+    let reply = tcp_request(
+        &topo.pod_a,
+        addr,
+        &vec![0x5a; BULK],
+        Duration::from_secs(30),
+    )
+    .expect("MTU probing gets the transfer through");
+    assert_eq!(reply.len(), BULK);
+
+    let on_flow = |f: &Value| {
+        field(f, "kind") == "pmtud_blackhole" && flow_is(f, topo.pod_a_ip, topo.pod_b_ip, port)
+    };
+    let f = agent.wait_finding(on_flow, Duration::from_secs(5));
+    assert_shape(&f);
+    assert_eq!(field(&f, "layer"), "icmp_filtered", "{f:#}");
+    assert_eq!(field(&f, "severity"), "warning", "{f:#}");
+    let e = &f["evidence"];
+    assert_eq!(e["recovered_by"], "tcp_mtu_probing", "{f:#}");
+    let (before, after) = (
+        e["mss_before"].as_u64().unwrap(),
+        e["mss_after"].as_u64().unwrap(),
+    );
+    assert!(before >= 1398 && after < before, "{f:#}");
+    assert!(e["seconds_lost"].as_f64().unwrap() >= 0.5, "{f:#}");
+    assert!(e["fullsize_retransmits"].as_u64().unwrap() >= 2, "{f:#}");
+    agent.wait_finding(
+        |f| on_flow(f) && f["status"] == "resolved",
+        Duration::from_secs(5),
+    );
+    assert_eq!(
+        agent.metric(BLACKHOLES),
+        Some(0.0),
+        "{}",
+        agent.metrics_text()
+    );
+    ok(topo.flush_route_cache(&topo.node_a));
+}
+
+/// Probing on, a clean path: nothing stalls, nothing is reported.
+#[test]
+fn mtu_probing_on_a_clean_path_reports_nothing() {
+    let topo = ok(RoutedTopology::build(&unique_name()));
+    ok(topo.sysctl(&topo.pod_a, "net.ipv4.tcp_mtu_probing=1"));
+    let agent = Agent::start_ready_in(&topo);
+    let port = 9022;
+    let addr = SocketAddr::new(topo.pod_b_ip.into(), port);
+    let _server = TcpServer::start(&topo.pod_b, addr, ServerMode::Echo);
+    let reply = tcp_request(
+        &topo.pod_a,
+        addr,
+        &vec![0x5a; BULK],
+        Duration::from_secs(10),
+    )
+    .expect("a clean transfer");
+    assert_eq!(reply.len(), BULK);
+    agent.expect_no_finding(
+        |f| matches!(field(f, "kind"), "pmtud_blackhole" | "tcp_stall"),
+        Duration::from_secs(3),
+    );
 }

@@ -141,7 +141,8 @@ impl IcmpWatch {
             | EventKind::ConnectAbandoned
             | EventKind::DfOversize
             | EventKind::PmtudStall
-            | EventKind::TcpStall => true,
+            | EventKind::TcpStall
+            | EventKind::MssShrunk => true,
             EventKind::EstablishedReset | EventKind::ConnectGaveUp | EventKind::ConnectLate => {
                 false
             }

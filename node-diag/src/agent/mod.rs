@@ -392,6 +392,16 @@ impl Agent {
             icmp_watched,
         };
         let mut finding = correlate(kind, &ev, &ctx);
+        if kind == EventKind::MssShrunk {
+            // The stall it ends was the path's, and the flow moves again.
+            let stalled = self.shared.store().resolve(
+                |f| f.kind == Kind::TcpStall && flow_matches(f, &ev.flow),
+                SystemTime::now(),
+            );
+            for f in stalled {
+                print_finding(&f, self.opts.format);
+            }
+        }
         if kind == EventKind::TcpStall && ev.mtu != 0 && ev.len >= ev.mtu {
             // A full-size segment: its MTU evidence may follow the retransmit the
             // programs judged it on (an agent started mid-stall sees none before).

@@ -22,6 +22,8 @@ pub(crate) enum Evidence {
     Stall(StallEvidence),
     /// `pmtud_blackhole`.
     Blackhole(BlackholeEvidence),
+    /// `pmtud_blackhole` the kernel's MTU probing got the flow out of.
+    Recovered(RecoveredEvidence),
     /// `df_oversize_drop`.
     Oversize(OversizeEvidence),
     /// `overlay_mtu_mismatch`: the model's arithmetic.
@@ -46,6 +48,7 @@ impl Evidence {
             Self::Connect(e) => &mut e.candidate_backends,
             Self::Stall(e) => &mut e.candidate_backends,
             Self::Blackhole(e) => &mut e.candidate_backends,
+            Self::Recovered(e) => &mut e.candidate_backends,
             Self::Oversize(e) => &mut e.candidate_backends,
             Self::Mtu(_) | Self::Sysctl(_) | Self::Received(_) => return,
         };
@@ -66,6 +69,7 @@ impl Evidence {
             Self::Connect(e) => serde_json::to_value(e),
             Self::Stall(e) => serde_json::to_value(e),
             Self::Blackhole(e) => serde_json::to_value(e),
+            Self::Recovered(e) => serde_json::to_value(e),
             Self::Oversize(e) => serde_json::to_value(e),
             Self::Mtu(e) => serde_json::to_value(e),
             Self::Sysctl(e) => serde_json::to_value(e),
@@ -277,6 +281,31 @@ pub(crate) struct BlackholeEvidence {
     pub(crate) netfilter_hook: Option<NetfilterHook>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) drop_reason: Option<&'static str>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) candidate_backends: Vec<SocketAddr>,
+}
+
+/// What got a flow out of a black hole nothing on the path explained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Recovery {
+    /// The kernel's black-hole detection (`net.ipv4.tcp_mtu_probing`) shrank the MSS
+    /// after retransmission timeouts.
+    TcpMtuProbing,
+}
+
+/// A black hole the sender got out of by itself, seconds late.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub(crate) struct RecoveredEvidence {
+    pub(crate) recovered_by: Recovery,
+    /// Full-size retransmits before the segment was sent smaller.
+    pub(crate) fullsize_retransmits: u32,
+    pub(crate) mss_before: u32,
+    pub(crate) mss_after: u32,
+    /// From the stall's first retransmit to the smaller one.
+    pub(crate) seconds_lost: f64,
+    #[serde(flatten)]
+    pub(crate) frag: FragEvidence,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub(crate) candidate_backends: Vec<SocketAddr>,
 }

@@ -26,6 +26,8 @@ pub(crate) enum EventKind {
     ConnectAbandoned,
     /// A connect already reported as timing out was established after all.
     ConnectLate,
+    /// A stall without MTU evidence ended with its segment sent again smaller.
+    MssShrunk,
 }
 
 /// A record whose kind this agent does not know: a mismatched build of the programs.
@@ -48,6 +50,7 @@ impl TryFrom<u32> for EventKind {
             event_kind::TCP_STALL => Self::TcpStall,
             event_kind::CONNECT_ABANDONED => Self::ConnectAbandoned,
             event_kind::CONNECT_LATE => Self::ConnectLate,
+            event_kind::MSS_SHRUNK => Self::MssShrunk,
             other => return Err(UnknownKind(other)),
         })
     }
@@ -59,10 +62,10 @@ mod tests {
 
     #[test]
     fn every_kernel_kind_decodes_and_others_do_not() {
-        for n in 1..=10 {
+        for n in 1..=11 {
             assert!(EventKind::try_from(n).is_ok(), "{n}");
         }
         assert_eq!(EventKind::try_from(0), Err(UnknownKind(0)));
-        assert_eq!(EventKind::try_from(11), Err(UnknownKind(11)));
+        assert_eq!(EventKind::try_from(12), Err(UnknownKind(12)));
     }
 }

@@ -67,6 +67,7 @@ pub(crate) fn correlate(kind: EventKind, ev: &Event, ctx: &Context<'_>) -> Optio
         EventKind::DfOversize => Some(stall::df_oversize(ev, ctx)),
         EventKind::PmtudStall => Some(stall::pmtud_stall(ev, ctx)),
         EventKind::TcpStall => Some(stall::tcp_stall(ev, ctx)),
+        EventKind::MssShrunk => Some(stall::mss_shrunk(ev, ctx)),
         EventKind::ConnectRefused
         | EventKind::ConnectTimeout
         | EventKind::ConnectAbandoned

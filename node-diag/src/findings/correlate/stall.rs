@@ -1,14 +1,14 @@
 //! The MTU family: DF packets dropped as too big, flows stalled on full-size segments
 //! with MTU evidence (PMTUD black holes), and stalls without it (a silent peer).
 
-use node_diag_common::{AF_INET, Event, icmp};
+use node_diag_common::{AF_INET, Event, WINDOW_ALL, icmp};
 
 use super::{Context, addr, with_flow};
 use crate::findings::{
     Finding, Kind, Layer, Severity,
     evidence::{
         BlackholeEvidence, Evidence, FragEvidence, IcmpWatch, NetfilterHook, OversizeEvidence,
-        StallEvidence,
+        RecoveredEvidence, Recovery, StallEvidence,
     },
 };
 
@@ -182,6 +182,49 @@ pub(super) fn pmtud_stall(ev: &Event, ctx: &Context<'_>) -> Finding {
     f
 }
 
+/// A stall with no MTU evidence that ended with the segment sent smaller: the kernel's
+/// MTU probing found the black hole the path never reported (its frag-needed filtered
+/// or never sent). Recovered, but every such flow pays the seconds it stalled: a
+/// warning about the path, not a page.
+pub(super) fn mss_shrunk(ev: &Event, ctx: &Context<'_>) -> Finding {
+    let flow = &ev.flow;
+    let (src, dst) = (addr(flow, &flow.saddr), addr(flow, &flow.daddr));
+    let seconds_lost = if ev.window_ms == WINDOW_ALL {
+        0.0
+    } else {
+        f64::from(ev.window_ms) / 1000.0
+    };
+    let summary = format!(
+        "PMTUD black hole on the path, masked by MTU probing: {src}:{} -> {dst}:{} retransmitted its {}-byte segment {} times with no ICMP frag-needed for it, until the sender's TCP MTU probing shrank the MSS to {} ({seconds_lost:.1} s lost). Large packets are dropped somewhere between this node and {dst} and the path's frag-needed never arrives; every new flow through it stalls the same way.",
+        flow.sport, flow.dport, ev.len, ev.retrans, ev.mtu
+    );
+    let remediation = format!(
+        "Find the hop whose MTU is below the flow's ({} bytes of payload did not pass): `node-diag probe {dst}` from this node, then fix its MTU or allow ICMP type 3 code 4 (IPv6: packet-too-big) from it; meanwhile clamp TCP MSS (`{CLAMP_MSS}`).",
+        ev.len
+    );
+    let mut f = with_flow(
+        Finding::new(
+            Kind::PmtudBlackhole,
+            Layer::IcmpFiltered,
+            Severity::Warning,
+            summary,
+            remediation,
+            ctx.now,
+        ),
+        ev,
+    );
+    f.evidence = Evidence::Recovered(RecoveredEvidence {
+        recovered_by: Recovery::TcpMtuProbing,
+        fullsize_retransmits: ev.retrans,
+        mss_before: ev.len,
+        mss_after: ev.mtu,
+        seconds_lost,
+        frag: frag_evidence(ev, ctx.icmp_watched),
+        candidate_backends: Vec::new(),
+    });
+    f
+}
+
 /// The same stall as a black hole, but with no sign that size is the problem: the peer
 /// stopped answering altogether.
 pub(super) fn tcp_stall(ev: &Event, ctx: &Context<'_>) -> Finding {
@@ -338,6 +381,26 @@ mod tests {
         let f = run(&ev).unwrap();
         assert_eq!(f.evidence.to_map()["frag_needed_received"], 0);
         assert!(f.evidence.to_map().get("icmp_watch").is_none());
+    }
+
+    #[test]
+    fn a_segment_shrunk_by_mtu_probing_is_a_recovered_black_hole() {
+        let mut ev = event(event_kind::MSS_SHRUNK, 0);
+        (ev.retrans, ev.len, ev.mtu, ev.window_ms) = (4, 1398, 1024, 6_200);
+        let f = run(&ev).unwrap();
+        assert_eq!(
+            (f.kind, f.layer, f.severity),
+            (Kind::PmtudBlackhole, Layer::IcmpFiltered, Severity::Warning)
+        );
+        let e = f.evidence.to_map();
+        assert_eq!(e["recovered_by"], "tcp_mtu_probing");
+        assert_eq!(
+            (e["mss_before"].clone(), e["mss_after"].clone()),
+            (1398.into(), 1024.into())
+        );
+        assert_eq!(e["seconds_lost"], 6.2);
+        assert_eq!(e["fullsize_retransmits"], 4);
+        assert!(f.summary.contains("masked by MTU probing"), "{}", f.summary);
     }
 
     #[test]
