@@ -17,6 +17,8 @@
 //! - [`verdicts`]: exact counts for the verdicts the kernel aggregates.
 //! - [`icmp_watch`]: when the TC classifier is attached (always, or while trouble
 //!   shows), and whether an event's evidence window was watched.
+//! - [`path_probe`]: the bounded probes of a flow's path that a stall or a timeout
+//!   without evidence on this node asks for, and their verdicts.
 //!
 //! One kernel event travels: ring buffer (`kernel::ring`, its kind decoded there) →
 //! [`Agent::on_event`] → `correlate` → metrics + findings store (served on `/findings`)
@@ -29,6 +31,7 @@ mod http;
 pub(crate) mod icmp_watch;
 pub(crate) mod metrics;
 mod mtu_refresh;
+mod path_probe;
 mod state;
 mod translate;
 mod verdicts;
@@ -62,8 +65,12 @@ use self::{
 };
 use crate::{
     findings::{
-        Finding, Kind, Store,
-        correlate::{Context, addr, correlate, withdrawn},
+        Finding, Kind, Layer, Store,
+        correlate::{
+            Context, addr, correlate,
+            path::{PathVerdict, withdraws},
+            withdrawn,
+        },
         names::Names,
     },
     host_network::LocalNode,
@@ -201,6 +208,7 @@ pub(crate) async fn run(opts: RunOptions) -> Result<(), AgentError> {
                 agent.on_link_change().await;
             }
             _ = refresh_tick.tick() => agent.on_refresh(),
+            done = agent.path_probes.next() => agent.on_path_probe(done),
             _ = sigterm.recv() => { info!("SIGTERM: shutting down"); break; }
             _ = sigint.recv() => { info!("SIGINT: shutting down"); break; }
         }
@@ -224,6 +232,7 @@ struct Agent {
     names: Names,
     ephemeral_ports: RangeInclusive<u16>,
     verdicts: verdicts::VerdictTracker,
+    path_probes: path_probe::PathProbes,
     /// Ring-buffer records that could not be decoded, and verdicts whose events never
     /// came: both are events lost.
     bad_records: Arc<AtomicU64>,
@@ -293,6 +302,7 @@ impl Agent {
             names,
             ephemeral_ports: crate::host_network::local_port_range(),
             verdicts: verdicts::VerdictTracker::default(),
+            path_probes: path_probe::PathProbes::new(Default::default()),
             bad_records: Arc::new(AtomicU64::new(0)),
             tasks: Vec::new(),
             opts,
@@ -384,6 +394,8 @@ impl Agent {
         if let Some(f) = finding.as_mut() {
             f.name_pods(self.pods.current().name(&f.ends()));
         }
+        // Before the verdict tracker keeps it as the template of later counts.
+        let finding = finding.map(|f| self.path_probes.judge_cached(f));
         let made = finding.is_some();
         if let Some(finding) = self.verdicts.event(&ev, finding) {
             if let Some(cause) = finding.evidence.conntrack_cause() {
@@ -447,12 +459,37 @@ impl Agent {
         metrics.set_blackholes(blackholes.len());
         drop(metrics);
         let resolved = self.shared.store().resolve(
-            |f| f.kind == Kind::PmtudBlackhole && !blackholes.iter().any(|k| flow_matches(f, k)),
+            |f| {
+                f.kind == Kind::PmtudBlackhole
+                    && f.layer != Layer::Path
+                    && !blackholes.iter().any(|k| flow_matches(f, k))
+            },
             SystemTime::now(),
         );
         for f in resolved {
             print_finding(&f, self.opts.format);
         }
+    }
+
+    /// A path probe ended: its verdict recorded, and a verdict it replaces withdrawn.
+    fn on_path_probe(&mut self, done: path_probe::Done) {
+        let Some((original, verdict)) = self.path_probes.verdict(done) else {
+            return;
+        };
+        let f = match verdict {
+            PathVerdict::Replace(f) => {
+                let resolved = self
+                    .shared
+                    .store()
+                    .resolve(|s| withdraws(&original, s), SystemTime::now());
+                for r in resolved {
+                    print_finding(&r, self.opts.format);
+                }
+                f
+            }
+            PathVerdict::Annotate(f) => f,
+        };
+        self.record(f);
     }
 
     /// A link came, went or changed: the MTU model, and the classifier's interfaces.
