@@ -22,13 +22,21 @@ use crate::{
 };
 
 use super::{
-    ProbeError, egress::egress, icmp::IcmpProber, packets::Family, search::search_bounded,
+    ProbeError,
+    egress::egress,
+    icmp::IcmpProber,
+    packets::Family,
+    search::{Search, search_bounded},
 };
 
 /// The most echo requests one run sends, whatever it is asked.
 pub(crate) const MAX_PACKETS: u32 = 20;
 /// Kept for the underlay when the peer's run leaves room for it.
-const UNDERLAY_SHARE: u32 = 6;
+const UNDERLAY_SHARE: u32 = 4;
+/// Where the search starts when it can: every IPv6 link carries 1280 bytes and nearly
+/// every IPv4 path does, so starting there leaves the budget for the sizes in doubt.
+/// Silence at 1280 falls back to the family's minimum.
+const FLOOR: u32 = 1280;
 
 /// What to probe and within which bounds.
 #[derive(Debug, Clone, Copy)]
@@ -177,10 +185,20 @@ fn leg(
         Sizes::Smallest => min,
     };
     let mut prober = IcmpProber::open(target, timeout)?;
-    let found = search_bounded(min, max, budget, |size| {
+    let mut send = |size| {
         pace();
         prober.probe(size)
-    })?;
+    };
+    let floor = FLOOR.clamp(min, max);
+    let mut found = search_bounded(floor, max, budget, &mut send)?;
+    if found.path_mtu.is_none() && floor > min && found.probes < budget {
+        let below = search_bounded(min, floor - 1, budget - found.probes, &mut send)?;
+        found = Search {
+            probes: found.probes + below.probes,
+            smallest_lost: below.smallest_lost.or(Some(floor)),
+            ..below
+        };
+    }
     tracing::debug!(%target, ?found, "path probe");
     let answered = found.path_mtu.is_some();
     // An ICMP error other than frag-needed means the target is not reached: nothing
