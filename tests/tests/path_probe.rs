@@ -179,14 +179,24 @@ fn dead_peer_behind_the_tunnel_stays_a_stall() {
 #[test]
 fn tunnel_dropped_on_the_path_is_the_overlay() {
     let topo = Topology::new();
-    let rules = format!(
-        "table inet nd_test {{ chain input {{ type filter hook input priority 0; udp dport {VXLAN_PORT} drop; }} }}"
-    );
-    let out = std::process::Command::new("ip")
-        .args(["netns", "exec", &topo.node_b, "nft", &rules])
-        .output()
-        .expect("nft");
-    assert!(out.status.success(), "nft: {out:?}");
+    let port_s = VXLAN_PORT.to_string();
+    for argv in [
+        vec!["nft", "add", "table", "inet", "nd_test"],
+        vec![
+            "nft",
+            "add",
+            "chain",
+            "inet",
+            "nd_test",
+            "input",
+            "{ type filter hook input priority 0; }",
+        ],
+        vec![
+            "nft", "add", "rule", "inet", "nd_test", "input", "udp", "dport", &port_s, "drop",
+        ],
+    ] {
+        cmd::run_in(&topo.node_b, &argv);
+    }
     assert!(
         topo.ping_until(&topo.node_a, topo.node_b_underlay, Duration::from_secs(3)),
         "the underlay still answers"
