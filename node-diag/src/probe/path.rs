@@ -152,7 +152,12 @@ pub(crate) fn check(req: &PathRequest, mut pace: impl FnMut()) -> Result<PathChe
             let Some(ep) = endpoint else {
                 return Ok(PathCheck::default());
             };
-            let through = tunnel.and_then(|t| t.gateway).unwrap_or(req.dst);
+            // A gateway reached only `onlink` (no route of its own) cannot be pinged:
+            // the destination is probed through the tunnel instead.
+            let through = tunnel
+                .and_then(|t| t.gateway)
+                .filter(|g| matches!(netlink::route_get(*g), Ok(Some(_))))
+                .unwrap_or(req.dst);
             let peer = run(through, Sizes::Smallest, budget / 2)?;
             let underlay = run(ep, Sizes::Smallest, budget - peer.probes)?;
             Ok(PathCheck {
