@@ -55,6 +55,20 @@ fn black_hole_beyond_the_node_is_found_by_probing_the_path() {
         "mtu",
         "1400",
     ]);
+    // A veth checks its peer's MTU only on packets that are not GSO: node A's tunnel
+    // GSO bursts (pod A's TSO, encapsulated whole) would cross intact and the transfer
+    // would succeed. A NIC segments before the wire; one segment per skb on node A's
+    // underlay makes the veth do the same, so every full-size packet meets the limit.
+    cmd::run(&[
+        "ip",
+        "-n",
+        &topo.node_a,
+        "link",
+        "set",
+        UNDERLAY_IF,
+        "gso_max_segs",
+        "1",
+    ]);
     let agent = Agent::start_ready(&topo);
     let port = 9301;
     let _server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(port), ServerMode::Echo);
