@@ -53,7 +53,7 @@ use tokio::{
     sync::mpsc,
     task::JoinHandle,
 };
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use self::{
     conntrack_watch::ConntrackWatch,
@@ -68,7 +68,7 @@ use crate::{
         Finding, Kind, Layer, Store,
         correlate::{
             Context, addr, correlate,
-            path::{PathVerdict, withdraws},
+            path::{PathVerdict, settled_here, withdraws},
             withdrawn,
         },
         names::Names,
@@ -476,6 +476,16 @@ impl Agent {
         let Some((original, verdict)) = self.path_probes.verdict(done) else {
             return;
         };
+        if self
+            .shared
+            .store()
+            .all()
+            .iter()
+            .any(|s| settled_here(&original, s))
+        {
+            debug!(dst = ?original.dst, dport = ?original.dport, "path probe dropped: the kernel's black hole stands");
+            return;
+        }
         let f = match verdict {
             PathVerdict::Replace(f) => {
                 let resolved = self

@@ -9,7 +9,7 @@
 use std::{net::IpAddr, time::SystemTime};
 
 use crate::findings::{
-    Finding, Kind, Layer, Severity,
+    Finding, Kind, Layer, Severity, Status,
     evidence::{
         BlackholeEvidence, Evidence, PathEvidence, PathProbeEvidence, PathProbeResult,
         StallEvidence,
@@ -289,6 +289,22 @@ pub(crate) fn withdraws(original: &Finding, stored: &Finding) -> bool {
         && stored.netns == original.netns
 }
 
+/// Whether `stored` is a black hole this node's kernel showed for `original`'s flow (an
+/// OVERSIZE drop or a frag-needed, reported as layer other than `path`). The kernel can
+/// find that evidence after the stall asked for a probe (a plain stall is upgraded once
+/// the evidence arrives); its verdict is then the one that stands, and the probe's is
+/// dropped, so the probe never adds a second black hole for a fault seen here.
+pub(crate) fn settled_here(original: &Finding, stored: &Finding) -> bool {
+    question(original) == Some(Question::Size)
+        && stored.status == Status::Active
+        && stored.kind == Kind::PmtudBlackhole
+        && stored.layer != Layer::Path
+        && stored.src == original.src
+        && stored.dst == original.dst
+        && stored.dport == original.dport
+        && stored.netns == original.netns
+}
+
 /// The flow, its pods and its Service, as the original verdict had them.
 fn copy_flow(f: &mut Finding, original: &Finding) {
     f.src = original.src;
@@ -374,6 +390,31 @@ mod tests {
             frag_needed: None,
             probes: 8,
         }
+    }
+
+    #[test]
+    fn a_black_hole_the_kernel_showed_drops_the_probe_verdict() {
+        let asked = stall(1398, watched());
+        let mut kernel = flow(
+            Kind::PmtudBlackhole,
+            Layer::Overlay,
+            Evidence::Blackhole(BlackholeEvidence::default()),
+        );
+        kernel.sport = Some(40001);
+        assert!(settled_here(&asked, &kernel));
+        let mut probed = kernel.clone();
+        probed.layer = Layer::Path;
+        assert!(!settled_here(&asked, &probed), "the probe's own verdict");
+        let mut resolved = kernel.clone();
+        resolved.status = Status::Resolved;
+        assert!(!settled_here(&asked, &resolved));
+        let mut other = kernel.clone();
+        other.dport = Some(9001);
+        assert!(!settled_here(&asked, &other), "another flow");
+        assert!(
+            !settled_here(&timeout(Layer::Unknown), &kernel),
+            "a connect question is not about size"
+        );
     }
 
     #[test]
