@@ -53,7 +53,7 @@ REQUIRED_ALERTS = {
     "NodeDiagAgentDown",
 }
 # The capabilities the DaemonSet grants, each justified in daemonset.yaml.
-CAPABILITIES = {"BPF", "PERFMON", "NET_ADMIN", "SYS_ADMIN"}
+CAPABILITIES = {"BPF", "PERFMON", "NET_ADMIN", "NET_RAW", "SYS_ADMIN"}
 # Kinds that have no namespace (the subset kustomize's namespace transformer skips).
 CLUSTER_SCOPED = {
     "Namespace",

@@ -56,6 +56,7 @@ pub(crate) fn run(cri_socket: Option<&std::path::Path>) -> Report {
         caps::CAP_BPF,
         caps::CAP_PERFMON,
         caps::CAP_NET_ADMIN,
+        caps::CAP_NET_RAW,
         caps::CAP_SYS_ADMIN,
         caps::CAP_SYS_RESOURCE,
     ]
@@ -85,6 +86,8 @@ pub(crate) fn run(cri_socket: Option<&std::path::Path>) -> Report {
             ),
         )
     });
+
+    checks.push(path_probe(mask));
 
     let kernel_btf = Btf::from_sys_fs().and_then(|b| {
         b.member_offset("sk_buff", "network_header")?;
@@ -322,6 +325,23 @@ fn container_runtime(configured: Option<&std::path::Path>) -> Check {
 
 /// How TC programs attach here: TCX links from Linux 6.6, else netlink filters under
 /// `clsact` (which outlive a crashed agent; the next start removes them).
+/// Whether the agent can probe a flow's path (raw ICMP echo sockets).
+fn path_probe(mask: u64) -> Check {
+    if caps::has(mask, caps::CAP_NET_RAW) {
+        check(
+            "path probe",
+            Status::Ok,
+            "CAP_NET_RAW held: stalls and timeouts without evidence on this node are checked by probing their path",
+        )
+    } else {
+        check(
+            "path probe",
+            Status::Warn,
+            "CAP_NET_RAW missing: no path probes, so a black hole or a dropped tunnel beyond this node stays a tcp_stall or tcp_timeout on layer unknown",
+        )
+    }
+}
+
 fn tc_attach(kernel: &str) -> Check {
     let version = kernel_version(kernel);
     match version {

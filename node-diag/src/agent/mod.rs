@@ -18,6 +18,8 @@
 //! - [`verdicts`]: exact counts for the verdicts the kernel aggregates.
 //! - [`icmp_watch`]: when the TC classifier is attached (always, or while trouble
 //!   shows), and whether an event's evidence window was watched.
+//! - [`path_probe`]: the bounded probes of a flow's path that a stall or a timeout
+//!   without evidence on this node asks for, and their verdicts.
 //!
 //! One kernel event travels: ring buffer (`kernel::ring`, its kind decoded there) →
 //! [`Agent::on_event`] → `correlate` → metrics + findings store (served on `/findings`)
@@ -31,6 +33,7 @@ mod http;
 pub(crate) mod icmp_watch;
 pub(crate) mod metrics;
 mod mtu_refresh;
+mod path_probe;
 mod state;
 mod translate;
 mod verdicts;
@@ -52,7 +55,7 @@ use tokio::{
     sync::mpsc,
     task::JoinHandle,
 };
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use self::{
     blackholes::BlackholeWatch,
@@ -65,8 +68,12 @@ use self::{
 };
 use crate::{
     findings::{
-        Finding, Kind, Store,
-        correlate::{Context, addr, correlate, withdrawn},
+        Finding, Kind, Layer, Store,
+        correlate::{
+            Context, addr, correlate,
+            path::{PathVerdict, settled_here, withdraws},
+            withdrawn,
+        },
         names::Names,
     },
     host_network::LocalNode,
@@ -208,6 +215,7 @@ pub(crate) async fn run(opts: RunOptions) -> Result<(), AgentError> {
                 agent.recheck_stalls().await;
                 agent.ask_blackholes().await;
             }
+            done = agent.path_probes.next() => agent.on_path_probe(done),
             _ = sigterm.recv() => { info!("SIGTERM: shutting down"); break; }
             _ = sigint.recv() => { info!("SIGINT: shutting down"); break; }
         }
@@ -233,6 +241,7 @@ struct Agent {
     verdicts: verdicts::VerdictTracker,
     blackholes: BlackholeWatch,
     stalls: blackholes::StallRecheck,
+    path_probes: path_probe::PathProbes,
     /// Ring-buffer records that could not be decoded, and verdicts whose events never
     /// came: both are events lost.
     bad_records: Arc<AtomicU64>,
@@ -304,6 +313,7 @@ impl Agent {
             verdicts: verdicts::VerdictTracker::default(),
             blackholes: BlackholeWatch::default(),
             stalls: blackholes::StallRecheck::default(),
+            path_probes: path_probe::PathProbes::new(Default::default()),
             bad_records: Arc::new(AtomicU64::new(0)),
             tasks: Vec::new(),
             opts,
@@ -410,6 +420,8 @@ impl Agent {
         if let Some(f) = finding.as_mut() {
             f.name_pods(self.pods.current().name(&f.ends()));
         }
+        // Before the verdict tracker keeps it as the template of later counts.
+        let finding = finding.map(|f| self.path_probes.judge_cached(f));
         let made = finding.is_some();
         if let Some(finding) = self.verdicts.event(&ev, finding) {
             if let Some(cause) = finding.evidence.conntrack_cause() {
@@ -473,12 +485,47 @@ impl Agent {
         metrics.set_blackholes(blackholes.len());
         drop(metrics);
         let resolved = self.shared.store().resolve(
-            |f| f.kind == Kind::PmtudBlackhole && !blackholes.iter().any(|k| flow_matches(f, k)),
+            |f| {
+                f.kind == Kind::PmtudBlackhole
+                    && f.layer != Layer::Path
+                    && !blackholes.iter().any(|k| flow_matches(f, k))
+            },
             SystemTime::now(),
         );
         for f in resolved {
             print_finding(&f, self.opts.format);
         }
+    }
+
+    /// A path probe ended: its verdict recorded, and a verdict it replaces withdrawn.
+    fn on_path_probe(&mut self, done: path_probe::Done) {
+        let Some((original, verdict)) = self.path_probes.verdict(done) else {
+            return;
+        };
+        if self
+            .shared
+            .store()
+            .all()
+            .iter()
+            .any(|s| settled_here(&original, s))
+        {
+            debug!(dst = ?original.dst, dport = ?original.dport, "path probe dropped: the kernel's black hole stands");
+            return;
+        }
+        let f = match verdict {
+            PathVerdict::Replace(f) => {
+                let resolved = self
+                    .shared
+                    .store()
+                    .resolve(|s| withdraws(&original, s), SystemTime::now());
+                for r in resolved {
+                    print_finding(&r, self.opts.format);
+                }
+                f
+            }
+            PathVerdict::Annotate(f) => f,
+        };
+        self.record(f);
     }
 
     /// A link came, went or changed: the MTU model, and the classifier's interfaces.

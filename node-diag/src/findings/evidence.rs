@@ -30,6 +30,9 @@ pub(crate) enum Evidence {
     Mtu(Box<MtuEvidence>),
     /// `pmtud_disabled`.
     Sysctl(SysctlEvidence),
+    /// A flow verdict (`Connect`, `Stall` or `Blackhole`) with what probing its path
+    /// found; serialised as the verdict's keys plus the probe's.
+    Path(Box<PathEvidence>),
     /// As an agent served it, read back to be printed again.
     Received(serde_json::Map<String, serde_json::Value>),
 }
@@ -50,6 +53,7 @@ impl Evidence {
             Self::Blackhole(e) => &mut e.candidate_backends,
             Self::Recovered(e) => &mut e.candidate_backends,
             Self::Oversize(e) => &mut e.candidate_backends,
+            Self::Path(e) => return e.base.set_candidates(candidates),
             Self::Mtu(_) | Self::Sysctl(_) | Self::Received(_) => return,
         };
         slot.clone_from(&candidates.to_vec());
@@ -59,6 +63,7 @@ impl Evidence {
     pub(crate) fn conntrack_cause(&self) -> Option<ConntrackCause> {
         match self {
             Self::Connect(e) => e.conntrack_cause,
+            Self::Path(e) => e.base.conntrack_cause(),
             _ => None,
         }
     }
@@ -73,6 +78,13 @@ impl Evidence {
             Self::Oversize(e) => serde_json::to_value(e),
             Self::Mtu(e) => serde_json::to_value(e),
             Self::Sysctl(e) => serde_json::to_value(e),
+            Self::Path(e) => {
+                let mut m = e.base.to_map();
+                if let Ok(serde_json::Value::Object(probe)) = serde_json::to_value(&e.probe) {
+                    m.extend(probe);
+                }
+                return m;
+            }
             Self::Received(m) => return m.clone(),
         };
         // Plain structs of numbers, strings and addresses always serialise.
@@ -361,6 +373,66 @@ pub(crate) struct MtuEvidence {
     pub(crate) overlay_mtu: Option<u32>,
     pub(crate) role: Option<Role>,
     pub(crate) netns_name: String,
+}
+
+/// What the agent's own probe of a flow's path found ([`Evidence::Path`]).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct PathEvidence {
+    /// The verdict's own evidence, keys unchanged.
+    pub(crate) base: Evidence,
+    pub(crate) probe: PathProbeEvidence,
+}
+
+/// How a path probe came out, as the `path_probe` key says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum PathProbeResult {
+    /// Small probes answered, large ones vanished without a frag-needed.
+    Blackhole,
+    /// Large probes drew a frag-needed: PMTUD works on the path.
+    FragNeeded,
+    /// Every size up to the probe's ceiling was answered.
+    Passed,
+    /// Nothing answered, at any size: a silent peer, or echo filtered on the way
+    /// (inconclusive).
+    NoReply,
+    /// Nothing crossed the tunnel while the tunnel's remote endpoint answered on the
+    /// underlay.
+    OverlayLost,
+    /// Probes through the tunnel were answered: the tunnel carries packets.
+    OverlayPassed,
+}
+
+/// One probe run, DF echo requests of increasing size, from the agent's namespace.
+/// `path_probe_*` is the run towards the flow's peer (through the overlay when the node
+/// routes it there), `underlay_probe_*` the one towards the tunnel's remote endpoint.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub(crate) struct PathProbeEvidence {
+    pub(crate) path_probe: Option<PathProbeResult>,
+    pub(crate) path_probe_target: Option<IpAddr>,
+    /// Largest IP packet that got an echo reply.
+    pub(crate) path_probe_largest_ok: Option<u32>,
+    /// Smallest IP packet that got none (or a frag-needed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) path_probe_smallest_lost: Option<u32>,
+    /// The path MTU the run names: the largest size that passed, when the smallest lost
+    /// is one more (else the two bracket it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) path_mtu: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) path_probe_frag_needed_from: Option<IpAddr>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) path_probe_frag_needed_mtu: Option<u32>,
+    /// Echo requests sent by the whole run (both targets), at most 20.
+    pub(crate) path_probe_packets: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) underlay_probe_target: Option<IpAddr>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) underlay_probe_answered: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) underlay_probe_largest_ok: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) underlay_probe_smallest_lost: Option<u32>,
 }
 
 /// A namespace with PMTUD off.

@@ -57,6 +57,10 @@ pub(crate) enum Layer {
     IcmpFiltered,
     HostSysctl,
     Conntrack,
+    /// Beyond this node, on the path to the peer, as the agent's own probe showed.
+    Path,
+    /// The tunnel between the nodes: its packets are lost while the underlay works.
+    Overlay,
     Unknown,
 }
 
@@ -127,6 +131,8 @@ names!(Layer {
     IcmpFiltered => "icmp_filtered",
     HostSysctl => "host_sysctl",
     Conntrack => "conntrack",
+    Path => "path",
+    Overlay => "overlay",
     Unknown => "unknown",
 });
 names!(Status {

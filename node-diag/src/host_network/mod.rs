@@ -42,6 +42,7 @@ pub(crate) mod tc;
 mod underlay;
 mod wireguard;
 
+pub(crate) use fdb::fdb_destinations;
 pub(crate) use interfaces::{ARPHRD_ETHER, ARPHRD_LOOPBACK};
 pub(crate) use interfaces::{
     Family, Interface, LinkKind, Role, RouteMetrics, Snapshot, UnderlaySource,
@@ -50,12 +51,13 @@ pub(crate) use inventory::{local_port_range, snapshot};
 pub(crate) use links::{Link, UdpEncap, links};
 pub(crate) use monitor::watch;
 pub(crate) use namespaces::{LocalNode, in_netns, local_node, netns_inode, pod_veths};
-pub(crate) use routes::{Route, route_get};
+pub(crate) use routes::{Route, RouteEntry, route_get, routes};
 pub(crate) use rtnetlink::NetlinkError;
 
 #[cfg(test)]
 pub(crate) use {
     interfaces::{Namespace, Sysctls, Underlay, VethPeer},
     links::{Tunnel, fixtures},
+    routes::NextHop,
     underlay::tunnel_family,
 };

@@ -1,6 +1,8 @@
 //! Effective Linux capabilities of this process, read from `/proc/self/status`.
 
 pub(crate) const CAP_NET_ADMIN: u32 = 12;
+/// Raw sockets: the agent's path probes send ICMP echo requests on one.
+pub(crate) const CAP_NET_RAW: u32 = 13;
 pub(crate) const CAP_SYS_ADMIN: u32 = 21;
 pub(crate) const CAP_SYS_RESOURCE: u32 = 24;
 pub(crate) const CAP_PERFMON: u32 = 38;
@@ -9,6 +11,7 @@ pub(crate) const CAP_BPF: u32 = 39;
 pub(crate) fn name(cap: u32) -> &'static str {
     match cap {
         CAP_NET_ADMIN => "CAP_NET_ADMIN",
+        CAP_NET_RAW => "CAP_NET_RAW",
         CAP_SYS_ADMIN => "CAP_SYS_ADMIN",
         CAP_SYS_RESOURCE => "CAP_SYS_RESOURCE",
         CAP_PERFMON => "CAP_PERFMON",

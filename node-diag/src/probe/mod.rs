@@ -15,6 +15,8 @@
 //!   that fits over an abstract probe function, so it is tested without sockets.
 //! - `--port` classifies a TCP connect to DST:P as ok, refused, timed out or unreachable
 //!   ([`tcp`]).
+//! - [`path`] is the agent's bounded probe of one flow's path (a packet budget, a pace),
+//!   whose result the path verdicts read.
 //! - [`report`] turns the search into a verdict and the text or JSON `run` returns.
 //!
 //! Sizes are IP packet sizes throughout (ICMP payload + 28 for IPv4, + 48 for IPv6), the
@@ -23,6 +25,7 @@
 mod egress;
 mod icmp;
 mod packets;
+pub(crate) mod path;
 mod report;
 mod search;
 mod tcp;

@@ -29,6 +29,12 @@ pub(crate) struct Search {
     pub(crate) unreachable: Option<(u32, u8, IpAddr)>,
     /// Echo requests sent (retries included).
     pub(crate) probes: u32,
+    /// The smallest size that did not fit (vanished, refused, too big here), when one
+    /// was tried.
+    pub(crate) smallest_lost: Option<u32>,
+    /// The packet budget ran out before the search converged: `path_mtu` and
+    /// `smallest_lost` bracket the path MTU instead of naming it.
+    pub(crate) exhausted: bool,
 }
 
 /// Finds the largest size in `min..=max` that `probe` reports as fitting.
@@ -42,20 +48,39 @@ pub(crate) struct Search {
 pub(crate) fn search<E>(
     min: u32,
     max: u32,
+    probe: impl FnMut(u32) -> Result<Outcome, E>,
+) -> Result<Search, E> {
+    search_bounded(min, max, u32::MAX, probe)
+}
+
+/// [`search`] sending at most `budget` echo requests. When the budget runs out first,
+/// the search stops with what it has (`exhausted`): the largest size that fitted and the
+/// smallest that did not. A silence the budget leaves no retry for counts as lost.
+pub(crate) fn search_bounded<E>(
+    min: u32,
+    max: u32,
+    budget: u32,
     mut probe: impl FnMut(u32) -> Result<Outcome, E>,
 ) -> Result<Search, E> {
     let mut s = Search::default();
-    let mut attempt = |s: &mut Search, size: u32| -> Result<Outcome, E> {
-        s.probes += 1;
-        let outcome = probe(size)?;
-        if outcome != Outcome::Lost {
-            return Ok(outcome);
+    let mut attempt = |s: &mut Search, size: u32| -> Result<Option<Outcome>, E> {
+        if s.probes >= budget {
+            s.exhausted = true;
+            return Ok(None);
         }
         s.probes += 1;
-        probe(size)
+        let outcome = probe(size)?;
+        if outcome != Outcome::Lost || s.probes >= budget {
+            return Ok(Some(outcome));
+        }
+        s.probes += 1;
+        probe(size).map(Some)
     };
 
-    match attempt(&mut s, min)? {
+    let Some(first) = attempt(&mut s, min)? else {
+        return Ok(s);
+    };
+    match first {
         Outcome::Reply => {}
         Outcome::Unreachable { code, from } => {
             s.unreachable = Some((min, code, from));
@@ -87,7 +112,10 @@ pub(crate) fn search<E>(
             _ if hi - lo <= 1 => break,
             _ => (lo + (hi - lo) / 2, false),
         };
-        match attempt(&mut s, size)? {
+        let Some(outcome) = attempt(&mut s, size)? else {
+            break;
+        };
+        match outcome {
             Outcome::Reply => {
                 lo = size;
                 // A router's claim that held: one size up shows whether it was exact.
@@ -120,6 +148,7 @@ pub(crate) fn search<E>(
     }
     s.vanished.sort_unstable();
     s.path_mtu = Some(lo);
+    s.smallest_lost = (hi <= max).then_some(hi);
     Ok(s)
 }
 
@@ -245,6 +274,34 @@ pub(super) mod tests {
         let s = search(68, 9000, path(1500, 1500, false)).unwrap();
         assert_eq!(s.path_mtu, Some(1500));
         assert!(!s.local_too_big.is_empty());
+    }
+
+    #[test]
+    fn a_budget_brackets_the_path_mtu() {
+        for budget in [1, 2, 3, 5, 8, 13, 20] {
+            let mut sent = 0;
+            let mut net = path(1450, 1350, true);
+            let s = search_bounded(68, 1450, budget, |size| {
+                sent += 1;
+                net(size)
+            })
+            .unwrap();
+            assert!(sent <= budget, "budget {budget}: sent {sent}");
+            assert_eq!(s.probes, sent);
+            if budget >= 3 {
+                let (ok, lost) = (s.path_mtu.unwrap(), s.smallest_lost.unwrap());
+                assert!(ok <= 1350 && lost > 1350 && ok < lost, "{budget}: {s:?}");
+            }
+        }
+        let s = search_bounded(68, 1450, 8, path(1450, 1350, true)).unwrap();
+        assert!(s.exhausted);
+        let s = search_bounded(68, 1450, 20, path(1450, 1350, true)).unwrap();
+        assert_eq!((s.path_mtu, s.smallest_lost), (Some(1350), Some(1351)));
+        let s = search(68, 1450, path(1450, 1350, true)).unwrap();
+        assert_eq!((s.path_mtu, s.smallest_lost), (Some(1350), Some(1351)));
+        assert!(!s.exhausted);
+        let s = search(68, 1500, path(1500, 1500, false)).unwrap();
+        assert_eq!(s.smallest_lost, None);
     }
 
     #[test]

@@ -6,11 +6,13 @@
 //! - [`connect`]: refused, timed out, unreachable, reset;
 //! - [`stall`]: stalls, PMTUD black holes and oversize drops (the MTU family);
 //! - [`nat`]: the Service and NAT behind a flow's destination;
+//! - [`path`]: what probing a flow's path makes of a stall or a timeout;
 //! - [`conntrack`]: whether conntrack, not a rule, dropped a flow's packet.
 
 mod connect;
 mod conntrack;
 mod nat;
+pub(crate) mod path;
 mod stall;
 #[cfg(test)]
 mod testkit;
