@@ -183,7 +183,9 @@ fn a_black_hole_masked_by_mtu_probing_is_reported_recovered() {
     assert_eq!(reply.len(), BULK);
 
     let on_flow = |f: &Value| {
-        field(f, "kind") == "pmtud_blackhole" && flow_is(f, topo.pod_a_ip, topo.pod_b_ip, port)
+        field(f, "kind") == "pmtud_blackhole"
+            && f["evidence"]["recovered_by"] == "tcp_mtu_probing"
+            && flow_is(f, topo.pod_a_ip, topo.pod_b_ip, port)
     };
     let f = agent.wait_finding(on_flow, Duration::from_secs(5));
     assert_shape(&f);

@@ -293,10 +293,12 @@ pub(crate) fn withdraws(original: &Finding, stored: &Finding) -> bool {
 /// OVERSIZE drop or a frag-needed, reported as layer other than `path`). The kernel can
 /// find that evidence after the stall asked for a probe (a plain stall is upgraded once
 /// the evidence arrives); its verdict is then the one that stands, and the probe's is
-/// dropped, so the probe never adds a second black hole for a fault seen here.
+/// dropped, so the probe never adds a second black hole for a fault seen here. A black
+/// hole the sender's MTU probing got out of settles it too, resolved as it is at once:
+/// the flow moves again, and that warning is its verdict.
 pub(crate) fn settled_here(original: &Finding, stored: &Finding) -> bool {
     question(original) == Some(Question::Size)
-        && stored.status == Status::Active
+        && (stored.status == Status::Active || matches!(stored.evidence, Evidence::Recovered(_)))
         && stored.kind == Kind::PmtudBlackhole
         && stored.layer != Layer::Path
         && stored.src == original.src
@@ -324,7 +326,7 @@ mod tests {
     use std::net::Ipv4Addr;
 
     use super::*;
-    use crate::findings::evidence::{ConnectEvidence, FragEvidence};
+    use crate::findings::evidence::{ConnectEvidence, FragEvidence, RecoveredEvidence, Recovery};
 
     const POD_B: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 244, 2, 9));
     const NODE_B: IpAddr = IpAddr::V4(Ipv4Addr::new(192, 168, 77, 2));
@@ -408,6 +410,16 @@ mod tests {
         let mut resolved = kernel.clone();
         resolved.status = Status::Resolved;
         assert!(!settled_here(&asked, &resolved));
+        resolved.evidence = Evidence::Recovered(RecoveredEvidence {
+            recovered_by: Recovery::TcpMtuProbing,
+            fullsize_retransmits: 4,
+            mss_before: 1398,
+            mss_after: 1024,
+            seconds_lost: 3.0,
+            frag: Default::default(),
+            candidate_backends: Vec::new(),
+        });
+        assert!(settled_here(&asked, &resolved), "recovered by MTU probing");
         let mut other = kernel.clone();
         other.dport = Some(9001);
         assert!(!settled_here(&asked, &other), "another flow");
