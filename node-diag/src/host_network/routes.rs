@@ -357,27 +357,7 @@ impl FibLookup {
         oif: Option<u32>,
         mark: Option<u32>,
     ) -> Result<Option<RouteEntry>, NetlinkError> {
-        let mut msg = RouteMessage::default();
-        msg.header.address_family = family_of(dst);
-        msg.header.destination_prefix_length = if dst.is_ipv4() { 32 } else { 128 };
-        msg.header.flags = RouteFlags::FibMatch;
-        msg.attributes
-            .push(RouteAttribute::Destination(RouteAddress::from(dst)));
-        if let Some(oif) = oif {
-            msg.attributes.push(RouteAttribute::Oif(oif));
-        }
-        if let Some(mark) = mark {
-            msg.attributes.push(RouteAttribute::Mark(mark));
-        }
-        match request(&self.sock, RouteNetlinkMessage::GetRoute(msg), 0) {
-            Ok(replies) => Ok(replies.iter().find_map(|m| match m {
-                RouteNetlinkMessage::NewRoute(r) => route_entry_from(r),
-                _ => None,
-            })),
-            // ENETUNREACH, EHOSTUNREACH...: no route is an answer, not a failure.
-            Err(NetlinkError::Kernel(_)) => Ok(None),
-            Err(e) => Err(e),
-        }
+        self.get_route(dst, oif, mark, RouteFlags::FibMatch, route_entry_from)
     }
 
     /// The path MTU the route cache learned for `dst` (`ip route get`, not `fibmatch`:
@@ -390,9 +370,23 @@ impl FibLookup {
         oif: Option<u32>,
         mark: Option<u32>,
     ) -> Result<Option<LearnedPmtu>, NetlinkError> {
+        self.get_route(dst, oif, mark, RouteFlags::empty(), learned_pmtu_of)
+    }
+
+    /// One `RTM_GETROUTE` for `dst` from `oif` with `mark` and `flags`, and what `read`
+    /// takes from the route the kernel answers with.
+    fn get_route<T>(
+        &self,
+        dst: IpAddr,
+        oif: Option<u32>,
+        mark: Option<u32>,
+        flags: RouteFlags,
+        read: impl Fn(&RouteMessage) -> Option<T>,
+    ) -> Result<Option<T>, NetlinkError> {
         let mut msg = RouteMessage::default();
         msg.header.address_family = family_of(dst);
         msg.header.destination_prefix_length = if dst.is_ipv4() { 32 } else { 128 };
+        msg.header.flags = flags;
         msg.attributes
             .push(RouteAttribute::Destination(RouteAddress::from(dst)));
         if let Some(oif) = oif {
@@ -403,9 +397,10 @@ impl FibLookup {
         }
         match request(&self.sock, RouteNetlinkMessage::GetRoute(msg), 0) {
             Ok(replies) => Ok(replies.iter().find_map(|m| match m {
-                RouteNetlinkMessage::NewRoute(r) => learned_pmtu_of(r),
+                RouteNetlinkMessage::NewRoute(r) => read(r),
                 _ => None,
             })),
+            // ENETUNREACH, EHOSTUNREACH...: no route is an answer, not a failure.
             Err(NetlinkError::Kernel(_)) => Ok(None),
             Err(e) => Err(e),
         }
