@@ -200,7 +200,7 @@ pub(crate) async fn run(opts: RunOptions) -> Result<(), AgentError> {
                 };
                 agent.on_event(kind, ev).await;
             }
-            _ = tick.tick() => agent.on_tick(),
+            _ = tick.tick() => agent.on_tick(!events.is_empty()),
             _ = mtu_tick.tick() => agent.refresh_mtu().await,
             changed = next_change(&mut link_changes) => {
                 if changed.is_none() {
@@ -444,11 +444,11 @@ impl Agent {
     }
 
     /// Every 500 ms: the verdict counts the kernel aggregated, the counters (and with
-    /// them whether ICMP is watched), the black holes still open.
-    fn on_tick(&mut self) {
+    /// them whether ICMP is watched), the black holes still open. `queued`: events wait.
+    fn on_tick(&mut self, queued: bool) {
         let (entries, now_ns) = self.maps.verdict_counts();
         let stamp = crate::findings::rfc3339(SystemTime::now());
-        let read = self.verdicts.read(&entries, now_ns, &stamp);
+        let read = self.verdicts.read(&entries, now_ns, queued, &stamp);
         self.bad_records.fetch_add(read.lost, Ordering::Relaxed);
         for finding in read.findings {
             self.record(finding);

@@ -21,6 +21,9 @@ pub(crate) const IDLE_NS: u64 = 5_000_000_000;
 /// A key whose events the agent never saw (lost to a full ring buffer after the key's
 /// entry existed, or undecodable) is given up after this long, its counts as lost.
 pub(crate) const STALE_NS: u64 = 30_000_000_000;
+/// How far the ring's order may stray from the events' timestamps (CPUs stamp, then
+/// reserve): an event stamped this much before the newest one handled has been handled.
+pub(crate) const ORDER_SLACK_NS: u64 = 1_000_000_000;
 
 #[derive(Default)]
 struct Tracked {
@@ -45,6 +48,8 @@ pub(crate) struct Read {
 #[derive(Default)]
 pub(crate) struct VerdictTracker {
     keys: HashMap<VerdictKey, Tracked>,
+    /// The newest kernel stamp of an event handled so far.
+    handled_ns: u64,
 }
 
 impl VerdictTracker {
@@ -52,6 +57,7 @@ impl VerdictTracker {
     /// verdicts the event stands for that no map read accounted yet; 0 when a map read
     /// was faster. Events of kinds the kernel does not aggregate pass unchanged.
     pub(crate) fn event(&mut self, ev: &Event, finding: Option<Finding>) -> Option<Finding> {
+        self.handled_ns = self.handled_ns.max(ev.ts_ns);
         if ev.count == 0 {
             return finding;
         }
@@ -83,13 +89,20 @@ impl VerdictTracker {
         Some(f)
     }
 
-    /// Accounts a read of the kernel map taken at kernel time `now_ns`.
+    /// Accounts a read of the kernel map taken at kernel time `now_ns`. `queued`: events
+    /// wait to be handled. A key whose last event is younger than the events handled
+    /// may have it queued behind a backlog (thousands of distinct keys on a slow node),
+    /// so it is not given up as lost: the event would later count its verdicts again.
     pub(crate) fn read(
         &mut self,
         entries: &[(VerdictKey, VerdictAgg)],
         now_ns: u64,
+        queued: bool,
         stamp: &str,
     ) -> Read {
+        // Every event stamped before this has been handled (or lost on its way).
+        let handled_ns =
+            if queued { self.handled_ns } else { now_ns }.saturating_sub(ORDER_SLACK_NS);
         let mut out = Read::default();
         for (key, agg) in entries {
             let idle = now_ns.saturating_sub(agg.last_ns);
@@ -112,7 +125,7 @@ impl VerdictTracker {
                 // The key's event is still on its way, or never came: its verdicts were
                 // not reported. (Deleting it races a verdict counted in between: that one
                 // is not counted anywhere, on a key quiet for STALE_NS.)
-                None if idle >= STALE_NS => {
+                None if idle >= STALE_NS && agg.last_emit_ns <= handled_ns => {
                     out.lost += agg.count;
                     out.forget.push(*key);
                 }
@@ -158,7 +171,7 @@ mod tests {
         let f = t.event(&ev, Some(fixtures::refused(1))).unwrap();
         assert_eq!(f.count, 1);
         // 9 more counted in the kernel, read before the next event.
-        let r = t.read(&[(key, agg(10, 100))], 200, "t1");
+        let r = t.read(&[(key, agg(10, 100))], 200, false, "t1");
         assert_eq!(r.findings.len(), 1);
         assert_eq!(r.findings[0].count, 9);
         assert_eq!(r.findings[0].last_seen, "t1");
@@ -166,12 +179,12 @@ mod tests {
         let f = t.event(&event(12), Some(fixtures::refused(2))).unwrap();
         assert_eq!(f.count, 2);
         // A read that got ahead of an event: the event adds nothing.
-        let r = t.read(&[(key, agg(15, 300))], 400, "t2");
+        let r = t.read(&[(key, agg(15, 300))], 400, false, "t2");
         assert_eq!(r.findings[0].count, 3);
         let f = t.event(&event(14), Some(fixtures::refused(3))).unwrap();
         assert_eq!(f.count, 0);
         // Nothing new: nothing added; idle: to forget.
-        let r = t.read(&[(key, agg(15, 300))], 300 + IDLE_NS, "t3");
+        let r = t.read(&[(key, agg(15, 300))], 300 + IDLE_NS, false, "t3");
         assert!(r.findings.is_empty());
         assert_eq!(r.forget, vec![key]);
         assert_eq!(r.lost, 0);
@@ -194,11 +207,35 @@ mod tests {
         let f = t.event(&event(0), Some(fixtures::refused(1))).unwrap();
         assert_eq!(f.count, 1);
         let key = VerdictKey::of_event(&event(1));
-        let r = t.read(&[(key, agg(4, 0))], 1, "t");
+        let r = t.read(&[(key, agg(4, 0))], 1, false, "t");
         assert!(r.findings.is_empty() && r.forget.is_empty());
-        let r = t.read(&[(key, agg(4, 0))], STALE_NS, "t");
+        let r = t.read(&[(key, agg(4, 0))], STALE_NS, false, "t");
         assert_eq!(r.lost, 4);
         assert_eq!(r.forget, vec![key]);
+    }
+
+    #[test]
+    fn a_stale_key_whose_event_may_still_be_queued_is_not_lost() {
+        let mut t = VerdictTracker::default();
+        let ev = event(1);
+        let key = VerdictKey::of_event(&ev);
+        let sent = VerdictAgg {
+            last_emit_ns: 10,
+            ..agg(1, 10)
+        };
+        // Stale by the clock, but events are queued and those handled so far are older
+        // than its event: it waits in the backlog, and is neither lost nor forgotten.
+        let mut older = event(0);
+        older.ts_ns = 5;
+        t.event(&older, None);
+        let r = t.read(&[(key, sent)], 10 + STALE_NS, true, "t");
+        assert_eq!(r.lost, 0);
+        assert!(r.forget.is_empty());
+        // Its event arrives: counted once, as a finding.
+        assert_eq!(t.event(&ev, Some(fixtures::refused(1))).unwrap().count, 1);
+        let r = t.read(&[(key, sent)], 20 + STALE_NS, false, "t");
+        assert_eq!(r.lost, 0);
+        assert!(r.findings.is_empty());
     }
 
     #[test]
@@ -229,7 +266,7 @@ mod tests {
         );
         // CPU 0 counted 7 in all, CPU 1 5: 6 + 4 more, neither CPU's count taken as the
         // other's progress.
-        let r = t.read(&[(k0, agg(7, 100)), (k1, agg(5, 100))], 200, "t");
+        let r = t.read(&[(k0, agg(7, 100)), (k1, agg(5, 100))], 200, false, "t");
         let counts: Vec<u64> = r.findings.iter().map(|f| f.count).collect();
         assert_eq!(counts, vec![6, 4]);
         // CPU 1's next event says 6: one more, not 6 - 7.
