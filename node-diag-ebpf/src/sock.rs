@@ -312,6 +312,13 @@ fn try_err_report(ctx: &BtfTracePointContext) -> Option<()> {
             counter::CONNECT_UNREACHABLE,
         ),
         // The verdict was given at the SYN retransmit threshold; this only confirms it.
+        // Unless no retransmit was seen: before Linux 6.10 the retransmit tracepoint
+        // fires only for a segment that left, so SYNs this node's OUTPUT chain drops
+        // never reach the threshold, and the kernel giving up is the first word.
+        // SAFETY: the pointer comes from the map; one field read.
+        ETIMEDOUT if unsafe { (*connect).reported } & (1 << event_kind::CONNECT_TIMEOUT) == 0 => {
+            (event_kind::CONNECT_TIMEOUT, counter::CONNECT_TIMEOUT)
+        }
         ETIMEDOUT => (event_kind::CONNECT_GAVE_UP, u32::MAX),
         _ => {
             // No verdict for this error, but a hard one still ends the attempt (see
