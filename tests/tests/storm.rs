@@ -273,3 +273,58 @@ fn resets_whose_error_the_client_takes_at_once_are_each_the_listeners_refusal() 
 fn icmp_rejects_whose_error_the_client_takes_at_once_are_each_the_firewalls_refusal() {
     refusals_taken_at_once(9306, Some(Reject::IcmpPortUnreachable), "firewall");
 }
+
+/// 20,000 refused connects, each to its own closed port: 20,000 verdict keys, more than
+/// the store keeps findings for, none aggregated with another. The refused metric counts
+/// exactly 20,000, and the findings counted plus the events lost account for every one:
+/// a key that cannot be aggregated is still sent or counted as lost, never dropped
+/// silently, and none is counted twice.
+#[test]
+fn refusals_to_twenty_thousand_distinct_ports_are_accounted_exactly() {
+    const FINDINGS: &str = r#"node_diag_findings_total{kind="tcp_refused",layer="listener",severity="warning",namespace=""}"#;
+    let topo = Topology::new();
+    let agent = Agent::start_ready(&topo);
+    let (refused0, lost0, found0) = (
+        agent.counter(REFUSED),
+        agent.counter(LOST),
+        agent.counter(FINDINGS),
+    );
+
+    let ports: Vec<u16> = (20_000..40_000).collect();
+    let refused: u64 = storm(&topo, &ports, 1).iter().sum();
+    assert_eq!(refused, ports.len() as u64, "every connect is refused");
+
+    // Thousands of findings to make: give the agent longer than a storm on one key.
+    let accounted =
+        || (agent.counter(FINDINGS) - found0) as u64 + (agent.counter(LOST) - lost0) as u64;
+    let deadline = Instant::now() + SETTLE * 6;
+    while accounted() < refused && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(500));
+    }
+    // A map read after the settle must not add more.
+    thread::sleep(Duration::from_millis(1200));
+    assert_eq!(
+        accounted(),
+        refused,
+        "findings counted {} + events lost {} must equal the {refused} refused connects\n{}",
+        agent.counter(FINDINGS) - found0,
+        agent.counter(LOST) - lost0,
+        agent.metrics_text()
+    );
+    assert_eq!(
+        agent.counter(REFUSED) - refused0,
+        refused as f64,
+        "{}",
+        agent.metrics_text()
+    );
+    // The store keeps the newest findings: the last port's is there, whole.
+    let (src, dst, last) = (topo.pod_a_ip, topo.pod_b_ip, *ports.last().unwrap());
+    let lost = (agent.counter(LOST) - lost0) as u64;
+    if lost == 0 {
+        assert_eq!(
+            refused_count(&agent.findings_endpoint(), src, dst, last),
+            1,
+            "the newest refusal's finding is served"
+        );
+    }
+}

@@ -1328,3 +1328,62 @@ fn server_side_resets_aggregate_per_listener() {
     assert_eq!(resets[0]["count"], aborts, "{resets:#?}");
     assert!(resets[0].get("dport").is_none(), "{resets:#?}");
 }
+
+/// A host-network client (node A's own namespace, as a hostNetwork pod or the kubelet)
+/// whose SYNs node A's OUTPUT chain drops, and which waits until the kernel gives up
+/// (`ETIMEDOUT` after its SYN retries): a timeout, this node's firewall, with the drop
+/// as evidence, counted once. The drop happens before the packet leaves, so no "left
+/// this node" may be said.
+#[test]
+fn host_network_connect_dropped_by_output_the_kernel_gives_up_on_is_a_firewall_timeout() {
+    let topo = Topology::new();
+    let port = 9131;
+    let _server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(port), ServerMode::Echo);
+    // Two SYN retries: the kernel gives up after about 7 s, not two minutes.
+    ok(topo.sysctl(&topo.node_a, "net.ipv4.tcp_syn_retries=2"));
+    let dport = port.to_string();
+    cmd::run_in(
+        &topo.node_a,
+        &[
+            "iptables", "-w", "-A", "OUTPUT", "-p", "tcp", "--syn", "--dport", &dport, "-j", "DROP",
+        ],
+    );
+    let agent = Agent::start_ready(&topo);
+    let before = agent.counter(TIMEOUT);
+
+    let start = Instant::now();
+    let outcome = tcp_connect(&topo.node_a, topo.pod_b_addr(port), Duration::from_secs(30));
+    assert!(
+        matches!(outcome, ConnectOutcome::TimedOut),
+        "the kernel gives up: {outcome:?} after {:?}",
+        start.elapsed()
+    );
+    let f = agent.wait_finding(
+        |f| {
+            field(f, "kind") == "tcp_timeout"
+                && field(f, "dst") == topo.pod_b_ip.to_string()
+                && f["dport"].as_u64() == Some(u64::from(port))
+        },
+        STEP,
+    );
+    assert_shape(&f);
+    assert_layer(&f, "firewall");
+    assert_eq!(f["evidence"]["drop_reason"], "NETFILTER_DROP", "{f:#}");
+    assert_eq!(
+        f["netns"].as_u64(),
+        Some(netns_inode(&topo.node_a)),
+        "{f:#}"
+    );
+    assert!(
+        !field(&f, "summary").contains("left this node"),
+        "this node dropped it: {f:#}"
+    );
+    agent.wait_counter_at_least(TIMEOUT, before + 1.0, STEP);
+    thread::sleep(Duration::from_secs(1));
+    assert_eq!(
+        agent.counter(TIMEOUT),
+        before + 1.0,
+        "one attempt, one timeout\n{}",
+        agent.metrics_text()
+    );
+}

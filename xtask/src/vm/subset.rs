@@ -50,9 +50,11 @@ pub(super) const KERNEL_SUBSET: &[&str] = &[
     "syn_ack_dropped_on_the_return_path_is_this_nodes_firewall",
     "server_side_resets_aggregate_per_listener",
     "icmp_watched_on_trouble_names_the_sender_from_the_next_failure",
+    "host_network_connect_dropped_by_output_the_kernel_gives_up_on_is_a_firewall_timeout",
     // storm
     "refused_storm_is_aggregated_in_the_kernel_and_accounted_exactly",
     "resets_whose_error_the_client_takes_at_once_are_each_the_listeners_refusal",
+    "refusals_to_twenty_thousand_distinct_ports_are_accounted_exactly",
     // tc_fallback
     "netlink_mode_sigterm_leaves_no_filter_and_no_clsact",
     "killed_agents_filters_are_replaced_and_their_clsact_removed_on_exit",
