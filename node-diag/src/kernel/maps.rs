@@ -230,7 +230,10 @@ impl KernelMaps {
     /// Every aggregated verdict key with its counts, and the kernel's clock now.
     pub(crate) fn verdict_counts(&self) -> (Vec<(VerdictKey, VerdictAgg)>, u64) {
         let now = monotonic_ns();
-        (self.verdict_agg.iter().flatten().collect(), now)
+        let fd = self.verdict_agg.map().fd().as_fd();
+        let entries = super::batch::lookup_all(fd)
+            .unwrap_or_else(|_| self.verdict_agg.iter().flatten().collect());
+        (entries, now)
     }
 
     /// Deletes an idle verdict key and returns its last counts, read by the same

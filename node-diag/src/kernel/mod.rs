@@ -14,6 +14,7 @@
 //! Nothing here names things for people or knows about metrics: that is `findings` and
 //! `agent`, which consume what this module reads.
 
+pub(crate) mod batch;
 pub(crate) mod btf;
 pub(crate) mod caps;
 pub(crate) mod ebpf_log;
