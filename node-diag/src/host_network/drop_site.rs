@@ -212,7 +212,10 @@ fn best_route(routes: &[RouteMessage], dst: IpAddr) -> Option<&RouteMessage> {
                 _ => None,
             })
             .unwrap_or(0);
-            (r.header.destination_prefix_length, std::cmp::Reverse(metric))
+            (
+                r.header.destination_prefix_length,
+                std::cmp::Reverse(metric),
+            )
         })
 }
 
@@ -266,9 +269,10 @@ mod tests {
         r.header.destination_prefix_length = len;
         r.header.table = RouteHeader::RT_TABLE_MAIN;
         r.header.kind = kind;
-        r.attributes.push(RouteAttribute::Destination(RouteAddress::Inet(
-            Ipv4Addr::from(dst),
-        )));
+        r.attributes
+            .push(RouteAttribute::Destination(RouteAddress::Inet(
+                Ipv4Addr::from(dst),
+            )));
         r
     }
 

@@ -14,8 +14,7 @@ use tracing::{debug, info, warn};
 
 use super::{
     btf::Btf,
-    ebpf_log,
-    drop_family,
+    drop_family, ebpf_log,
     hooks::{FULLSIZE_RETRANS_THRESHOLD, HOOKS, Hook},
     tracefs::{self, DropReasons, Format, TracefsError},
 };

@@ -50,6 +50,9 @@ pub(super) const KERNEL_SUBSET: &[&str] = &[
     "syn_ack_dropped_on_the_return_path_is_this_nodes_firewall",
     "server_side_resets_aggregate_per_listener",
     "icmp_watched_on_trouble_names_the_sender_from_the_next_failure",
+    // drops
+    "blackhole_route_for_a_pod_block_is_cni_routing",
+    "vxlan_without_the_peers_fdb_entry_is_cni_routing",
     // storm
     "refused_storm_is_aggregated_in_the_kernel_and_accounted_exactly",
     "resets_whose_error_the_client_takes_at_once_are_each_the_listeners_refusal",

@@ -174,7 +174,10 @@ fn gather(kind: EventKind, ev: &Event, ctx: &Context<'_>) -> Seen {
             r,
             family(r),
             ctx.drop_site.as_ref(),
-            evidence.drop.as_ref().and_then(|d| d.drop_interface.as_deref()),
+            evidence
+                .drop
+                .as_ref()
+                .and_then(|d| d.drop_interface.as_deref()),
             dropped,
         )
     });
@@ -625,7 +628,11 @@ mod tests {
         // Without a site that explains it: no layer, yet not beyond this node.
         let f = run(&ev).unwrap();
         assert_eq!(f.layer, Layer::Unknown);
-        assert!(f.summary.contains("this node's kernel dropped"), "{}", f.summary);
+        assert!(
+            f.summary.contains("this node's kernel dropped"),
+            "{}",
+            f.summary
+        );
         assert!(!f.summary.contains("left this node"), "{}", f.summary);
     }
 
