@@ -9,8 +9,9 @@
 use std::net::{Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
+use node_diag_testbed::kube_proxy::{IptablesBackend, install_ipv6_no_endpoints};
 use node_diag_tests::finding::{assert_shape, field};
-use node_diag_tests::{Agent, ConnectOutcome, Topology, cmd, tcp_connect};
+use node_diag_tests::{Agent, ConnectOutcome, Topology, cmd, ok, tcp_connect};
 use serde_json::Value;
 
 const NODE_A_V6: &str = "fd00:200::1";
@@ -189,4 +190,88 @@ fn ipv6_oversize_drop_with_pmtud_working_is_info() {
         !field(&f, "summary").contains("no ICMP frag-needed went back"),
         "{f:#}"
     );
+}
+
+/// The IPv6 ClusterIP of the Service without endpoints in the kube-proxy tests.
+const SERVICE_V6: &str = "fd00:96::30";
+
+/// kube-proxy's IPv6 REJECT for a Service without endpoints (`backend`: ip6tables
+/// through it; `None`: nftables' `ip6 kube-proxy`), node A connecting to the ClusterIP:
+/// the Service's layer, as for IPv4, never a firewall.
+fn ipv6_no_endpoints_is_the_service(backend: Option<IptablesBackend>) {
+    let topo = ipv6_topology(None);
+    let vip: Ipv6Addr = SERVICE_V6.parse().unwrap();
+    // The Service range routed towards node B, as a node routes it by default.
+    cmd::run_in(
+        &topo.node_a,
+        &[
+            "ip",
+            "-6",
+            "route",
+            "add",
+            "fd00:96::/112",
+            "via",
+            NODE_B_V6,
+            "dev",
+            "ul0",
+        ],
+    );
+    ok(install_ipv6_no_endpoints(
+        &topo.node_a,
+        backend,
+        "shop/cart:http",
+        vip,
+        80,
+    ));
+    let agent = Agent::start_ready(&topo);
+    let series = r#"node_diag_findings_total{kind="tcp_refused",layer="service",severity="warning",namespace=""}"#;
+
+    let outcome = tcp_connect(&topo.node_a, SocketAddr::new(vip.into(), 80), STEP);
+    assert!(
+        matches!(outcome, ConnectOutcome::Refused),
+        "{backend:?}: {outcome:?}"
+    );
+    let f = agent.wait_finding(
+        |f| field(f, "kind") == "tcp_refused" && field(f, "dst") == SERVICE_V6 && f["dport"] == 80,
+        REFUSED_WITHIN,
+    );
+    assert_shape(&f);
+    assert_eq!(field(&f, "layer"), "service", "{backend:?}: {f:#}");
+    assert_eq!(field(&f, "service"), "shop/cart:http", "{f:#}");
+    assert!(field(&f, "summary").contains("no ready endpoints"), "{f:#}");
+    agent.wait_counter_at_least(series, 1.0, STEP);
+}
+
+#[test]
+fn ipv6_no_endpoints_is_the_service_with_ip6tables_nft() {
+    ipv6_no_endpoints_is_the_service(Some(IptablesBackend::Nft));
+}
+
+#[test]
+fn ipv6_no_endpoints_is_the_service_with_ip6tables_legacy() {
+    ipv6_no_endpoints_is_the_service(Some(IptablesBackend::Legacy));
+}
+
+#[test]
+fn ipv6_no_endpoints_is_the_service_with_nftables() {
+    ipv6_no_endpoints_is_the_service(None);
+}
+
+/// The destination itself answers with ICMPv6 administratively prohibited (firewalld's
+/// reject on the server): its firewall, and the evidence says the destination sent it.
+#[test]
+fn ipv6_admin_prohibited_from_the_destination_is_its_firewall() {
+    let topo = ipv6_topology(Some((8093, "reject with icmpv6 type admin-prohibited")));
+    let agent = Agent::start_ready_watching_icmp(&topo);
+
+    let outcome = tcp_connect(&topo.node_a, node_b(8093), STEP);
+    assert!(
+        matches!(&outcome, ConnectOutcome::Other(e) if e.raw_os_error() == Some(libc::EACCES)),
+        "{outcome:?}"
+    );
+    let f = agent.wait_finding(on_flow("tcp_unreachable", "firewall", 8093), REFUSED_WITHIN);
+    assert_shape(&f);
+    assert_eq!(f["evidence"]["icmp_received_from"], NODE_B_V6, "{f:#}");
+    assert_eq!(f["evidence"]["icmp_from_destination"], true, "{f:#}");
+    assert!(field(&f, "summary").contains("the destination"), "{f:#}");
 }

@@ -205,6 +205,15 @@ fn gather(kind: EventKind, ev: &Event, ctx: &Context<'_>) -> Seen {
     } else {
         match (by_drop, icmp, received) {
             (Some(c @ Cause::Firewall(_)), _, _) => c,
+            // Before the ICMP sent here: a destination on this node sends its answer from
+            // its own namespace, which the (global) tracepoint shows too.
+            (_, _, Some(r)) if admin_prohibited(v6, r.icmp_code) && from_destination => {
+                Cause::Firewall(format!(
+                    "the destination{from} itself answered it with ICMP{} administratively prohibited (code {}): a policy on the destination (a NetworkPolicy enforced there, firewalld) rejects it",
+                    if v6 { "v6" } else { "" },
+                    r.icmp_code
+                ))
+            }
             (_, Some(i), _) if ICMP_ADMIN_CODES.contains(&i.icmp_code) && !prohibit_route => {
                 Cause::Firewall(format!(
                     "this node answered it with ICMP administratively prohibited (code {})",
@@ -216,13 +225,6 @@ fn gather(kind: EventKind, ev: &Event, ctx: &Context<'_>) -> Seen {
                 "this node answered it with ICMP destination unreachable code {}",
                 i.icmp_code
             )),
-            (_, _, Some(r)) if admin_prohibited(v6, r.icmp_code) && from_destination => {
-                Cause::Firewall(format!(
-                    "the destination{from} itself answered it with ICMP{} administratively prohibited (code {}): a policy on the destination (a NetworkPolicy enforced there, firewalld) rejects it",
-                    if v6 { "v6" } else { "" },
-                    r.icmp_code
-                ))
-            }
             (_, _, Some(r)) if admin_prohibited(v6, r.icmp_code) => Cause::Firewall(format!(
                 "a filter on the path{from} answered it with ICMP{} administratively prohibited (code {})",
                 if v6 { "v6" } else { "" },
@@ -295,6 +297,11 @@ fn refused(ev: &Event, ctx: &Context<'_>, seen: &Seen) -> Said {
         .icmp_sent_code
         .filter(|c| *c == ICMP_PORT_UNREACH || ICMP_ADMIN_CODES.contains(c));
     let no_endpoints = ctx.translation.without_endpoints();
+    let v6 = ev.flow.family != AF_INET;
+    let admin_received = seen
+        .evidence
+        .icmp_received
+        .is_some_and(|r| admin_prohibited(v6, r.icmp_received_code));
     let (layer, summary, remediation) = match (no_endpoints, rejected_here, &seen.cause) {
         (Some(svc), Some(code @ ICMP_PORT_UNREACH), _) => (
             // kube-proxy's own REJECT for a Service without endpoints: the Service,
@@ -302,6 +309,17 @@ fn refused(ev: &Event, ctx: &Context<'_>, seen: &Seen) -> Said {
             Layer::Service,
             format!(
                 "Connection to {dst}:{dport} was rejected by kube-proxy on this node (ICMP unreachable code {code}): Service {svc} has no ready endpoints."
+            ),
+            service_remediation(svc),
+        ),
+        // The same REJECT over IPv6: ICMPv6 errors this node sends are not traced
+        // (`icmp:icmp_send` is IPv4's), so the refusal without a RST, to a Service
+        // kube-proxy rejects, is its.
+        (Some(svc), None, _) if !seen.rst_received && !admin_received => (
+            Layer::Service,
+            format!(
+                "Connection to {dst}:{dport} was rejected by kube-proxy on this node (an ICMP{} port unreachable, no RST): Service {svc} has no ready endpoints.",
+                if v6 { "v6" } else { "" }
             ),
             service_remediation(svc),
         ),
