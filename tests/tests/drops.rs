@@ -1,101 +1,172 @@
-//! Drops on this node that the kernel names vaguely or not at all, each mapped to the
-//! layer that made them: a Calico-style `blackhole` route for a pod CIDR block
-//! (`NOT_SPECIFIED`, resolved from the route towards the destination), and a
-//! flannel-style VXLAN without the FDB entry for its peer (`NO_TX_TARGET`; before 6.12
-//! `NOT_SPECIFIED`, resolved from the tunnel's FDB). The real agent in node A, the
-//! faults in node A, connects from pod A that the application abandons.
+//! Drop counting by reason (`node_diag_drops_total`): every packet the kernel frees as
+//! dropped in one of this node's namespaces is counted under its `skb_drop_reason`, none
+//! dropped in another node's, and a namespace that joins the node (a new pod) is counted
+//! from the agent's next scope refresh, though drops of it were seen, and left out, while
+//! it was a stranger. The real agent in node A, real nftables drop rules, real UDP.
 //!
 //! Root, `NODE_DIAG_BIN` set (or `cargo xtask test`), one test at a time:
 //! `cargo test -p node-diag-tests --test drops -- --test-threads=1`.
 
-/// One module, so that the name filter `drops` selects these tests and no other binary's.
-mod drops {
-    use std::net::{Ipv4Addr, SocketAddr};
-    use std::time::Duration;
+use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
+use std::thread;
+use std::time::{Duration, Instant};
 
-    use node_diag_testbed::cni::{self as shapes, FLANNEL_IF};
-    use node_diag_tests::finding::{assert_shape, field, flow_is};
-    use node_diag_tests::{
-        Agent, ConnectOutcome, ServerMode, TcpServer, Topology, ok, tcp_connect,
-    };
-    use serde_json::Value;
+use node_diag_tests::netns::Netns;
+use node_diag_tests::{Agent, Topology, cmd, in_netns, ok, unique_name};
 
-    const TIMEOUT: &str = r#"node_diag_tcp_connect_failures_total{reason="timeout"}"#;
-    /// How long the client waits before it gives up: one SYN retransmit.
-    const ABANDON_AFTER: Duration = Duration::from_millis(1500);
+const NETFILTER_DROP: &str = r#"node_diag_drops_total{reason="NETFILTER_DROP"}"#;
+/// The port every drop rule here drops (UDP, in the output hook).
+const DROP_PORT: u16 = 7997;
+/// The agent reads its maps every 500 ms; a count is settled after a few reads.
+const SETTLE: Duration = Duration::from_millis(1500);
+/// The agent refreshes its scope every 2 s.
+const JOIN: Duration = Duration::from_secs(15);
 
-    /// Pod A connects to `dst`:`port` and gives up after [`ABANDON_AFTER`]; returns the
-    /// `tcp_timeout` finding on that flow, checked for the contract's shape and `layer`,
-    /// once the timeout counter has counted it. The summary must not send the SRE beyond
-    /// this node: this node dropped the SYNs.
-    #[track_caller]
-    fn timeout_here(
-        topo: &Topology,
-        agent: &Agent,
-        dst: Ipv4Addr,
-        port: u16,
-        layer: &str,
-    ) -> Value {
-        let before = agent.counter(TIMEOUT);
-        let outcome = tcp_connect(&topo.pod_a, SocketAddr::from((dst, port)), ABANDON_AFTER);
-        assert!(matches!(outcome, ConnectOutcome::TimedOut), "{outcome:?}");
-        let f = agent.wait_finding(
-            |f| field(f, "kind") == "tcp_timeout" && flow_is(f, topo.pod_a_ip, dst, port),
-            Duration::from_secs(3),
-        );
-        assert_shape(&f);
-        assert_eq!(field(&f, "layer"), layer, "layer of {f:#}");
-        assert!(
-            !field(&f, "summary").contains("left this node"),
-            "this node dropped them: {f:#}"
-        );
-        agent.wait_counter_at_least(TIMEOUT, before + 1.0, Duration::from_secs(3));
-        f
+/// Drops every UDP datagram to [`DROP_PORT`] that `netns` sends (nftables, output hook).
+fn drop_udp_out(netns: &str) {
+    let port = DROP_PORT.to_string();
+    cmd::run_in(netns, &["nft", "add", "table", "inet", "nddrops"]);
+    cmd::run_in(
+        netns,
+        &[
+            "nft",
+            "add",
+            "chain",
+            "inet",
+            "nddrops",
+            "out",
+            "{ type filter hook output priority 0 ; }",
+        ],
+    );
+    cmd::run_in(
+        netns,
+        &[
+            "nft", "add", "rule", "inet", "nddrops", "out", "udp", "dport", &port, "drop",
+        ],
+    );
+}
+
+/// Sends `n` datagrams from `netns` to `to`, each dropped by the sender's own rule.
+fn send(netns: &str, to: Ipv4Addr, n: usize) {
+    in_netns(netns, || {
+        let socket = UdpSocket::bind("0.0.0.0:0").expect("bind a UDP socket");
+        for _ in 0..n {
+            // EPERM: netfilter's verdict, reported to the sender.
+            let _ = socket.send_to(b"dropped", SocketAddr::from((to, DROP_PORT)));
+        }
+    });
+}
+
+/// The counter once it has stopped moving (two reads [`SETTLE`] apart agree).
+fn settled(agent: &Agent, series: &str) -> f64 {
+    let mut last = agent.counter(series);
+    for _ in 0..20 {
+        thread::sleep(SETTLE);
+        let now = agent.counter(series);
+        if now == last {
+            return now;
+        }
+        last = now;
     }
+    panic!("{series} still moving\n{}", agent.metrics_text());
+}
 
-    /// Calico routes each IPAM block it holds as a blackhole, so a deleted pod's address
-    /// is dropped on its node: the kernel's reason is `NOT_SPECIFIED`, and the route
-    /// towards the destination names the layer.
-    #[test]
-    fn blackhole_route_for_a_pod_block_is_cni_routing() {
-        let topo = Topology::new();
-        ok(shapes::ipam_block_blackhole(&topo, "10.244.2.0/26"));
-        let agent = Agent::start_ready(&topo);
-        let deleted_pod = Ipv4Addr::new(10, 244, 2, 20);
+#[test]
+fn drops_are_counted_by_reason_in_this_nodes_namespaces_only() {
+    let topo = Topology::new();
+    let agent = Agent::start_ready(&topo);
+    drop_udp_out(&topo.pod_a);
+    drop_udp_out(&topo.pod_b);
+    let before = settled(&agent, NETFILTER_DROP);
 
-        let f = timeout_here(&topo, &agent, deleted_pod, 9301, "cni_routing");
-        let e = &f["evidence"];
-        assert_eq!(e["route"], "blackhole 10.244.2.0/26", "{f:#}");
-        assert_eq!(e["route_type"], "blackhole", "{f:#}");
-        assert_eq!(e["drop_reason"], "NOT_SPECIFIED", "{f:#}");
+    // Pod A is node A's: each of its drops counts.
+    send(&topo.pod_a, topo.pod_b_ip, 40);
+    let after_a = settled(&agent, NETFILTER_DROP);
+    assert_eq!(
+        after_a - before,
+        40.0,
+        "pod A's 40 drops, counted once each\n{}",
+        agent.metrics_text()
+    );
+
+    // Pod B lives on node B: its drops are not this node's.
+    send(&topo.pod_b, topo.pod_a_ip, 25);
+    let after_b = settled(&agent, NETFILTER_DROP);
+    assert_eq!(
+        after_b,
+        after_a,
+        "pod B's drops (node B) counted by node A's agent\n{}",
+        agent.metrics_text()
+    );
+}
+
+#[test]
+fn a_namespace_joining_the_node_is_counted_from_the_next_refresh() {
+    let topo = Topology::new();
+    let agent = Agent::start_ready(&topo);
+    let joining = ok(Netns::create(&unique_name()));
+    let ns = joining.name().to_owned();
+    drop_udp_out(&ns);
+    let loopback = Ipv4Addr::new(127, 0, 0, 1);
+    let before = settled(&agent, NETFILTER_DROP);
+
+    // Not yet a pod of node A: its drops are seen (and the decision remembered by the
+    // kernel's per-reason counters), but not counted.
+    send(&ns, loopback, 30);
+    let stranger = settled(&agent, NETFILTER_DROP);
+    assert_eq!(
+        stranger,
+        before,
+        "drops of a namespace outside the node counted\n{}",
+        agent.metrics_text()
+    );
+
+    // Plugged into node A like a pod: a veth whose peer is in node A.
+    let host_if = format!("ndj{}", std::process::id() % 100_000);
+    cmd::run(&[
+        "ip",
+        "link",
+        "add",
+        &host_if,
+        "netns",
+        &topo.node_a,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "eth0",
+        "netns",
+        &ns,
+    ]);
+    // One datagram at a time until the agent's scope has it (the refresh is every 2 s).
+    let deadline = Instant::now() + JOIN;
+    let mut probes = 0.0;
+    loop {
+        send(&ns, loopback, 1);
+        probes += 1.0;
+        thread::sleep(Duration::from_millis(300));
+        if agent.counter(NETFILTER_DROP) > before {
+            break;
+        }
         assert!(
-            field(&f, "summary").contains("blackhole 10.244.2.0/26"),
-            "{f:#}"
+            Instant::now() < deadline,
+            "drops of a namespace joined to node A still not counted after {JOIN:?}\n{}",
+            agent.metrics_text()
         );
     }
+    let joined = settled(&agent, NETFILTER_DROP);
+    assert!(
+        joined - before >= 1.0 && joined - before <= probes,
+        "{} counted of {probes} probes",
+        joined - before
+    );
 
-    /// flannel's VXLAN backend sends each peer's VTEP MAC to its node by one FDB entry;
-    /// without node B's, the VXLAN device drops the SYN (`NO_TX_TARGET` since 6.12). The
-    /// finding names the tunnel and the missing entry.
-    #[test]
-    fn vxlan_without_the_peers_fdb_entry_is_cni_routing() {
-        let topo = Topology::new();
-        ok(shapes::flannel_vxlan(&topo));
-        ok(shapes::delete_peer_fdb_entry(&topo, FLANNEL_IF));
-        let port = 9302;
-        let _server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(port), ServerMode::Echo);
-        let agent = Agent::start_ready(&topo);
-
-        let f = timeout_here(&topo, &agent, topo.pod_b_ip, port, "cni_routing");
-        let e = &f["evidence"];
-        assert_eq!(e["tunnel"], FLANNEL_IF, "{f:#}");
-        let entry = format!("{} for 10.244.2.0", shapes::node_b_vtep_mac());
-        assert_eq!(e["missing_fdb_entry"], entry.as_str(), "{f:#}");
-        assert_eq!(e["drop_interface"], FLANNEL_IF, "{f:#}");
-        assert!(
-            matches!(field(e, "drop_reason"), "NO_TX_TARGET" | "NOT_SPECIFIED"),
-            "{f:#}"
-        );
-        assert!(field(&f, "summary").contains(FLANNEL_IF), "{f:#}");
-    }
+    send(&ns, loopback, 20);
+    let after = settled(&agent, NETFILTER_DROP);
+    assert_eq!(
+        after - joined,
+        20.0,
+        "a joined namespace's 20 drops, counted once each\n{}",
+        agent.metrics_text()
+    );
 }

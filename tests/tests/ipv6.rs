@@ -243,17 +243,17 @@ fn ipv6_no_endpoints_is_the_service(backend: Option<IptablesBackend>) {
 }
 
 #[test]
-fn ipv6_no_endpoints_is_the_service_with_ip6tables_nft() {
+fn ipv6_kube_proxy_reject_without_endpoints_is_the_service_ip6tables_nft() {
     ipv6_no_endpoints_is_the_service(Some(IptablesBackend::Nft));
 }
 
 #[test]
-fn ipv6_no_endpoints_is_the_service_with_ip6tables_legacy() {
+fn ipv6_kube_proxy_reject_without_endpoints_is_the_service_ip6tables_legacy() {
     ipv6_no_endpoints_is_the_service(Some(IptablesBackend::Legacy));
 }
 
 #[test]
-fn ipv6_no_endpoints_is_the_service_with_nftables() {
+fn ipv6_kube_proxy_reject_without_endpoints_is_the_service_nftables() {
     ipv6_no_endpoints_is_the_service(None);
 }
 

@@ -51,7 +51,7 @@ pub(super) const KERNEL_SUBSET: &[&str] = &[
     "server_side_resets_aggregate_per_listener",
     "icmp_watched_on_trouble_names_the_sender_from_the_next_failure",
     "admin_prohibited_sent_by_the_destination_is_its_firewall",
-    // drops
+    // local_drops
     "blackhole_route_for_a_pod_block_is_cni_routing",
     "vxlan_without_the_peers_fdb_entry_is_cni_routing",
     // storm
@@ -71,9 +71,9 @@ pub(super) const KERNEL_SUBSET: &[&str] = &[
     "ipv6_admin_prohibited_is_a_firewall",
     "ipv6_closed_port_is_the_listener",
     "ipv6_oversize_drop_with_pmtud_working_is_info",
-    "ipv6_no_endpoints_is_the_service_with_ip6tables_nft",
-    "ipv6_no_endpoints_is_the_service_with_ip6tables_legacy",
-    "ipv6_no_endpoints_is_the_service_with_nftables",
+    "ipv6_kube_proxy_reject_without_endpoints_is_the_service_ip6tables_nft",
+    "ipv6_kube_proxy_reject_without_endpoints_is_the_service_ip6tables_legacy",
+    "ipv6_kube_proxy_reject_without_endpoints_is_the_service_nftables",
     "ipv6_admin_prohibited_from_the_destination_is_its_firewall",
     // mtu
     "filtered_frag_needed_is_a_pmtud_black_hole",
