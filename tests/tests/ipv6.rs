@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use node_diag_testbed::kube_proxy::{IptablesBackend, install_ipv6_no_endpoints};
 use node_diag_tests::finding::{assert_shape, field};
-use node_diag_tests::{Agent, ConnectOutcome, Topology, cmd, ok, tcp_connect};
+use node_diag_tests::{
+    Agent, BULK, ConnectOutcome, ServerMode, TcpServer, Topology, cmd, ok, tcp_connect, tcp_request,
+};
 use serde_json::Value;
 
 const NODE_A_V6: &str = "fd00:200::1";
@@ -274,4 +276,87 @@ fn ipv6_admin_prohibited_from_the_destination_is_its_firewall() {
     assert_eq!(f["evidence"]["icmp_received_from"], NODE_B_V6, "{f:#}");
     assert_eq!(f["evidence"]["icmp_from_destination"], true, "{f:#}");
     assert!(field(&f, "summary").contains("the destination"), "{f:#}");
+}
+
+/// An IPv6 PMTUD black hole made on node A: pod A's full-size segments are too big for
+/// node A's 1400 link to node B (node B's route advertises an MSS for 1500), node A drops
+/// them and sends a packet-too-big, which node A's own output chain drops. No tracepoint
+/// shows an IPv6 packet-too-big being sent: the hook named must still be `output`, where
+/// node A's locally generated ICMPv6 is dropped, not `forward`.
+#[test]
+fn ipv6_packet_too_big_dropped_in_output_names_the_output_hook() {
+    let topo = ipv6_topology(None);
+    let (pod_a, node_a) = (&topo.pod_a, &topo.node_a);
+    cmd::run_in(
+        pod_a,
+        &["ip", "addr", "add", "fd00:1::7/64", "dev", "eth0", "nodad"],
+    );
+    cmd::run_in(
+        node_a,
+        &["ip", "addr", "add", "fd00:1::1/64", "dev", "vpod0", "nodad"],
+    );
+    cmd::run_in(
+        pod_a,
+        &[
+            "ip",
+            "-6",
+            "route",
+            "add",
+            "fd00:200::/64",
+            "via",
+            "fd00:1::1",
+        ],
+    );
+    cmd::run_in(
+        &topo.node_b,
+        &[
+            "ip",
+            "-6",
+            "route",
+            "add",
+            "fd00:1::/64",
+            "via",
+            NODE_A_V6,
+            "advmss",
+            "1440",
+        ],
+    );
+    cmd::run_in(node_a, &["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"]);
+    cmd::run_in(node_a, &["ip", "link", "set", "ul0", "mtu", "1400"]);
+    cmd::run_in(&topo.node_b, &["ip", "link", "set", "ul0", "mtu", "1400"]);
+    cmd::run_in(node_a, &["nft", "add table inet ndptb"]);
+    cmd::run_in(
+        node_a,
+        &[
+            "nft",
+            "add chain inet ndptb out { type filter hook output priority 0; }",
+        ],
+    );
+    cmd::run_in(
+        node_a,
+        &[
+            "nft",
+            "add rule inet ndptb out icmpv6 type packet-too-big drop",
+        ],
+    );
+    let port = 9004;
+    let _server = TcpServer::start(&topo.node_b, node_b(port), ServerMode::Echo);
+    let agent = Agent::start_ready(&topo);
+
+    let (ns, to) = (pod_a.clone(), node_b(port));
+    let client =
+        std::thread::spawn(move || tcp_request(&ns, to, &vec![0x5a; BULK], Duration::from_secs(8)));
+    let f = agent.wait_finding(
+        |f| {
+            field(f, "kind") == "pmtud_blackhole"
+                && field(f, "dst") == NODE_B_V6
+                && f["dport"] == port
+        },
+        Duration::from_secs(6),
+    );
+    assert_shape(&f);
+    assert_eq!(field(&f, "layer"), "icmp_filtered", "{f:#}");
+    assert_eq!(f["evidence"]["netfilter_hook"], "output", "{f:#}");
+    assert!(field(&f, "summary").contains("output hook"), "{f:#}");
+    let _ = client.join();
 }

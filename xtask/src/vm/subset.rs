@@ -75,6 +75,7 @@ pub(super) const KERNEL_SUBSET: &[&str] = &[
     "ipv6_kube_proxy_reject_without_endpoints_is_the_service_ip6tables_legacy",
     "ipv6_kube_proxy_reject_without_endpoints_is_the_service_nftables",
     "ipv6_admin_prohibited_from_the_destination_is_its_firewall",
+    "ipv6_packet_too_big_dropped_in_output_names_the_output_hook",
     // mtu
     "filtered_frag_needed_is_a_pmtud_black_hole",
     "oversized_pod_mtu_with_icmp_allowed_is_an_oversize_drop_that_recovers",
