@@ -300,7 +300,10 @@ mod tests {
             missing_fdb_entry(Some(&mac), std::slice::from_ref(&other), nh).as_deref(),
             Some("02:00:00:00:02:01 for 10.244.2.0")
         );
-        assert_eq!(missing_fdb_entry(Some(&mac), &[mac.clone()], nh), None);
+        assert_eq!(
+            missing_fdb_entry(Some(&mac), std::slice::from_ref(&mac), nh),
+            None
+        );
         // flannel's all-zero entries send every MAC to the peers.
         assert_eq!(missing_fdb_entry(Some(&mac), &[vec![0; 6]], nh), None);
         assert_eq!(
