@@ -13,7 +13,10 @@ use node_diag_common::Event;
 use tracing::debug;
 
 use crate::{
-    findings::{correlate::addr, names::Names},
+    findings::{
+        correlate::{Translation, addr},
+        names::Names,
+    },
     host_network::{
         conntrack_stats::{own_netns, scope_files},
         drop_site::{DropSite, drop_site},
@@ -33,14 +36,14 @@ impl DropSites {
     /// Bounds the memory a scan of many destinations can take.
     const MAX: usize = 1024;
 
-    /// The site of `ev`'s SYN drop, when its reason needs one; `to` is the address the
-    /// packet was routed to (the Service's backend once this node's NAT chose it).
+    /// The site of `ev`'s SYN drop, when its reason needs one, towards the address the
+    /// packet was routed to: the Service's backend once this node's NAT chose it.
     pub(super) async fn of(
         &mut self,
         kind: EventKind,
         ev: &Event,
         names: &Names,
-        to: Option<IpAddr>,
+        translation: &Translation,
     ) -> Option<DropSite> {
         let judged = matches!(
             kind,
@@ -57,7 +60,9 @@ impl DropSites {
         if !wanted {
             return None;
         }
-        let dst = to.unwrap_or_else(|| addr(&ev.flow, &ev.flow.daddr));
+        let dst = translation
+            .backend
+            .map_or_else(|| addr(&ev.flow, &ev.flow.daddr), |b| b.ip());
         let key = (ev.drop.netns, dst);
         if let Some((at, site)) = self.0.get(&key)
             && at.elapsed() < Self::TTL
@@ -77,6 +82,18 @@ impl DropSites {
             self.0.insert(key, (Instant::now(), site.clone()));
         }
         site
+    }
+}
+
+impl super::Agent {
+    /// The site of `ev`'s SYN drop (see [`DropSites::of`]).
+    pub(super) async fn drop_site(
+        &mut self,
+        kind: EventKind,
+        ev: &Event,
+        translation: &Translation,
+    ) -> Option<DropSite> {
+        self.drop_sites.of(kind, ev, &self.names, translation).await
     }
 }
 

@@ -391,8 +391,7 @@ impl Agent {
     /// resolves the timeout it had been reported as.
     async fn on_event(&mut self, kind: EventKind, ev: Event) {
         let translation = self.translator.translate(&ev, &self.maps).await;
-        let to = translation.backend.map(|b| b.ip());
-        let drop_site = self.drop_sites.of(kind, &ev, &self.names, to).await;
+        let drop_site = self.drop_site(kind, &ev, &translation).await;
         // Whether the evidence window was watched, before this event attaches anything.
         let icmp_watched = self.watch.covers(&ev);
         if self.watch.event(kind, &ev, Instant::now()) {
