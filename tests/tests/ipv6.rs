@@ -137,11 +137,11 @@ fn ipv6_closed_port_is_the_listener() {
     assert_eq!(f["evidence"]["rst_received"], true, "{f:#}");
 }
 
-/// An IPv6 packet too big for the next link, forwarded by this node: the kernel drops it
-/// and answers with a packet-too-big no tracepoint shows. With nothing dropping that
-/// answer here, PMTUD works: an `info` finding, never "no frag-needed went back".
-#[test]
-fn ipv6_oversize_drop_with_pmtud_working_is_info() {
+/// [`ipv6_topology`] with pod A on IPv6 (`fd00:1::7`) routed through node A to node B's
+/// IPv6 address, node B routing it back (with `back`'s extra route options), and the
+/// link between the nodes at 1400: pod A's full-size packets (its link is 1450) are too
+/// big for it.
+fn pod_a_v6_through_node_a(back: &[&str]) -> Topology {
     let topo = ipv6_topology(None);
     let (pod_a, node_a) = (&topo.pod_a, &topo.node_a);
     cmd::run_in(
@@ -164,13 +164,22 @@ fn ipv6_oversize_drop_with_pmtud_working_is_info() {
             "fd00:1::1",
         ],
     );
-    cmd::run_in(
-        &topo.node_b,
-        &["ip", "-6", "route", "add", "fd00:1::/64", "via", NODE_A_V6],
-    );
+    let mut route = vec!["ip", "-6", "route", "add", "fd00:1::/64", "via", NODE_A_V6];
+    route.extend_from_slice(back);
+    cmd::run_in(&topo.node_b, &route);
     cmd::run_in(node_a, &["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"]);
     cmd::run_in(node_a, &["ip", "link", "set", "ul0", "mtu", "1400"]);
     cmd::run_in(&topo.node_b, &["ip", "link", "set", "ul0", "mtu", "1400"]);
+    topo
+}
+
+/// An IPv6 packet too big for the next link, forwarded by this node: the kernel drops it
+/// and answers with a packet-too-big no tracepoint shows. With nothing dropping that
+/// answer here, PMTUD works: an `info` finding, never "no frag-needed went back".
+#[test]
+fn ipv6_oversize_drop_with_pmtud_working_is_info() {
+    let topo = pod_a_v6_through_node_a(&[]);
+    let pod_a = &topo.pod_a;
     let agent = Agent::start_ready(&topo);
 
     // 1380 bytes of payload + 8 ICMPv6 + 40 IPv6 = 1428: fits the pod (1450), not the
@@ -285,45 +294,8 @@ fn ipv6_admin_prohibited_from_the_destination_is_its_firewall() {
 /// node A's locally generated ICMPv6 is dropped, not `forward`.
 #[test]
 fn ipv6_packet_too_big_dropped_in_output_names_the_output_hook() {
-    let topo = ipv6_topology(None);
+    let topo = pod_a_v6_through_node_a(&["advmss", "1440"]);
     let (pod_a, node_a) = (&topo.pod_a, &topo.node_a);
-    cmd::run_in(
-        pod_a,
-        &["ip", "addr", "add", "fd00:1::7/64", "dev", "eth0", "nodad"],
-    );
-    cmd::run_in(
-        node_a,
-        &["ip", "addr", "add", "fd00:1::1/64", "dev", "vpod0", "nodad"],
-    );
-    cmd::run_in(
-        pod_a,
-        &[
-            "ip",
-            "-6",
-            "route",
-            "add",
-            "fd00:200::/64",
-            "via",
-            "fd00:1::1",
-        ],
-    );
-    cmd::run_in(
-        &topo.node_b,
-        &[
-            "ip",
-            "-6",
-            "route",
-            "add",
-            "fd00:1::/64",
-            "via",
-            NODE_A_V6,
-            "advmss",
-            "1440",
-        ],
-    );
-    cmd::run_in(node_a, &["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"]);
-    cmd::run_in(node_a, &["ip", "link", "set", "ul0", "mtu", "1400"]);
-    cmd::run_in(&topo.node_b, &["ip", "link", "set", "ul0", "mtu", "1400"]);
     cmd::run_in(node_a, &["nft", "add table inet ndptb"]);
     cmd::run_in(
         node_a,
