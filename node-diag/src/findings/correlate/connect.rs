@@ -220,7 +220,7 @@ fn gather(kind: EventKind, ev: &Event, ctx: &Context<'_>) -> Seen {
                     i.icmp_code
                 ))
             }
-            (Some(c), _, _) => c,
+            (Some(c), _, _) if !matches!(c, Cause::Unresolved(_)) => c,
             (_, Some(i), _) => Cause::Routing(format!(
                 "this node answered it with ICMP destination unreachable code {}",
                 i.icmp_code
@@ -239,6 +239,8 @@ fn gather(kind: EventKind, ev: &Event, ctx: &Context<'_>) -> Seen {
                 if v6 { "v6" } else { "" },
                 r.icmp_code
             )),
+            // Last: an ICMP error tells more than a drop nothing explains.
+            (Some(c), _, _) => c,
             _ => Cause::None,
         }
     };
@@ -652,6 +654,11 @@ mod tests {
             f.summary
         );
         assert!(!f.summary.contains("left this node"), "{}", f.summary);
+        // An ICMP unreachable this node sent for it tells more than the bare drop.
+        let mut ev = event(event_kind::CONNECT_UNREACHABLE, 113);
+        ev.drop = dropped(2, 1, 77, 3);
+        ev.icmp = icmp_sent_here(1);
+        assert_eq!(run(&ev).unwrap().layer, Layer::CniRouting);
     }
 
     #[test]
