@@ -268,7 +268,12 @@ fn vxlan_with_peer_macs(
 /// that packets for the block's addresses without a pod (a deleted pod's) are dropped
 /// here rather than sent on by a broader route.
 pub fn ipam_block_blackhole(topo: &Topology, cidr: &str) -> Result<()> {
-    ip(&topo.node_a, &["route", "add", "blackhole", cidr])
+    discarding_route(topo, "blackhole", cidr)
+}
+
+/// A route of type `kind` (`blackhole`, `unreachable`, `prohibit`) for `cidr` in node A.
+pub fn discarding_route(topo: &Topology, kind: &str, cidr: &str) -> Result<()> {
+    ip(&topo.node_a, &["route", "add", kind, cidr])
 }
 
 /// A neighbour entry that never expires nor is resolved: what CNIs that know their

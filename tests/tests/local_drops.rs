@@ -75,6 +75,46 @@ mod local_drops {
         );
     }
 
+    /// An `unreachable` or `prohibit` route for a pod block: node A answers the SYN with
+    /// an ICMP host unreachable (`IP_INADDRERRORS`) or administratively prohibited (no
+    /// reason named), and the client fails at once. Routing in both cases, with the route
+    /// in evidence: a `prohibit` route's ICMP says prohibited, yet no filter sent it.
+    fn discarding_route_is_cni_routing(kind: &str, port: u16) {
+        let topo = Topology::new();
+        ok(shapes::discarding_route(&topo, kind, "10.244.2.0/26"));
+        let agent = Agent::start_ready(&topo);
+        let deleted_pod = Ipv4Addr::new(10, 244, 2, 21);
+
+        let outcome = tcp_connect(
+            &topo.pod_a,
+            SocketAddr::from((deleted_pod, port)),
+            ABANDON_AFTER,
+        );
+        assert!(outcome.is_icmp_failure(), "{kind}: {outcome:?}");
+        let f = agent.wait_finding(
+            |f| {
+                field(f, "kind") == "tcp_unreachable"
+                    && flow_is(f, topo.pod_a_ip, deleted_pod, port)
+            },
+            Duration::from_secs(3),
+        );
+        assert_shape(&f);
+        assert_eq!(field(&f, "layer"), "cni_routing", "{f:#}");
+        let route = format!("{kind} 10.244.2.0/26");
+        assert_eq!(f["evidence"]["route"], route.as_str(), "{f:#}");
+        assert_eq!(f["evidence"]["route_type"], kind, "{f:#}");
+    }
+
+    #[test]
+    fn unreachable_route_for_a_pod_block_is_cni_routing() {
+        discarding_route_is_cni_routing("unreachable", 9303);
+    }
+
+    #[test]
+    fn prohibit_route_for_a_pod_block_is_cni_routing_not_a_firewall() {
+        discarding_route_is_cni_routing("prohibit", 9304);
+    }
+
     /// flannel's VXLAN backend sends each peer's VTEP MAC to its node by one FDB entry;
     /// without node B's, the VXLAN device drops the SYN (`NO_TX_TARGET` since 6.12). The
     /// finding names the tunnel and the missing entry.
