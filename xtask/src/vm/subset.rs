@@ -53,6 +53,8 @@ pub(super) const KERNEL_SUBSET: &[&str] = &[
     "admin_prohibited_sent_by_the_destination_is_its_firewall",
     // local_drops
     "blackhole_route_for_a_pod_block_is_cni_routing",
+    "unreachable_route_for_a_pod_block_is_cni_routing",
+    "prohibit_route_for_a_pod_block_is_cni_routing_not_a_firewall",
     "vxlan_without_the_peers_fdb_entry_is_cni_routing",
     // storm
     "refused_storm_is_aggregated_in_the_kernel_and_accounted_exactly",
