@@ -4,7 +4,8 @@
 //!
 //! - [`flannel`]: `flannel.1`, a VXLAN without a remote whose peers are FDB entries
 //!   (`bridge fdb append 00:00:00:00:00:00 dev flannel.1 dst <peer>`).
-//! - [`calico_vxlan`]: `vxlan.calico` with per-peer MAC FDB and neighbour entries.
+//! - [`calico_vxlan`]: `vxlan.calico` with per-peer MAC FDB and neighbour entries;
+//!   [`flannel_vxlan`]: `flannel.1` the same way, as flannel's VXLAN backend programs it.
 //! - [`calico_ipip`]: `tunl0`, the ipip module's fallback device: no remote, each packet
 //!   sent to the gateway of its route.
 //! - [`cilium`]: `cilium_vxlan`/`cilium_geneve` in metadata (`external`) mode, veths at
@@ -174,6 +175,45 @@ pub fn flannel(topo: &Topology, bound: bool) -> Result<()> {
 /// permanent neighbour entry for the peer's VTEP, an FDB entry from the peer's VTEP
 /// MAC to its node, and the peer's pod subnet routed through it.
 pub fn calico_vxlan(topo: &Topology, mtu: u32) -> Result<()> {
+    vxlan_with_peer_macs(topo, "vxlan.calico", "4096", "4789", mtu)
+}
+
+/// flannel's VXLAN backend as flannel itself programs it on both nodes: `flannel.1` (VNI
+/// 1, port 8472, bound to the underlay, no learning, no remote) at 1450, and per peer a
+/// permanent neighbour entry for the peer's VTEP (`10.244.<n>.0`), one FDB entry from
+/// that VTEP's MAC to the peer node, and the peer's pod subnet routed through it.
+pub fn flannel_vxlan(topo: &Topology) -> Result<()> {
+    vxlan_with_peer_macs(topo, FLANNEL_IF, "1", "8472", 1450)
+}
+
+/// flannel's VXLAN device.
+pub const FLANNEL_IF: &str = "flannel.1";
+
+/// Deletes node A's FDB entry for node B's VTEP on `dev` (built by [`flannel_vxlan`] or
+/// [`calico_vxlan`]): what a CNI agent that missed node B's node object leaves behind.
+pub fn delete_peer_fdb_entry(topo: &Topology, dev: &str) -> Result<()> {
+    let peer = topo.node_b_underlay.to_string();
+    bridge(
+        &topo.node_a,
+        &["fdb", "del", &mac(2), "dev", dev, "dst", &peer, "self"],
+    )
+}
+
+/// Node B's VTEP MAC on the tunnel of [`flannel_vxlan`] or [`calico_vxlan`].
+pub fn node_b_vtep_mac() -> String {
+    mac(2)
+}
+
+/// A VXLAN `name` (VNI `vni`, UDP port `port`, bound to the underlay, no learning, no
+/// remote) at `mtu` on both nodes, with per-peer neighbour and MAC FDB entries (see
+/// [`calico_vxlan`]).
+fn vxlan_with_peer_macs(
+    topo: &Topology,
+    name: &str,
+    vni: &str,
+    port: &str,
+    mtu: u32,
+) -> Result<()> {
     remove_testbed_overlay(topo)?;
     let mtu = mtu.to_string();
     for s in sides(topo) {
@@ -184,26 +224,26 @@ pub fn calico_vxlan(topo: &Topology, mtu: u32) -> Result<()> {
             &[
                 "link",
                 "add",
-                "vxlan.calico",
+                name,
                 "address",
                 &own_mac,
                 "type",
                 "vxlan",
                 "id",
-                "4096",
+                vni,
                 "local",
                 &local,
                 "dev",
                 UNDERLAY_IF,
                 "dstport",
-                "4789",
+                port,
                 "nolearning",
             ],
         )?;
-        ip(s.node, &["link", "set", "vxlan.calico", "mtu", &mtu, "up"])?;
-        add_tunnel_address(&s, "vxlan.calico")?;
+        ip(s.node, &["link", "set", name, "mtu", &mtu, "up"])?;
+        add_tunnel_address(&s, name)?;
         let (peer_vtep, peer_mac) = (s.peer(0), mac(s.peer_index));
-        permanent_neighbour(s.node, &peer_vtep, &peer_mac, "vxlan.calico")?;
+        permanent_neighbour(s.node, &peer_vtep, &peer_mac, name)?;
         let peer = s.peer_underlay.to_string();
         bridge(
             s.node,
@@ -212,16 +252,28 @@ pub fn calico_vxlan(topo: &Topology, mtu: u32) -> Result<()> {
                 "add",
                 &peer_mac,
                 "dev",
-                "vxlan.calico",
+                name,
                 "dst",
                 &peer,
                 "self",
                 "permanent",
             ],
         )?;
-        route_to_peer_pods(&s, &peer_vtep, "vxlan.calico")?;
+        route_to_peer_pods(&s, &peer_vtep, name)?;
     }
     Ok(())
+}
+
+/// Calico's route for an IPAM block this node holds, in node A: `blackhole <cidr>`, so
+/// that packets for the block's addresses without a pod (a deleted pod's) are dropped
+/// here rather than sent on by a broader route.
+pub fn ipam_block_blackhole(topo: &Topology, cidr: &str) -> Result<()> {
+    discarding_route(topo, "blackhole", cidr)
+}
+
+/// A route of type `kind` (`blackhole`, `unreachable`, `prohibit`) for `cidr` in node A.
+pub fn discarding_route(topo: &Topology, kind: &str, cidr: &str) -> Result<()> {
+    ip(&topo.node_a, &["route", "add", kind, cidr])
 }
 
 /// A neighbour entry that never expires nor is resolved: what CNIs that know their

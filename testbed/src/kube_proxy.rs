@@ -342,6 +342,57 @@ fn nft_service_rules(svc: &ServiceSpec) -> String {
     out
 }
 
+/// kube-proxy's REJECT for the IPv6 ClusterIP `ip`:`port` (TCP) of Service port `name`
+/// (`ns/name:port`) without endpoints, as its IPv6 proxier writes it in `netns`: through
+/// ip6tables with `backend` (`-j REJECT --reject-with icmp6-port-unreachable` in the
+/// filter table's KUBE-SERVICES, jumped to from OUTPUT and FORWARD for new connections),
+/// or, with `None`, in nftables' table `ip6 kube-proxy` (`no-endpoint-services`, whose
+/// `reject-chain` answers with ICMPv6 port unreachable). Only the filter side: a Service
+/// without endpoints has no NAT rules.
+pub fn install_ipv6_no_endpoints(
+    netns: &str,
+    backend: Option<IptablesBackend>,
+    name: &str,
+    ip: std::net::Ipv6Addr,
+    port: u16,
+) -> Result<()> {
+    let Some(backend) = backend else {
+        return nft(
+            netns,
+            &format!(
+                r#"add table ip6 kube-proxy {{ comment "rules for kube-proxy" ; }}
+add chain ip6 kube-proxy filter-forward {{ type filter hook forward priority -110 ; policy accept ; }}
+add chain ip6 kube-proxy filter-output {{ type filter hook output priority -110 ; policy accept ; }}
+add chain ip6 kube-proxy service-endpoints-check
+add chain ip6 kube-proxy reject-chain {{ comment "helper for @no-endpoint-services / @no-endpoint-nodeports" ; }}
+add map ip6 kube-proxy no-endpoint-services {{ type ipv6_addr . inet_proto . inet_service : verdict ; comment "vmap to drop or reject packets to services with no endpoints" ; }}
+add rule ip6 kube-proxy filter-forward ct state new jump service-endpoints-check
+add rule ip6 kube-proxy filter-output ct state new jump service-endpoints-check
+add rule ip6 kube-proxy reject-chain reject
+add rule ip6 kube-proxy service-endpoints-check ip6 daddr . meta l4proto . th dport vmap @no-endpoint-services
+add element ip6 kube-proxy no-endpoint-services {{ {ip} . tcp . {port} comment "{name}" : goto reject-chain }}
+"#
+            ),
+        );
+    };
+    let tool = match backend {
+        IptablesBackend::Nft => "ip6tables-nft-restore",
+        IptablesBackend::Legacy => "ip6tables-legacy-restore",
+    };
+    restore(
+        netns,
+        tool,
+        &format!(
+            "*filter\n\
+             :KUBE-SERVICES - [0:0]\n\
+             -A OUTPUT -m conntrack --ctstate NEW -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n\
+             -A FORWARD -m conntrack --ctstate NEW -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n\
+             -A KUBE-SERVICES -d {ip}/128 -p tcp -m comment --comment \"{name} has no endpoints\" -m tcp --dport {port} -j REJECT --reject-with icmp6-port-unreachable\n\
+             COMMIT\n"
+        ),
+    )
+}
+
 /// Removes every kube-proxy rule from `netns`: the `ip kube-proxy` table, and the
 /// KUBE-* chains and the jumps to them from both iptables backends.
 pub fn remove_kube_proxy_rules(netns: &str) -> Result<()> {

@@ -9,8 +9,11 @@
 use std::net::{Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
+use node_diag_testbed::kube_proxy::{IptablesBackend, install_ipv6_no_endpoints};
 use node_diag_tests::finding::{assert_shape, field};
-use node_diag_tests::{Agent, ConnectOutcome, Topology, cmd, tcp_connect};
+use node_diag_tests::{
+    Agent, BULK, ConnectOutcome, ServerMode, TcpServer, Topology, cmd, ok, tcp_connect, tcp_request,
+};
 use serde_json::Value;
 
 const NODE_A_V6: &str = "fd00:200::1";
@@ -134,11 +137,11 @@ fn ipv6_closed_port_is_the_listener() {
     assert_eq!(f["evidence"]["rst_received"], true, "{f:#}");
 }
 
-/// An IPv6 packet too big for the next link, forwarded by this node: the kernel drops it
-/// and answers with a packet-too-big no tracepoint shows. With nothing dropping that
-/// answer here, PMTUD works: an `info` finding, never "no frag-needed went back".
-#[test]
-fn ipv6_oversize_drop_with_pmtud_working_is_info() {
+/// [`ipv6_topology`] with pod A on IPv6 (`fd00:1::7`) routed through node A to node B's
+/// IPv6 address, node B routing it back (with `back`'s extra route options), and the
+/// link between the nodes at 1400: pod A's full-size packets (its link is 1450) are too
+/// big for it.
+fn pod_a_v6_through_node_a(back: &[&str]) -> Topology {
     let topo = ipv6_topology(None);
     let (pod_a, node_a) = (&topo.pod_a, &topo.node_a);
     cmd::run_in(
@@ -161,13 +164,22 @@ fn ipv6_oversize_drop_with_pmtud_working_is_info() {
             "fd00:1::1",
         ],
     );
-    cmd::run_in(
-        &topo.node_b,
-        &["ip", "-6", "route", "add", "fd00:1::/64", "via", NODE_A_V6],
-    );
+    let mut route = vec!["ip", "-6", "route", "add", "fd00:1::/64", "via", NODE_A_V6];
+    route.extend_from_slice(back);
+    cmd::run_in(&topo.node_b, &route);
     cmd::run_in(node_a, &["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"]);
     cmd::run_in(node_a, &["ip", "link", "set", "ul0", "mtu", "1400"]);
     cmd::run_in(&topo.node_b, &["ip", "link", "set", "ul0", "mtu", "1400"]);
+    topo
+}
+
+/// An IPv6 packet too big for the next link, forwarded by this node: the kernel drops it
+/// and answers with a packet-too-big no tracepoint shows. With nothing dropping that
+/// answer here, PMTUD works: an `info` finding, never "no frag-needed went back".
+#[test]
+fn ipv6_oversize_drop_with_pmtud_working_is_info() {
+    let topo = pod_a_v6_through_node_a(&[]);
+    let pod_a = &topo.pod_a;
     let agent = Agent::start_ready(&topo);
 
     // 1380 bytes of payload + 8 ICMPv6 + 40 IPv6 = 1428: fits the pod (1450), not the
@@ -189,4 +201,134 @@ fn ipv6_oversize_drop_with_pmtud_working_is_info() {
         !field(&f, "summary").contains("no ICMP frag-needed went back"),
         "{f:#}"
     );
+}
+
+/// The IPv6 ClusterIP of the Service without endpoints in the kube-proxy tests.
+const SERVICE_V6: &str = "fd00:96::30";
+
+/// kube-proxy's IPv6 REJECT for a Service without endpoints (`backend`: ip6tables
+/// through it; `None`: nftables' `ip6 kube-proxy`), node A connecting to the ClusterIP:
+/// the Service's layer, as for IPv4, never a firewall.
+fn ipv6_no_endpoints_is_the_service(backend: Option<IptablesBackend>) {
+    let topo = ipv6_topology(None);
+    let vip: Ipv6Addr = SERVICE_V6.parse().unwrap();
+    // The Service range routed towards node B, as a node routes it by default.
+    cmd::run_in(
+        &topo.node_a,
+        &[
+            "ip",
+            "-6",
+            "route",
+            "add",
+            "fd00:96::/112",
+            "via",
+            NODE_B_V6,
+            "dev",
+            "ul0",
+        ],
+    );
+    ok(install_ipv6_no_endpoints(
+        &topo.node_a,
+        backend,
+        "shop/cart:http",
+        vip,
+        80,
+    ));
+    let agent = Agent::start_ready(&topo);
+    let series = r#"node_diag_findings_total{kind="tcp_refused",layer="service",severity="warning",namespace=""}"#;
+
+    let outcome = tcp_connect(&topo.node_a, SocketAddr::new(vip.into(), 80), STEP);
+    assert!(
+        matches!(outcome, ConnectOutcome::Refused),
+        "{backend:?}: {outcome:?}"
+    );
+    let f = agent.wait_finding(
+        |f| field(f, "kind") == "tcp_refused" && field(f, "dst") == SERVICE_V6 && f["dport"] == 80,
+        REFUSED_WITHIN,
+    );
+    assert_shape(&f);
+    assert_eq!(field(&f, "layer"), "service", "{backend:?}: {f:#}");
+    assert_eq!(field(&f, "service"), "shop/cart:http", "{f:#}");
+    assert!(field(&f, "summary").contains("no ready endpoints"), "{f:#}");
+    agent.wait_counter_at_least(series, 1.0, STEP);
+}
+
+#[test]
+fn ipv6_kube_proxy_reject_without_endpoints_is_the_service_ip6tables_nft() {
+    ipv6_no_endpoints_is_the_service(Some(IptablesBackend::Nft));
+}
+
+#[test]
+fn ipv6_kube_proxy_reject_without_endpoints_is_the_service_ip6tables_legacy() {
+    ipv6_no_endpoints_is_the_service(Some(IptablesBackend::Legacy));
+}
+
+#[test]
+fn ipv6_kube_proxy_reject_without_endpoints_is_the_service_nftables() {
+    ipv6_no_endpoints_is_the_service(None);
+}
+
+/// The destination itself answers with ICMPv6 administratively prohibited (firewalld's
+/// reject on the server): its firewall, and the evidence says the destination sent it.
+#[test]
+fn ipv6_admin_prohibited_from_the_destination_is_its_firewall() {
+    let topo = ipv6_topology(Some((8093, "reject with icmpv6 type admin-prohibited")));
+    let agent = Agent::start_ready_watching_icmp(&topo);
+
+    let outcome = tcp_connect(&topo.node_a, node_b(8093), STEP);
+    assert!(
+        matches!(&outcome, ConnectOutcome::Other(e) if e.raw_os_error() == Some(libc::EACCES)),
+        "{outcome:?}"
+    );
+    let f = agent.wait_finding(on_flow("tcp_unreachable", "firewall", 8093), REFUSED_WITHIN);
+    assert_shape(&f);
+    assert_eq!(f["evidence"]["icmp_received_from"], NODE_B_V6, "{f:#}");
+    assert_eq!(f["evidence"]["icmp_from_destination"], true, "{f:#}");
+    assert!(field(&f, "summary").contains("the destination"), "{f:#}");
+}
+
+/// An IPv6 PMTUD black hole made on node A: pod A's full-size segments are too big for
+/// node A's 1400 link to node B (node B's route advertises an MSS for 1500), node A drops
+/// them and sends a packet-too-big, which node A's own output chain drops. No tracepoint
+/// shows an IPv6 packet-too-big being sent: the hook named must still be `output`, where
+/// node A's locally generated ICMPv6 is dropped, not `forward`.
+#[test]
+fn ipv6_packet_too_big_dropped_in_output_names_the_output_hook() {
+    let topo = pod_a_v6_through_node_a(&["advmss", "1440"]);
+    let (pod_a, node_a) = (&topo.pod_a, &topo.node_a);
+    cmd::run_in(node_a, &["nft", "add table inet ndptb"]);
+    cmd::run_in(
+        node_a,
+        &[
+            "nft",
+            "add chain inet ndptb out { type filter hook output priority 0; }",
+        ],
+    );
+    cmd::run_in(
+        node_a,
+        &[
+            "nft",
+            "add rule inet ndptb out icmpv6 type packet-too-big drop",
+        ],
+    );
+    let port = 9004;
+    let _server = TcpServer::start(&topo.node_b, node_b(port), ServerMode::Echo);
+    let agent = Agent::start_ready(&topo);
+
+    let (ns, to) = (pod_a.clone(), node_b(port));
+    let client =
+        std::thread::spawn(move || tcp_request(&ns, to, &vec![0x5a; BULK], Duration::from_secs(8)));
+    let f = agent.wait_finding(
+        |f| {
+            field(f, "kind") == "pmtud_blackhole"
+                && field(f, "dst") == NODE_B_V6
+                && f["dport"] == port
+        },
+        Duration::from_secs(6),
+    );
+    assert_shape(&f);
+    assert_eq!(field(&f, "layer"), "icmp_filtered", "{f:#}");
+    assert_eq!(f["evidence"]["netfilter_hook"], "output", "{f:#}");
+    assert!(field(&f, "summary").contains("output hook"), "{f:#}");
+    let _ = client.join();
 }

@@ -1387,3 +1387,54 @@ fn host_network_connect_dropped_by_output_the_kernel_gives_up_on_is_a_firewall_t
         agent.metrics_text()
     );
 }
+
+/// The destination pod itself rejects with ICMP administratively prohibited (Cilium's
+/// `policyDenyResponse: icmp`, firewalld on the server): a firewall at the destination,
+/// and the evidence says the destination sent it, not a router or filter on the way.
+#[test]
+fn admin_prohibited_sent_by_the_destination_is_its_firewall() {
+    let topo = Topology::new();
+    let port = 9116;
+    let _server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(port), ServerMode::Echo);
+    cmd::run_in(&topo.pod_b, &["nft", "add table inet ndpolicy"]);
+    cmd::run_in(
+        &topo.pod_b,
+        &[
+            "nft",
+            "add chain inet ndpolicy input { type filter hook input priority 0; }",
+        ],
+    );
+    cmd::run_in(
+        &topo.pod_b,
+        &[
+            "nft",
+            &format!(
+                "add rule inet ndpolicy input tcp dport {port} reject with icmp type admin-prohibited"
+            ),
+        ],
+    );
+    let agent = Agent::start_ready_watching_icmp(&topo);
+    let before = agent.counter(r#"node_diag_tcp_connect_failures_total{reason="unreachable"}"#);
+
+    let outcome = tcp_connect(&topo.pod_a, topo.pod_b_addr(port), STEP);
+    assert!(outcome.is_icmp_failure(), "{outcome:?}");
+    let f = agent.wait_finding(
+        kind_on_flow("tcp_unreachable", pods_flow(&topo, port)),
+        Duration::from_secs(1),
+    );
+    assert_shape(&f);
+    assert_layer(&f, "firewall");
+    assert_eq!(f["evidence"]["icmp_received_code"], 13, "{f:#}");
+    assert_eq!(
+        f["evidence"]["icmp_received_from"],
+        topo.pod_b_ip.to_string(),
+        "{f:#}"
+    );
+    assert_eq!(f["evidence"]["icmp_from_destination"], true, "{f:#}");
+    assert!(field(&f, "summary").contains("the destination"), "{f:#}");
+    agent.wait_counter_at_least(
+        r#"node_diag_tcp_connect_failures_total{reason="unreachable"}"#,
+        before + 1.0,
+        STEP,
+    );
+}

@@ -29,6 +29,7 @@
 
 mod blackholes;
 mod conntrack_watch;
+mod drop_sites;
 mod http;
 pub(crate) mod icmp_watch;
 pub(crate) mod metrics;
@@ -236,6 +237,7 @@ struct Agent {
     shared: Arc<Shared>,
     pods: PodsHandle,
     translator: Translator,
+    drop_sites: drop_sites::DropSites,
     names: Names,
     ephemeral_ports: RangeInclusive<u16>,
     verdicts: verdicts::VerdictTracker,
@@ -308,6 +310,7 @@ impl Agent {
             shared,
             pods: crate::pods::watch(opts.cri_socket.clone()).await,
             translator: Translator::start(),
+            drop_sites: drop_sites::DropSites::default(),
             names,
             ephemeral_ports: crate::host_network::local_port_range(),
             verdicts: verdicts::VerdictTracker::default(),
@@ -388,6 +391,7 @@ impl Agent {
     /// resolves the timeout it had been reported as.
     async fn on_event(&mut self, kind: EventKind, ev: Event) {
         let translation = self.translator.translate(&ev, &self.maps).await;
+        let drop_site = self.drop_site(kind, &ev, &translation).await;
         // Whether the evidence window was watched, before this event attaches anything.
         let icmp_watched = self.watch.covers(&ev);
         if self.watch.event(kind, &ev, Instant::now()) {
@@ -400,6 +404,7 @@ impl Agent {
             translation,
             conntrack: self.conntrack.window(&ev, &self.names),
             icmp_watched,
+            drop_site,
         };
         let mut finding = correlate(kind, &ev, &ctx);
         if kind == EventKind::MssShrunk {

@@ -11,7 +11,7 @@ use std::net::{IpAddr, SocketAddr};
 use serde::{Deserialize, Serialize, Serializer};
 
 use super::conntrack::Window;
-use crate::host_network::{Family, Role, UnderlaySource};
+use crate::host_network::{Family, Role, UnderlaySource, drop_site::DropSite};
 
 /// A finding's evidence: one variant per verdict family.
 #[derive(Debug, Clone, PartialEq)]
@@ -175,6 +175,14 @@ pub(crate) struct ConnectEvidence {
     /// An ICMP error that came back from the path.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub(crate) icmp_received: Option<IcmpReceived>,
+    /// The destination itself sent that ICMP error (a policy on the destination
+    /// answering for it: Cilium's `policyDenyResponse`, firewalld).
+    #[serde(skip_serializing_if = "is_false")]
+    pub(crate) icmp_from_destination: bool,
+    /// Where this node discarded the flow's packet, when its drop reason did not say:
+    /// the route or tunnel towards the destination.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub(crate) drop_site: Option<DropSite>,
     /// The namespace's conntrack counters around a netfilter drop of the flow.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub(crate) conntrack: Option<ConntrackEvidence>,

@@ -28,6 +28,7 @@
 
 pub(crate) mod conntrack;
 pub(crate) mod conntrack_stats;
+pub(crate) mod drop_site;
 mod fdb;
 mod interfaces;
 mod inventory;

@@ -6,24 +6,6 @@
 /// 200 ms minimum RTO doubling, the third comes about 1.4 s into the stall.
 pub(crate) const FULLSIZE_RETRANS_THRESHOLD: u32 = 3;
 
-/// Drop reasons whose SYN drops are remembered per flow as timeout evidence.
-pub(crate) const FLOW_DROP_REASONS: &[&str] = &[
-    "NETFILTER_DROP",
-    // eBPF CNIs' and tc policy (Cilium, Calico eBPF, tc filters): firewall evidence too.
-    "TC_INGRESS",
-    "TC_EGRESS",
-    "BPF_CGROUP_EGRESS",
-    "IP_NOROUTE",
-    "IP_INNOROUTES",
-    "IP_OUTNOROUTES",
-    "NEIGH_CREATEFAIL",
-    "NEIGH_FAILED",
-    "NEIGH_QUEUEFULL",
-    "NEIGH_DEAD",
-    "IP_RPFILTER",
-    "PKT_TOO_BIG",
-];
-
 /// One eBPF program and the tracepoint it attaches to.
 pub(crate) struct Hook {
     pub(crate) program: &'static str,

@@ -14,8 +14,8 @@ use tracing::{debug, info, warn};
 
 use super::{
     btf::Btf,
-    ebpf_log,
-    hooks::{FLOW_DROP_REASONS, FULLSIZE_RETRANS_THRESHOLD, HOOKS, Hook},
+    drop_family, ebpf_log,
+    hooks::{FULLSIZE_RETRANS_THRESHOLD, HOOKS, Hook},
     tracefs::{self, DropReasons, Format, TracefsError},
 };
 
@@ -118,7 +118,7 @@ fn prepare(opts: &Options) -> Result<Prepared, LoadError> {
     }
     config.reason_pkt_too_big = drop_reasons.value("PKT_TOO_BIG").unwrap_or(u32::MAX);
     config.reason_netfilter_drop = drop_reasons.value("NETFILTER_DROP").unwrap_or(u32::MAX);
-    for name in FLOW_DROP_REASONS {
+    for name in drop_family::flow_reasons() {
         if let Some(v) = drop_reasons.value(name)
             && v < 256
         {

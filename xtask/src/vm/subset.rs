@@ -51,6 +51,12 @@ pub(super) const KERNEL_SUBSET: &[&str] = &[
     "server_side_resets_aggregate_per_listener",
     "icmp_watched_on_trouble_names_the_sender_from_the_next_failure",
     "host_network_connect_dropped_by_output_the_kernel_gives_up_on_is_a_firewall_timeout",
+    "admin_prohibited_sent_by_the_destination_is_its_firewall",
+    // local_drops
+    "blackhole_route_for_a_pod_block_is_cni_routing",
+    "unreachable_route_for_a_pod_block_is_cni_routing",
+    "prohibit_route_for_a_pod_block_is_cni_routing_not_a_firewall",
+    "vxlan_without_the_peers_fdb_entry_is_cni_routing",
     // storm
     "refused_storm_is_aggregated_in_the_kernel_and_accounted_exactly",
     "resets_whose_error_the_client_takes_at_once_are_each_the_listeners_refusal",
@@ -69,6 +75,11 @@ pub(super) const KERNEL_SUBSET: &[&str] = &[
     "ipv6_admin_prohibited_is_a_firewall",
     "ipv6_closed_port_is_the_listener",
     "ipv6_oversize_drop_with_pmtud_working_is_info",
+    "ipv6_kube_proxy_reject_without_endpoints_is_the_service_ip6tables_nft",
+    "ipv6_kube_proxy_reject_without_endpoints_is_the_service_ip6tables_legacy",
+    "ipv6_kube_proxy_reject_without_endpoints_is_the_service_nftables",
+    "ipv6_admin_prohibited_from_the_destination_is_its_firewall",
+    "ipv6_packet_too_big_dropped_in_output_names_the_output_hook",
     // mtu
     "filtered_frag_needed_is_a_pmtud_black_hole",
     "oversized_pod_mtu_with_icmp_allowed_is_an_oversize_drop_that_recovers",

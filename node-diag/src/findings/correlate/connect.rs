@@ -17,27 +17,12 @@ use crate::{
             IcmpReceived, IcmpSent, IcmpWatch,
         },
     },
-    kernel::event::EventKind,
+    host_network::drop_site::DropSite,
+    kernel::{
+        drop_family::{DropFamily, family},
+        event::EventKind,
+    },
 };
-
-/// Drop reasons that mean a firewall rule on this node discarded the packet.
-const FIREWALL_REASONS: &[&str] = &[
-    "NETFILTER_DROP",
-    "BPF_CGROUP_EGRESS",
-    "TC_EGRESS",
-    "TC_INGRESS",
-];
-/// Drop reasons that mean this node could not route or resolve the next hop.
-const ROUTING_REASONS: &[&str] = &[
-    "IP_NOROUTE",
-    "IP_INNOROUTES",
-    "IP_OUTNOROUTES",
-    "IP_RPFILTER",
-    "NEIGH_CREATEFAIL",
-    "NEIGH_FAILED",
-    "NEIGH_QUEUEFULL",
-    "NEIGH_DEAD",
-];
 
 /// ICMP destination-unreachable codes sent by filters (RFC 1812 administratively prohibited).
 const ICMP_ADMIN_CODES: &[u32] = &icmp::ADMIN_PROHIBITED;
@@ -67,8 +52,59 @@ fn port_unreachable(v6: bool, code: u32) -> bool {
 enum Cause {
     Firewall(String),
     Routing(String),
+    /// The listener's queues on this node were full.
+    Listener(String),
     Conntrack(ConntrackCause, Window),
+    /// This node dropped the packet, for a reason neither the kernel nor the drop's site
+    /// names: not "beyond this node", yet no layer either.
+    Unresolved(String),
     None,
+}
+
+/// What a drop of `reason` (of `family`) on this node says failed the attempt, with the
+/// drop's site where one was looked up; `None` for a family that names no layer.
+fn drop_cause(
+    reason: &str,
+    family: Option<DropFamily>,
+    site: Option<&DropSite>,
+    interface: Option<&str>,
+    dropped: &str,
+) -> Option<Cause> {
+    let on = interface.map(|i| format!(" on {i}")).unwrap_or_default();
+    let route = site.and_then(|s| s.route.as_deref());
+    let discarding = site.and_then(|s| s.route_type.and(s.route.as_deref()));
+    let missing = site.and_then(|s| Some((s.tunnel.as_deref()?, s.missing_fdb_entry.as_deref()?)));
+    Some(match family? {
+        DropFamily::Firewall => Cause::Firewall(format!(
+            "a netfilter/eBPF filter on this node dropped {dropped} ({reason})"
+        )),
+        DropFamily::Listener => Cause::Listener(format!(
+            "the listener's queue on this node is full and the kernel dropped {dropped} ({reason})"
+        )),
+        _ if discarding.is_some() => Cause::Routing(format!(
+            "this node's route `{}` discards it: the kernel dropped {dropped} ({reason})",
+            discarding.unwrap_or_default()
+        )),
+        _ if missing.is_some() => {
+            let (tunnel, entry) = missing.unwrap_or_default();
+            Cause::Routing(format!(
+                "the tunnel {tunnel} has no forwarding (FDB) entry for the next hop ({entry}), so the kernel dropped {dropped} ({reason})"
+            ))
+        }
+        DropFamily::Neighbour => Cause::Routing(format!(
+            "this node could not resolve the next hop's link-layer address and the kernel dropped {dropped}{on} ({reason})"
+        )),
+        DropFamily::Tunnel => Cause::Routing(format!(
+            "the tunnel device{on} had nowhere to send {dropped} ({reason}): no forwarding entry for its destination"
+        )),
+        DropFamily::Routing => Cause::Routing(match route {
+            Some(r) => format!("the kernel dropped {dropped} with {reason}{on} (route `{r}`)"),
+            None => format!("the kernel dropped {dropped} with {reason}{on}"),
+        }),
+        DropFamily::Unspecified => Cause::Unresolved(format!(
+            "this node's kernel dropped {dropped}{on} without naming a reason ({reason}), and no discarding route or tunnel without a forwarding entry explains it"
+        )),
+    })
 }
 
 /// What this node saw of one attempt: the evidence as served, and its reading.
@@ -127,6 +163,29 @@ fn gather(kind: EventKind, ev: &Event, ctx: &Context<'_>) -> Seen {
         icmp_received_from: sender,
     });
     let from = sender.map(|a| format!(" ({a})")).unwrap_or_default();
+    let dst = addr(flow, &flow.daddr);
+    // The destination answered for itself: a policy on it (Cilium's
+    // `policyDenyResponse: icmp`, firewalld's reject), not a router on the way.
+    let from_destination = sender == Some(dst);
+    evidence.icmp_from_destination = from_destination && received.is_some();
+    evidence.drop_site = ctx.drop_site.clone().filter(|s| *s != DropSite::default());
+    let by_drop = drop_reason.as_deref().and_then(|r| {
+        drop_cause(
+            r,
+            family(r),
+            ctx.drop_site.as_ref(),
+            evidence
+                .drop
+                .as_ref()
+                .and_then(|d| d.drop_interface.as_deref()),
+            dropped,
+        )
+    });
+    // A `prohibit` route answers with ICMP administratively prohibited too: routing.
+    let prohibit_route = ctx
+        .drop_site
+        .as_ref()
+        .is_some_and(|s| s.route_type == Some("prohibit"));
     // The namespace's conntrack counters around a netfilter drop of the flow: evidence
     // either way (a table with room is why a rule is blamed).
     let window = drop_reason.as_ref().and_then(|r| {
@@ -144,17 +203,24 @@ fn gather(kind: EventKind, ev: &Event, ctx: &Context<'_>) -> Seen {
         evidence.conntrack_cause = Some(cause);
         Cause::Conntrack(cause, w)
     } else {
-        match (&drop_reason, icmp, received) {
-            (Some(r), _, _) if FIREWALL_REASONS.contains(&r.as_str()) => Cause::Firewall(format!(
-                "a netfilter/eBPF filter on this node dropped {dropped} ({r})"
-            )),
-            (_, Some(i), _) if ICMP_ADMIN_CODES.contains(&i.icmp_code) => Cause::Firewall(format!(
-                "this node answered it with ICMP administratively prohibited (code {})",
-                i.icmp_code
-            )),
-            (Some(r), _, _) if ROUTING_REASONS.contains(&r.as_str()) => {
-                Cause::Routing(format!("the kernel dropped {dropped} with {r}"))
+        match (by_drop, icmp, received) {
+            (Some(c @ Cause::Firewall(_)), _, _) => c,
+            // Before the ICMP sent here: a destination on this node sends its answer from
+            // its own namespace, which the (global) tracepoint shows too.
+            (_, _, Some(r)) if admin_prohibited(v6, r.icmp_code) && from_destination => {
+                Cause::Firewall(format!(
+                    "the destination{from} itself answered it with ICMP{} administratively prohibited (code {}): a policy on the destination (a NetworkPolicy enforced there, firewalld) rejects it",
+                    if v6 { "v6" } else { "" },
+                    r.icmp_code
+                ))
             }
+            (_, Some(i), _) if ICMP_ADMIN_CODES.contains(&i.icmp_code) && !prohibit_route => {
+                Cause::Firewall(format!(
+                    "this node answered it with ICMP administratively prohibited (code {})",
+                    i.icmp_code
+                ))
+            }
+            (Some(c), _, _) if !matches!(c, Cause::Unresolved(_)) => c,
             (_, Some(i), _) => Cause::Routing(format!(
                 "this node answered it with ICMP destination unreachable code {}",
                 i.icmp_code
@@ -173,6 +239,8 @@ fn gather(kind: EventKind, ev: &Event, ctx: &Context<'_>) -> Seen {
                 if v6 { "v6" } else { "" },
                 r.icmp_code
             )),
+            // Last: an ICMP error tells more than a drop nothing explains.
+            (Some(c), _, _) => c,
             _ => Cause::None,
         }
     };
@@ -231,6 +299,11 @@ fn refused(ev: &Event, ctx: &Context<'_>, seen: &Seen) -> Said {
         .icmp_sent_code
         .filter(|c| *c == ICMP_PORT_UNREACH || ICMP_ADMIN_CODES.contains(c));
     let no_endpoints = ctx.translation.without_endpoints();
+    let v6 = ev.flow.family != AF_INET;
+    let admin_received = seen
+        .evidence
+        .icmp_received
+        .is_some_and(|r| admin_prohibited(v6, r.icmp_received_code));
     let (layer, summary, remediation) = match (no_endpoints, rejected_here, &seen.cause) {
         (Some(svc), Some(code @ ICMP_PORT_UNREACH), _) => (
             // kube-proxy's own REJECT for a Service without endpoints: the Service,
@@ -238,6 +311,17 @@ fn refused(ev: &Event, ctx: &Context<'_>, seen: &Seen) -> Said {
             Layer::Service,
             format!(
                 "Connection to {dst}:{dport} was rejected by kube-proxy on this node (ICMP unreachable code {code}): Service {svc} has no ready endpoints."
+            ),
+            service_remediation(svc),
+        ),
+        // The same REJECT over IPv6: ICMPv6 errors this node sends are not traced
+        // (`icmp:icmp_send` is IPv4's), so the refusal without a RST, to a Service
+        // kube-proxy rejects, is its.
+        (Some(svc), None, _) if !seen.rst_received && !admin_received => (
+            Layer::Service,
+            format!(
+                "Connection to {dst}:{dport} was rejected by kube-proxy on this node (an ICMP{} port unreachable, no RST): Service {svc} has no ready endpoints.",
+                if v6 { "v6" } else { "" }
             ),
             service_remediation(svc),
         ),
@@ -309,6 +393,20 @@ fn timeout(kind: EventKind, ev: &Event, seen: &Seen) -> Said {
             format!("Connection to {dst}:{dport} is timing out: {why}."),
             format!(
                 "Check pod routing on the nodes (`ip route get {dst}`, neighbour tables, the CNI agent's health)."
+            ),
+        ),
+        Cause::Listener(why) => (
+            Layer::Listener,
+            format!("Connection to {dst}:{dport} is timing out: {why}."),
+            format!(
+                "The listener on port {dport} does not accept connections fast enough: check the application's accept loop and its backlog (`ss -tln` shows Recv-Q against Send-Q)."
+            ),
+        ),
+        Cause::Unresolved(why) => (
+            Layer::Unknown,
+            format!("Connection to {dst}:{dport} is timing out: {why}."),
+            format!(
+                "Find where this node drops it: `ip route get {dst}` and the tunnels' FDB (`bridge fdb show`), the firewall (`nft list ruleset`), and the drop's kernel location (`perf trace -e skb:kfree_skb`)."
             ),
         ),
         Cause::None => (
@@ -385,6 +483,18 @@ fn unreachable(ev: &Event, seen: &Seen) -> Said {
         Cause::Routing(why) => (
             Layer::CniRouting,
             Severity::Critical,
+            format!("Connection to {dst}:{dport} failed with {errno}: {why}."),
+            check_route(),
+        ),
+        Cause::Listener(why) => (
+            Layer::Listener,
+            Severity::Warning,
+            format!("Connection to {dst}:{dport} failed with {errno}: {why}."),
+            check_route(),
+        ),
+        Cause::Unresolved(why) => (
+            Layer::Unknown,
+            Severity::Warning,
             format!("Connection to {dst}:{dport} failed with {errno}: {why}."),
             check_route(),
         ),
@@ -466,7 +576,10 @@ mod tests {
     use node_diag_common::{event_flag, event_kind};
 
     use super::super::{testkit::*, withdrawn};
-    use crate::findings::{Kind, Layer, Severity};
+    use crate::{
+        findings::{Kind, Layer, Severity},
+        host_network::drop_site::DropSite,
+    };
 
     #[test]
     fn refused_is_the_listener() {
@@ -511,6 +624,82 @@ mod tests {
         let f = run(&ev).unwrap();
         assert_eq!(f.layer, Layer::CniRouting);
         assert!(f.summary.contains("NEIGH_FAILED"));
+    }
+
+    fn blackhole() -> DropSite {
+        DropSite {
+            route: Some("blackhole 10.244.2.0/26".into()),
+            route_type: Some("blackhole"),
+            ..DropSite::default()
+        }
+    }
+
+    #[test]
+    fn unspecified_drop_at_a_blackhole_route_is_cni_routing() {
+        let mut ev = event(event_kind::CONNECT_TIMEOUT, 0);
+        ev.drop = dropped(2, 3, 77, 3);
+        let f = run_at_site(&ev, blackhole()).unwrap();
+        assert_eq!((f.kind, f.layer), (Kind::TcpTimeout, Layer::CniRouting));
+        let e = f.evidence.to_map();
+        assert_eq!(e["route"], "blackhole 10.244.2.0/26");
+        assert_eq!(e["route_type"], "blackhole");
+        assert_eq!(e["drop_reason"], "NOT_SPECIFIED");
+        assert!(!f.summary.contains("left this node"), "{}", f.summary);
+        // Without a site that explains it: no layer, yet not beyond this node.
+        let f = run(&ev).unwrap();
+        assert_eq!(f.layer, Layer::Unknown);
+        assert!(
+            f.summary.contains("this node's kernel dropped"),
+            "{}",
+            f.summary
+        );
+        assert!(!f.summary.contains("left this node"), "{}", f.summary);
+        // An ICMP unreachable this node sent for it tells more than the bare drop.
+        let mut ev = event(event_kind::CONNECT_UNREACHABLE, 113);
+        ev.drop = dropped(2, 1, 77, 3);
+        ev.icmp = icmp_sent_here(1);
+        assert_eq!(run(&ev).unwrap().layer, Layer::CniRouting);
+    }
+
+    #[test]
+    fn a_tunnel_without_a_forwarding_entry_is_cni_routing() {
+        let mut ev = event(event_kind::CONNECT_TIMEOUT, 0);
+        ev.drop = dropped(90, 2, 77, 3);
+        let site = DropSite {
+            route: Some("10.244.2.0/24 via 10.244.2.0 dev flannel.1".into()),
+            tunnel: Some("flannel.1".into()),
+            missing_fdb_entry: Some("02:00:00:00:02:01 for 10.244.2.0".into()),
+            ..DropSite::default()
+        };
+        let f = run_at_site(&ev, site).unwrap();
+        assert_eq!(f.layer, Layer::CniRouting);
+        let e = f.evidence.to_map();
+        assert_eq!(e["tunnel"], "flannel.1");
+        assert_eq!(e["missing_fdb_entry"], "02:00:00:00:02:01 for 10.244.2.0");
+        assert!(f.summary.contains("flannel.1"), "{}", f.summary);
+        // The reason alone still names the layer.
+        assert_eq!(run(&ev).unwrap().layer, Layer::CniRouting);
+    }
+
+    #[test]
+    fn a_full_accept_queue_here_is_the_listener() {
+        let mut ev = event(event_kind::CONNECT_TIMEOUT, 0);
+        ev.drop = dropped(91, 2, 77, 3);
+        assert_eq!(run(&ev).unwrap().layer, Layer::Listener);
+    }
+
+    #[test]
+    fn admin_prohibited_from_the_destination_itself_is_its_firewall() {
+        let mut ev = event(event_kind::CONNECT_UNREACHABLE, 113);
+        ev.icmp_rcvd = icmp_received(13, [10, 244, 2, 9]);
+        let f = run(&ev).unwrap();
+        assert_eq!(f.layer, Layer::Firewall);
+        assert_eq!(f.evidence.to_map()["icmp_from_destination"], true);
+        assert!(f.summary.contains("the destination"), "{}", f.summary);
+        // From a router on the way: not the destination.
+        ev.icmp_rcvd = icmp_received(13, [10, 200, 0, 2]);
+        let f = run(&ev).unwrap();
+        assert!(f.evidence.to_map().get("icmp_from_destination").is_none());
     }
 
     #[test]

@@ -27,7 +27,7 @@ use node_diag_common::{AF_INET, Event, FlowKey, errno};
 
 pub(crate) use self::nat::Translation;
 use super::{Finding, Kind, conntrack::Window, names::Names};
-use crate::kernel::event::EventKind;
+use crate::{host_network::drop_site::DropSite, kernel::event::EventKind};
 
 /// The address as the user knows it: an IPv4-mapped IPv6 address (`::ffff:a.b.c.d`,
 /// what a dual-stack socket connecting to IPv4 holds) is the IPv4 address it maps.
@@ -61,6 +61,9 @@ pub(crate) struct Context<'a> {
     /// throughout the event's evidence window. When not, an event without a received
     /// ICMP error says nothing about whether one came: "unknown", not "none".
     pub(crate) icmp_watched: bool,
+    /// Where the namespace that dropped the event's flow packet discards packets for its
+    /// destination, when the drop's reason needed it (see [`crate::kernel::drop_family`]).
+    pub(crate) drop_site: Option<DropSite>,
 }
 
 /// The finding an event of `kind` makes, if any.

@@ -107,6 +107,36 @@ mod tests {
     }
 
     #[test]
+    fn kube_proxys_ipv6_no_endpoints_reject_is_the_service() {
+        // ip6tables' REJECT (icmp6-port-unreachable) drops the SYN and answers with an
+        // ICMPv6 error this node's tracepoints do not see being sent.
+        let mut ev = event(node_diag_common::event_kind::CONNECT_REFUSED, 111);
+        ev.flow.family = node_diag_common::AF_INET6;
+        ev.flow.daddr = "fd00:96::30"
+            .parse::<std::net::Ipv6Addr>()
+            .unwrap()
+            .octets();
+        ev.drop = dropped(12, 1, 4026532000, 0);
+        let no_endpoints = Translation {
+            service: Some("shop/cart:http".into()),
+            no_endpoints: true,
+            ..Translation::default()
+        };
+        let f = run_translated(&ev, no_endpoints.clone()).unwrap();
+        assert_eq!((f.kind, f.layer), (Kind::TcpRefused, Layer::Service));
+        assert!(
+            f.summary.contains("ICMPv6 port unreachable"),
+            "{}",
+            f.summary
+        );
+        // An ICMPv6 administratively prohibited is a filter's, Service or not.
+        ev.icmp_rcvd = icmp_received(1, [0; 4]);
+        ev.icmp_rcvd.from = [0; 16];
+        let f = run_translated(&ev, no_endpoints).unwrap();
+        assert_eq!(f.layer, Layer::Firewall);
+    }
+
+    #[test]
     fn a_reject_for_a_service_with_endpoints_stays_the_firewall() {
         // A NetworkPolicy or host firewall rejecting a Service that has endpoints.
         let f = run_translated(

@@ -130,8 +130,12 @@ pub(super) fn pmtud_stall(ev: &Event, ctx: &Context<'_>) -> Finding {
     };
     let why = if ev.frag_dropped.count > 0 {
         // A frag-needed this node generated is dropped on its way out; one it forwards
-        // is dropped in forward (or input, when addressed to the node itself).
-        let hook = if generated_here {
+        // is dropped in forward (or input, when addressed to the node itself). No
+        // tracepoint shows an IPv6 packet-too-big being sent, but this node sends one
+        // for each of its own oversize drops of the flow: with those, the one dropped
+        // was its own.
+        let v6 = flow.family != AF_INET;
+        let hook = if generated_here || (v6 && ev.drop.count > 0) {
             NetfilterHook::Output
         } else {
             NetfilterHook::Forward
@@ -330,6 +334,21 @@ mod tests {
         assert_eq!(f.evidence.to_map()["netfilter_hook"], "output");
         assert_eq!(f.evidence.to_map()["frag_needed_dropped"], 4);
         assert!(f.remediation.contains("tcp_mtu_probing=1"));
+    }
+
+    #[test]
+    fn ipv6_packet_too_big_of_this_nodes_own_drops_is_dropped_in_output() {
+        let mut ev = event(event_kind::PMTUD_STALL, 0);
+        ev.flow.family = node_diag_common::AF_INET6;
+        ev.retrans = 3;
+        ev.drop = dropped(12, 3, 77, 3);
+        ev.frag_dropped = dropped(12, 3, 77, 0);
+        let f = run(&ev).unwrap();
+        assert_eq!(f.evidence.to_map()["netfilter_hook"], "output");
+        // Without oversize drops here the packet-too-big came from beyond: forwarded.
+        ev.drop = Default::default();
+        let f = run(&ev).unwrap();
+        assert_eq!(f.evidence.to_map()["netfilter_hook"], "forward");
     }
 
     #[test]

@@ -9,7 +9,7 @@ pub(super) use super::super::fixtures::event;
 use super::{Context, Translation, correlate};
 use crate::{
     findings::{Finding, conntrack::Window, names::Names},
-    host_network::conntrack_stats::ConntrackStats,
+    host_network::{conntrack_stats::ConntrackStats, drop_site::DropSite},
     kernel::{
         event::EventKind,
         tracefs::{DropReasons, Format},
@@ -22,7 +22,8 @@ pub(super) fn kind_of(ev: &Event) -> EventKind {
 }
 
 /// A drop of a flow packet with `reason` (by this test kernel's numbers: 12
-/// `NETFILTER_DROP`, 58 `NEIGH_FAILED`, 88 `IP_INNOROUTES`), `count` times, in `netns`
+/// `NETFILTER_DROP`, 58 `NEIGH_FAILED`, 88 `IP_INNOROUTES`, 2 `NOT_SPECIFIED`, 90
+/// `NO_TX_TARGET`, 91 `TCP_LISTEN_OVERFLOW`), `count` times, in `netns`
 /// on `ifindex` (3 is `vpod0`).
 pub(super) fn dropped(reason: u32, count: u32, netns: u32, ifindex: u32) -> DropInfo {
     DropInfo {
@@ -50,7 +51,7 @@ pub(super) fn frag_needed_sent(count: u32, mtu: u32) -> IcmpInfo {
 pub(super) fn reasons() -> DropReasons {
     DropReasons::from_format(&Format::parse(
         "skb:kfree_skb",
-        r#"print fmt: "reason: %s", __print_symbolic(REC->reason, { 2, "NOT_SPECIFIED" }, { 12, "NETFILTER_DROP" }, { 88, "IP_INNOROUTES" }, { 58, "NEIGH_FAILED" })"#,
+        r#"print fmt: "reason: %s", __print_symbolic(REC->reason, { 2, "NOT_SPECIFIED" }, { 12, "NETFILTER_DROP" }, { 88, "IP_INNOROUTES" }, { 58, "NEIGH_FAILED" }, { 90, "NO_TX_TARGET" }, { 91, "TCP_LISTEN_OVERFLOW" })"#,
     ))
 }
 
@@ -98,11 +99,17 @@ pub(super) fn run_ctx(
     conntrack: Option<Window>,
     icmp_watched: bool,
 ) -> Option<Finding> {
-    correlate_in(ev, Translation::default(), conntrack, icmp_watched)
+    correlate_in(ev, Translation::default(), conntrack, icmp_watched, None)
 }
 
 pub(super) fn run_translated(ev: &Event, translation: Translation) -> Option<Finding> {
-    correlate_in(ev, translation, None, true)
+    correlate_in(ev, translation, None, true, None)
+}
+
+/// As the agent correlates `ev` whose drop's namespace discards its destination as
+/// `site` says.
+pub(super) fn run_at_site(ev: &Event, site: DropSite) -> Option<Finding> {
+    correlate_in(ev, Translation::default(), None, true, Some(site))
 }
 
 /// As the agent correlates `ev`, at the epoch, with ifindex 3 named `vpod0`.
@@ -111,6 +118,7 @@ fn correlate_in(
     translation: Translation,
     conntrack: Option<Window>,
     icmp_watched: bool,
+    drop_site: Option<DropSite>,
 ) -> Option<Finding> {
     let names = Names::new(reasons(), |_, i| (i == 3).then(|| "vpod0".to_string()));
     correlate(
@@ -123,6 +131,7 @@ fn correlate_in(
             translation,
             conntrack,
             icmp_watched,
+            drop_site,
         },
     )
 }
