@@ -57,10 +57,11 @@ pub(crate) fn text_line(f: &Finding) -> String {
         (Some(p), Some(q)) => format!(" pod={p} peer_pod={q}"),
     };
     let iface = format!("{iface}{pods}");
-    if f.status == Status::Resolved {
+    if f.status != Status::Active {
         return format!(
-            "{} RESOLVED {} layer={}{}{}: {}",
+            "{} {} {} layer={}{}{}: {}",
             f.resolved_at.as_deref().unwrap_or(&f.last_seen),
+            f.status.as_str().to_uppercase(),
             f.kind,
             f.layer,
             iface,
@@ -118,5 +119,13 @@ mod tests {
         f.status = Status::Resolved;
         f.resolved_at = Some("later".into());
         assert!(text_line(&f).starts_with("later RESOLVED tcp_refused"));
+    }
+
+    #[test]
+    fn superseded_line_says_superseded() {
+        let mut f = refused(4000);
+        f.status = Status::Superseded;
+        f.resolved_at = Some("later".into());
+        assert!(text_line(&f).starts_with("later SUPERSEDED tcp_refused"));
     }
 }

@@ -83,7 +83,7 @@ impl Store {
             agg.evidence = finding.evidence;
             agg.summary = finding.summary;
             agg.severity = finding.severity;
-            let reopened = agg.status == Status::Resolved;
+            let reopened = agg.status != Status::Active;
             agg.status = Status::Active;
             agg.resolved_at = None;
             if reopened || now.duration_since(entry.printed_at) >= self.repeat_interval {
@@ -169,12 +169,31 @@ impl Store {
         gone: impl Fn(&Finding) -> bool,
         now: SystemTime,
     ) -> Vec<Finding> {
+        self.end(Status::Resolved, gone, now)
+    }
+
+    /// Marks the active findings matching `replaced` superseded (a later verdict on the
+    /// same attempt replaces them) and returns them.
+    pub(crate) fn supersede(
+        &mut self,
+        replaced: impl Fn(&Finding) -> bool,
+        now: SystemTime,
+    ) -> Vec<Finding> {
+        self.end(Status::Superseded, replaced, now)
+    }
+
+    fn end(
+        &mut self,
+        status: Status,
+        matches: impl Fn(&Finding) -> bool,
+        now: SystemTime,
+    ) -> Vec<Finding> {
         let stamp = rfc3339(now);
         self.list
             .iter_mut()
-            .filter(|e| e.finding.status == Status::Active && gone(&e.finding))
+            .filter(|e| e.finding.status == Status::Active && matches(&e.finding))
             .map(|e| {
-                e.finding.status = Status::Resolved;
+                e.finding.status = status;
                 e.finding.resolved_at = Some(stamp.clone());
                 e.finding.clone()
             })
@@ -326,6 +345,23 @@ mod tests {
                 .is_empty()
         );
         assert_eq!(store.all().len(), 2);
+    }
+
+    #[test]
+    fn a_superseded_finding_is_ended_once_and_reopened_by_a_new_occurrence() {
+        let mut store = Store::new(Duration::from_secs(10), 16);
+        let now = Instant::now();
+        let t = SystemTime::UNIX_EPOCH;
+        store.record(refused(1), now);
+        let ended = store.supersede(|f| f.kind == Kind::TcpRefused, t);
+        assert_eq!(ended.len(), 1);
+        assert_eq!(ended[0].status, Status::Superseded);
+        assert!(ended[0].resolved_at.is_some());
+        assert!(store.supersede(|_| true, t).is_empty(), "ended once");
+        assert!(store.resolve(|_| true, t).is_empty(), "not resolved after");
+        let again = store.record(refused(2), now).expect("printed at once");
+        assert_eq!(again.status, Status::Active);
+        assert_eq!(again.count, 2);
     }
 
     #[test]
