@@ -72,7 +72,7 @@ use crate::{
         correlate::{
             Context, addr, correlate,
             path::{PathVerdict, settled_here, withdraws},
-            withdrawn,
+            superseded, withdrawn,
         },
         names::Names,
     },
@@ -385,7 +385,8 @@ impl Agent {
     }
 
     /// A kernel verdict: judged, its pods named, counted and recorded; a late success
-    /// resolves the timeout it had been reported as.
+    /// resolves the timeout it had been reported as, and a refusal or unreachable ending
+    /// that attempt supersedes it.
     async fn on_event(&mut self, kind: EventKind, ev: Event) {
         let translation = self.translator.translate(&ev, &self.maps).await;
         // Whether the evidence window was watched, before this event attaches anything.
@@ -429,7 +430,21 @@ impl Agent {
                     .metrics()
                     .conntrack_drops(cause.as_str(), ev.drop.count);
             }
-            self.record(finding);
+            match superseded(kind, &ev) {
+                Some(w) => {
+                    // The attempt's last word: its timeout is withdrawn, and the attempt
+                    // stays counted once, as that timeout.
+                    let ended = self
+                        .shared
+                        .store()
+                        .supersede(|f| w.covers(f), SystemTime::now());
+                    for f in ended {
+                        print_finding(&f, self.opts.format);
+                    }
+                    self.keep(finding);
+                }
+                None => self.record(finding),
+            }
         } else if !made && let Some(w) = withdrawn(kind, &ev) {
             // The connect that was timing out got through: a slow listener or a
             // transient drop, not a standing failure.
@@ -596,6 +611,12 @@ impl Agent {
             return;
         }
         self.shared.metrics().finding(&finding);
+        self.keep(finding);
+    }
+
+    /// Stores and prints a finding without counting it in `node_diag_findings_total`
+    /// (the verdict superseding a timeout: its attempt was counted as that timeout).
+    fn keep(&self, finding: Finding) {
         let printed = self.shared.store().record(finding, Instant::now());
         if let Some(f) = printed {
             print_finding(&f, self.opts.format);
