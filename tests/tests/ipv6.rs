@@ -7,8 +7,10 @@
 //! `cargo test -p node-diag-tests --test ipv6 -- --test-threads=1`.
 
 use std::net::{Ipv6Addr, SocketAddr};
-use std::time::Duration;
+use std::thread;
+use std::time::{Duration, Instant};
 
+use node_diag_testbed::metrics::parse_exposition;
 use node_diag_tests::finding::{assert_shape, field};
 use node_diag_tests::{Agent, ConnectOutcome, Topology, cmd, tcp_connect};
 use serde_json::Value;
@@ -21,25 +23,13 @@ const STEP: Duration = Duration::from_secs(3);
 
 const REFUSED: &str = r#"node_diag_tcp_connect_failures_total{reason="refused"}"#;
 const UNREACHABLE: &str = r#"node_diag_tcp_connect_failures_total{reason="unreachable"}"#;
+const TIMEOUT: &str = r#"node_diag_tcp_connect_failures_total{reason="timeout"}"#;
 
 /// Node A and node B on an IPv6 subnet over the underlay veth; node B rejects
 /// connections from node A to `port` with `reject_with` (an nft reject statement).
 fn ipv6_topology(reject: Option<(u16, &str)>) -> Topology {
     let topo = Topology::new();
-    for (node, addr) in [(&topo.node_a, NODE_A_V6), (&topo.node_b, NODE_B_V6)] {
-        cmd::run_in(
-            node,
-            &[
-                "ip",
-                "addr",
-                "add",
-                &format!("{addr}/64"),
-                "dev",
-                "ul0",
-                "nodad",
-            ],
-        );
-    }
+    add_v6_addresses(&topo);
     // The first packet waits for neighbour discovery: make sure the path is up before a
     // test's connect, so its outcome is the rule's and not a startup race.
     let reachable = (0..50).any(|_| {
@@ -73,6 +63,24 @@ fn ipv6_topology(reject: Option<(u16, &str)>) -> Topology {
         );
     }
     topo
+}
+
+/// Node A's and node B's IPv6 addresses on the underlay, nothing sent between them yet.
+fn add_v6_addresses(topo: &Topology) {
+    for (node, addr) in [(&topo.node_a, NODE_A_V6), (&topo.node_b, NODE_B_V6)] {
+        cmd::run_in(
+            node,
+            &[
+                "ip",
+                "addr",
+                "add",
+                &format!("{addr}/64"),
+                "dev",
+                "ul0",
+                "nodad",
+            ],
+        );
+    }
 }
 
 fn node_b(port: u16) -> SocketAddr {
@@ -189,4 +197,163 @@ fn ipv6_oversize_drop_with_pmtud_working_is_info() {
         !field(&f, "summary").contains("no ICMP frag-needed went back"),
         "{f:#}"
     );
+}
+
+/// Connect failures as the two contract counters count them: the sum of
+/// `node_diag_tcp_connect_failures_total` over its reasons, and of
+/// `node_diag_findings_total` over the connect kinds.
+fn connect_failures_counted(agent: &Agent) -> (f64, f64) {
+    let samples = parse_exposition(&agent.metrics_text()).expect("/metrics parses");
+    let sum = |name: &str, keep: &dyn Fn(&str) -> bool| -> f64 {
+        samples
+            .iter()
+            .filter(|s| s.name == name && keep(s.labels.get("kind").map_or("", |k| k)))
+            .map(|s| s.value)
+            .sum()
+    };
+    (
+        sum("node_diag_tcp_connect_failures_total", &|_| true),
+        sum("node_diag_findings_total", &|kind| {
+            ["tcp_timeout", "tcp_refused", "tcp_unreachable"].contains(&kind)
+        }),
+    )
+}
+
+/// A connect from node A to `dst:port` in the background.
+fn connect_in_background(
+    topo: &Topology,
+    dst: &str,
+    port: u16,
+) -> thread::JoinHandle<ConnectOutcome> {
+    let (ns, addr) = (
+        topo.node_a.clone(),
+        SocketAddr::new(dst.parse::<Ipv6Addr>().unwrap().into(), port),
+    );
+    thread::spawn(move || tcp_connect(&ns, addr, Duration::from_secs(12)))
+}
+
+/// One attempt's verdicts after it ended: its timeout printed again as superseded, no
+/// timeout left active on `/findings`, `last` the only active finding of the flow, and
+/// the attempt counted once (as the timeout it was first reported as) in both counters.
+fn assert_one_verdict(agent: &Agent, dst: &str, port: u16, last: &Value, before: (f64, f64)) {
+    let on = |f: &Value| field(f, "dst") == dst && f["dport"] == port;
+    let superseded = agent.wait_finding(
+        |f| on(f) && field(f, "kind") == "tcp_timeout" && field(f, "status") == "superseded",
+        STEP,
+    );
+    assert!(superseded["resolved_at"].is_string(), "{superseded:#}");
+    let active: Vec<Value> = agent
+        .findings_endpoint()
+        .into_iter()
+        .filter(|f| on(f) && field(f, "status") == "active")
+        .collect();
+    assert_eq!(active.len(), 1, "one verdict for one attempt: {active:#?}");
+    assert_eq!(active[0]["kind"], last["kind"], "{active:#?}");
+    assert_eq!(active[0]["layer"], last["layer"], "{active:#?}");
+    // The counters are synced on the agent's 500 ms tick.
+    agent.wait_counter_at_least(TIMEOUT, 1.0, STEP);
+    thread::sleep(Duration::from_millis(1500));
+    let after = connect_failures_counted(agent);
+    assert_eq!(
+        (after.0 - before.0, after.1 - before.1),
+        (1.0, 1.0),
+        "one attempt counted once\n{}",
+        agent.metrics_text()
+    );
+}
+
+/// The first connect to a new neighbour: node B ignores neighbour solicitations for the
+/// first seconds, so the SYN and its retransmits wait on neighbour discovery past the
+/// timeout threshold; then discovery completes, the queued SYNs go out and node B's
+/// kernel refuses them (no listener). One attempt, one verdict: the listener's; the
+/// timeout is withdrawn as superseded.
+#[test]
+fn ipv6_refusal_delayed_by_neighbour_discovery_is_one_listener_verdict() {
+    let topo = Topology::new();
+    add_v6_addresses(&topo);
+    // Node A keeps soliciting while node B is deaf (15 probes, a second apart).
+    cmd::run_in(
+        &topo.node_a,
+        &["sysctl", "-qw", "net.ipv6.neigh.ul0.mcast_solicit=15"],
+    );
+    cmd::run_in(&topo.node_b, &["nft", "add table ip6 ndv6deaf"]);
+    cmd::run_in(
+        &topo.node_b,
+        &[
+            "nft",
+            "add chain ip6 ndv6deaf input { type filter hook input priority 0; }",
+        ],
+    );
+    cmd::run_in(
+        &topo.node_b,
+        &[
+            "nft",
+            "add rule ip6 ndv6deaf input icmpv6 type nd-neighbor-solicit drop",
+        ],
+    );
+    let agent = Agent::start_ready(&topo);
+    let before = connect_failures_counted(&agent);
+    let port = 8093;
+
+    let start = Instant::now();
+    let client = connect_in_background(&topo, NODE_B_V6, port);
+    // The second SYN retransmit, at about 3 s, makes it a timeout.
+    let timeout = agent.wait_finding(
+        |f| {
+            field(f, "kind") == "tcp_timeout"
+                && field(f, "dst") == NODE_B_V6
+                && f["dport"] == port
+                && field(f, "status") == "active"
+        },
+        Duration::from_millis(4500),
+    );
+    assert!(start.elapsed() >= Duration::from_secs(2), "{timeout:#}");
+    cmd::run_in(&topo.node_b, &["nft", "delete table ip6 ndv6deaf"]);
+    let outcome = client.join().expect("client thread");
+    assert!(matches!(outcome, ConnectOutcome::Refused), "{outcome:?}");
+
+    let refused = agent.wait_finding(on_flow("tcp_refused", "listener", port), STEP);
+    assert_shape(&refused);
+    assert_eq!(refused["evidence"]["rst_received"], true, "{refused:#}");
+    assert_one_verdict(&agent, NODE_B_V6, port, &refused, before);
+    agent.expect_no_finding(on_flow("tcp_refused", "firewall", port), Duration::ZERO);
+}
+
+/// A connect to an address on node A's subnet that nobody holds: neighbour discovery
+/// fails after the SYN was retransmitted past the timeout threshold, and the kernel fails
+/// the connect with EHOSTUNREACH. One verdict: unreachable, routing; the timeout is
+/// withdrawn as superseded.
+#[test]
+fn ipv6_failed_neighbour_connect_is_one_unreachable_verdict() {
+    let topo = Topology::new();
+    add_v6_addresses(&topo);
+    // Discovery gives up after 5 probes, a second apart: after the timeout at ~3 s.
+    cmd::run_in(
+        &topo.node_a,
+        &["sysctl", "-qw", "net.ipv6.neigh.ul0.mcast_solicit=5"],
+    );
+    // ICMP watched from the start: the address unreachable this node answers its own
+    // failed discovery with is then seen, and names routing.
+    let agent = Agent::start_ready_watching_icmp(&topo);
+    let before = connect_failures_counted(&agent);
+    let (dst, port) = ("fd00:200::9", 8094);
+    let on = |kind: &'static str| {
+        move |f: &Value| field(f, "kind") == kind && field(f, "dst") == dst && f["dport"] == port
+    };
+
+    let client = connect_in_background(&topo, dst, port);
+    agent.wait_finding(
+        |f| on("tcp_timeout")(f) && field(f, "status") == "active",
+        Duration::from_millis(4500),
+    );
+    let outcome = client.join().expect("client thread");
+    assert!(outcome.is_icmp_failure(), "{outcome:?}");
+    let unreachable = agent.wait_finding(on("tcp_unreachable"), STEP);
+    assert_shape(&unreachable);
+    assert_eq!(
+        field(&unreachable, "layer"),
+        "cni_routing",
+        "{unreachable:#}"
+    );
+    assert_one_verdict(&agent, dst, port, &unreachable, before);
 }

@@ -67,6 +67,8 @@ pub(super) const KERNEL_SUBSET: &[&str] = &[
     "ipv6_admin_prohibited_is_a_firewall",
     "ipv6_closed_port_is_the_listener",
     "ipv6_oversize_drop_with_pmtud_working_is_info",
+    "ipv6_refusal_delayed_by_neighbour_discovery_is_one_listener_verdict",
+    "ipv6_failed_neighbour_connect_is_one_unreachable_verdict",
     // mtu
     "filtered_frag_needed_is_a_pmtud_black_hole",
     "oversized_pod_mtu_with_icmp_allowed_is_an_oversize_drop_that_recovers",
