@@ -543,14 +543,17 @@ impl Agent {
         self.record(f);
     }
 
-    /// A link came, went or changed: the MTU model, and the classifier's interfaces.
+    /// A link came, went or changed: the scope first (a new pod's veth brings its
+    /// namespace in before its first connect, not at the next refresh), then the MTU
+    /// model and the classifier's interfaces.
     async fn on_link_change(&mut self) {
+        let node = self.refresh_namespaces();
         self.refresh_mtu().await;
         if let Some(tc) = self.tc.as_mut().filter(|_| self.watch.keeps_attached()) {
             follow_interfaces(
                 tc,
                 &mut self.loaded.ebpf,
-                None,
+                node.as_ref(),
                 &mut self.watch,
                 monotonic_ns(),
             );
