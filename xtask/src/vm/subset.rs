@@ -37,6 +37,7 @@ pub(super) const KERNEL_SUBSET: &[&str] = &[
     "missing_pod_route_is_a_cni_routing_problem",
     "sigterm_exits_cleanly_and_detaches",
     "drop_beyond_this_node_is_a_timeout_of_unknown_layer",
+    "pods_refused_half_a_second_after_their_veth_appears_are_each_reported",
     "doctor_has_every_program_accepted_and_reads_as_this_kernel_allows",
     // verdicts
     "dead_peer_bulk_transfer_is_a_stall_not_a_black_hole",
