@@ -114,18 +114,19 @@ mod tests {
     }
 
     #[test]
-    fn resolved_line_says_resolved() {
-        let mut f = refused(4000);
-        f.status = Status::Resolved;
-        f.resolved_at = Some("later".into());
-        assert!(text_line(&f).starts_with("later RESOLVED tcp_refused"));
-    }
-
-    #[test]
-    fn superseded_line_says_superseded() {
-        let mut f = refused(4000);
-        f.status = Status::Superseded;
-        f.resolved_at = Some("later".into());
-        assert!(text_line(&f).starts_with("later SUPERSEDED tcp_refused"));
+    fn an_ended_line_says_how_it_ended() {
+        for (status, word) in [
+            (Status::Resolved, "RESOLVED"),
+            (Status::Superseded, "SUPERSEDED"),
+        ] {
+            let mut f = refused(4000);
+            f.status = status;
+            f.resolved_at = Some("later".into());
+            let line = text_line(&f);
+            assert!(
+                line.starts_with(&format!("later {word} tcp_refused")),
+                "{line}"
+            );
+        }
     }
 }

@@ -219,6 +219,22 @@ fn connect_failures_counted(agent: &Agent) -> (f64, f64) {
     )
 }
 
+/// Node A and node B with IPv6 addresses and no neighbour entry for each other (the
+/// first packet waits on discovery); node A sends `solicitations` before giving up.
+fn fresh_v6_topology(solicitations: u32) -> Topology {
+    let topo = Topology::new();
+    add_v6_addresses(&topo);
+    cmd::run_in(
+        &topo.node_a,
+        &[
+            "sysctl",
+            "-qw",
+            &format!("net.ipv6.neigh.ul0.mcast_solicit={solicitations}"),
+        ],
+    );
+    topo
+}
+
 /// A connect from node A to `dst:port` in the background.
 fn connect_in_background(
     topo: &Topology,
@@ -269,13 +285,8 @@ fn assert_one_verdict(agent: &Agent, dst: &str, port: u16, last: &Value, before:
 /// timeout is withdrawn as superseded.
 #[test]
 fn ipv6_refusal_delayed_by_neighbour_discovery_is_one_listener_verdict() {
-    let topo = Topology::new();
-    add_v6_addresses(&topo);
     // Node A keeps soliciting while node B is deaf (15 probes, a second apart).
-    cmd::run_in(
-        &topo.node_a,
-        &["sysctl", "-qw", "net.ipv6.neigh.ul0.mcast_solicit=15"],
-    );
+    let topo = fresh_v6_topology(15);
     cmd::run_in(&topo.node_b, &["nft", "add table ip6 ndv6deaf"]);
     cmd::run_in(
         &topo.node_b,
@@ -325,13 +336,8 @@ fn ipv6_refusal_delayed_by_neighbour_discovery_is_one_listener_verdict() {
 /// withdrawn as superseded.
 #[test]
 fn ipv6_failed_neighbour_connect_is_one_unreachable_verdict() {
-    let topo = Topology::new();
-    add_v6_addresses(&topo);
     // Discovery gives up after 5 probes, a second apart: after the timeout at ~3 s.
-    cmd::run_in(
-        &topo.node_a,
-        &["sysctl", "-qw", "net.ipv6.neigh.ul0.mcast_solicit=5"],
-    );
+    let topo = fresh_v6_topology(5);
     // ICMP watched from the start: the address unreachable this node answers its own
     // failed discovery with is then seen, and names routing.
     let agent = Agent::start_ready_watching_icmp(&topo);

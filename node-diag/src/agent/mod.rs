@@ -68,9 +68,9 @@ use self::{
 };
 use crate::{
     findings::{
-        Finding, Kind, Layer, Store,
+        Finding, Kind, Layer, Status, Store,
         correlate::{
-            Context, addr, correlate,
+            Context, Withdrawal, addr, correlate,
             path::{PathVerdict, settled_here, withdraws},
             superseded, withdrawn,
         },
@@ -434,13 +434,7 @@ impl Agent {
                 Some(w) => {
                     // The attempt's last word: its timeout is withdrawn, and the attempt
                     // stays counted once, as that timeout.
-                    let ended = self
-                        .shared
-                        .store()
-                        .supersede(|f| w.covers(f), SystemTime::now());
-                    for f in ended {
-                        print_finding(&f, self.opts.format);
-                    }
+                    self.withdraw(w, Status::Superseded);
                     self.keep(finding);
                 }
                 None => self.record(finding),
@@ -448,13 +442,18 @@ impl Agent {
         } else if !made && let Some(w) = withdrawn(kind, &ev) {
             // The connect that was timing out got through: a slow listener or a
             // transient drop, not a standing failure.
-            let resolved = self
-                .shared
-                .store()
-                .resolve(|f| w.covers(f), SystemTime::now());
-            for f in resolved {
-                print_finding(&f, self.opts.format);
-            }
+            self.withdraw(w, Status::Resolved);
+        }
+    }
+
+    /// Ends the findings `w` covers with `status` and prints them again.
+    fn withdraw(&self, w: Withdrawal, status: Status) {
+        let ended = self
+            .shared
+            .store()
+            .end_as(status, |f| w.covers(f), SystemTime::now());
+        for f in ended {
+            print_finding(&f, self.opts.format);
         }
     }
 

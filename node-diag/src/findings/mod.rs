@@ -199,7 +199,7 @@ pub(crate) struct Finding {
     pub(crate) last_seen: String,
     /// `resolved` once the condition went away (see [`store::Store::resolve`]),
     /// `superseded` once a later verdict on the same attempt replaced it
-    /// ([`store::Store::supersede`]).
+    /// ([`store::Store::end_as`]).
     #[serde(default)]
     pub(crate) status: Status,
     /// When it stopped being active (resolved or superseded).

@@ -169,29 +169,21 @@ impl Store {
         gone: impl Fn(&Finding) -> bool,
         now: SystemTime,
     ) -> Vec<Finding> {
-        self.end(Status::Resolved, gone, now)
+        self.end_as(Status::Resolved, gone, now)
     }
 
-    /// Marks the active findings matching `replaced` superseded (a later verdict on the
-    /// same attempt replaces them) and returns them.
-    pub(crate) fn supersede(
-        &mut self,
-        replaced: impl Fn(&Finding) -> bool,
-        now: SystemTime,
-    ) -> Vec<Finding> {
-        self.end(Status::Superseded, replaced, now)
-    }
-
-    fn end(
+    /// Ends the active findings matching `ended` with `status`: resolved (gone), or
+    /// superseded (a later verdict on the same attempt replaces them). Returns them.
+    pub(crate) fn end_as(
         &mut self,
         status: Status,
-        matches: impl Fn(&Finding) -> bool,
+        ended: impl Fn(&Finding) -> bool,
         now: SystemTime,
     ) -> Vec<Finding> {
         let stamp = rfc3339(now);
         self.list
             .iter_mut()
-            .filter(|e| e.finding.status == Status::Active && matches(&e.finding))
+            .filter(|e| e.finding.status == Status::Active && ended(&e.finding))
             .map(|e| {
                 e.finding.status = status;
                 e.finding.resolved_at = Some(stamp.clone());
@@ -353,11 +345,14 @@ mod tests {
         let now = Instant::now();
         let t = SystemTime::UNIX_EPOCH;
         store.record(refused(1), now);
-        let ended = store.supersede(|f| f.kind == Kind::TcpRefused, t);
+        let ended = store.end_as(Status::Superseded, |f| f.kind == Kind::TcpRefused, t);
         assert_eq!(ended.len(), 1);
         assert_eq!(ended[0].status, Status::Superseded);
         assert!(ended[0].resolved_at.is_some());
-        assert!(store.supersede(|_| true, t).is_empty(), "ended once");
+        assert!(
+            store.end_as(Status::Superseded, |_| true, t).is_empty(),
+            "ended once"
+        );
         assert!(store.resolve(|_| true, t).is_empty(), "not resolved after");
         let again = store.record(refused(2), now).expect("printed at once");
         assert_eq!(again.status, Status::Active);
