@@ -71,7 +71,7 @@ use crate::{
         Finding, Kind, Layer, Status, Store,
         correlate::{
             Context, Withdrawal, addr, correlate,
-            path::{PathVerdict, settled_here, withdraws},
+            path::{PathVerdict, settled_here, withdrawn_meanwhile, withdraws},
             superseded, withdrawn,
         },
         names::Names,
@@ -516,14 +516,13 @@ impl Agent {
         let Some((original, verdict)) = self.path_probes.verdict(done) else {
             return;
         };
-        if self
-            .shared
-            .store()
-            .all()
-            .iter()
-            .any(|s| settled_here(&original, s))
-        {
+        let stored = self.shared.store().all();
+        if stored.iter().any(|s| settled_here(&original, s)) {
             debug!(dst = ?original.dst, dport = ?original.dport, "path probe dropped: the kernel's black hole stands");
+            return;
+        }
+        if stored.iter().any(|s| withdrawn_meanwhile(&original, s)) {
+            debug!(dst = ?original.dst, dport = ?original.dport, "path probe dropped: the timeout was withdrawn meanwhile");
             return;
         }
         let f = match verdict {
