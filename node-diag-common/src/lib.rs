@@ -211,6 +211,10 @@ pub mod event_flag {
     /// The connecting socket received a RST: the peer (or a device resetting on its
     /// behalf) answered the SYN, as opposed to an ICMP error.
     pub const RST_RECEIVED: u32 = 1;
+    /// The attempt had been reported as timing out (`CONNECT_TIMEOUT`): this verdict is
+    /// its last word and supersedes that one. Counted already, as the timeout, so the
+    /// kernel counters leave it out; never aggregated, so the agent sees each one.
+    pub const AFTER_TIMEOUT: u32 = 2;
 }
 
 /// Whether verdicts of `kind` are aggregated in [`MAP_VERDICT_AGG`]: the connect

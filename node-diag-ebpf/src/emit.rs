@@ -238,7 +238,9 @@ pub fn emit<C: EbpfContext>(
     let mut agg = Aggregated::Plain;
     let mut cpu = 0;
     let quiet = extra.quiet && !mtu_verdict;
-    if aggregated_kind(kind) {
+    // A verdict superseding a timeout is rare and the agent must see each one to withdraw
+    // the timeout: never aggregated.
+    if aggregated_kind(kind) && extra.flags & event_flag::AFTER_TIMEOUT == 0 {
         // SAFETY: only the timestamps, types and codes are read, at once.
         let (sent, rcvd) = if quiet {
             ((0, 0, false), (0, 0, false))

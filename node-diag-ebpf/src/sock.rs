@@ -335,7 +335,7 @@ fn try_err_report(ctx: &BtfTracePointContext) -> Option<()> {
     // at this address could find it.
     let last = hard != 0 || reset;
     // SAFETY: the pointer comes from the map.
-    let (netns, syn_retrans, generation) = unsafe {
+    let (netns, syn_retrans, generation, timed_out) = unsafe {
         let bit = 1 << kind;
         if (*connect).reported & bit != 0 {
             if last {
@@ -351,10 +351,16 @@ fn try_err_report(ctx: &BtfTracePointContext) -> Option<()> {
             (*connect).netns,
             (*connect).syn_retrans,
             (*connect).evidence_gen,
+            (*connect).reported & (1 << event_kind::CONNECT_TIMEOUT) != 0,
         )
     };
-    if counter != u32::MAX {
+    // An attempt reported as timing out was counted then: one attempt, one count.
+    if counter != u32::MAX && !timed_out {
         inc(counter);
+    }
+    let mut flags = if reset { event_flag::RST_RECEIVED } else { 0 };
+    if timed_out {
+        flags |= event_flag::AFTER_TIMEOUT;
     }
     emit(
         ctx,
@@ -364,7 +370,7 @@ fn try_err_report(ctx: &BtfTracePointContext) -> Option<()> {
         netns,
         syn_retrans,
         Extra {
-            flags: if reset { event_flag::RST_RECEIVED } else { 0 },
+            flags,
             ..connect_evidence(&key, since, generation)
         },
     );

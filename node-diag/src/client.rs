@@ -4,7 +4,7 @@
 use std::{collections::HashMap, io::Write as _, time::Duration};
 
 use crate::{
-    findings::Finding,
+    findings::{Finding, Status},
     output::{OutputFormat, print_finding},
 };
 
@@ -83,22 +83,24 @@ pub(crate) fn fetch(url: &str) -> Result<Vec<Finding>, ClientError> {
 }
 
 /// Prints the agent's findings; with `follow`, keeps polling and prints each finding again
-/// whenever its count grows, until interrupted.
+/// whenever its count grows or its status changes (resolved, superseded), until
+/// interrupted.
 pub(crate) fn run(
     url: &str,
     follow: bool,
     format: OutputFormat,
     poll: Duration,
 ) -> Result<(), ClientError> {
-    let mut seen: HashMap<String, u64> = HashMap::new();
+    let mut seen: HashMap<String, (u64, Status)> = HashMap::new();
     loop {
         for f in fetch(url)? {
             let key = format!(
                 "{}|{}|{:?}|{:?}|{:?}|{:?}",
                 f.kind, f.layer, f.src, f.dst, f.dport, f.netns
             );
-            if seen.get(&key) != Some(&f.count) {
-                seen.insert(key, f.count);
+            let now = (f.count, f.status);
+            if seen.get(&key) != Some(&now) {
+                seen.insert(key, now);
                 print_finding(&f, format);
             }
         }

@@ -57,10 +57,11 @@ pub(crate) fn text_line(f: &Finding) -> String {
         (Some(p), Some(q)) => format!(" pod={p} peer_pod={q}"),
     };
     let iface = format!("{iface}{pods}");
-    if f.status == Status::Resolved {
+    if f.status != Status::Active {
         return format!(
-            "{} RESOLVED {} layer={}{}{}: {}",
+            "{} {} {} layer={}{}{}: {}",
             f.resolved_at.as_deref().unwrap_or(&f.last_seen),
+            f.status.as_str().to_uppercase(),
             f.kind,
             f.layer,
             iface,
@@ -113,10 +114,19 @@ mod tests {
     }
 
     #[test]
-    fn resolved_line_says_resolved() {
-        let mut f = refused(4000);
-        f.status = Status::Resolved;
-        f.resolved_at = Some("later".into());
-        assert!(text_line(&f).starts_with("later RESOLVED tcp_refused"));
+    fn an_ended_line_says_how_it_ended() {
+        for (status, word) in [
+            (Status::Resolved, "RESOLVED"),
+            (Status::Superseded, "SUPERSEDED"),
+        ] {
+            let mut f = refused(4000);
+            f.status = status;
+            f.resolved_at = Some("later".into());
+            let line = text_line(&f);
+            assert!(
+                line.starts_with(&format!("later {word} tcp_refused")),
+                "{line}"
+            );
+        }
     }
 }

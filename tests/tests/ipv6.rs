@@ -7,9 +7,11 @@
 //! `cargo test -p node-diag-tests --test ipv6 -- --test-threads=1`.
 
 use std::net::{Ipv6Addr, SocketAddr};
-use std::time::Duration;
+use std::thread;
+use std::time::{Duration, Instant};
 
 use node_diag_testbed::kube_proxy::{IptablesBackend, install_ipv6_no_endpoints};
+use node_diag_testbed::metrics::parse_exposition;
 use node_diag_tests::finding::{assert_shape, field};
 use node_diag_tests::{
     Agent, BULK, ConnectOutcome, ServerMode, TcpServer, Topology, cmd, ok, tcp_connect, tcp_request,
@@ -24,25 +26,13 @@ const STEP: Duration = Duration::from_secs(3);
 
 const REFUSED: &str = r#"node_diag_tcp_connect_failures_total{reason="refused"}"#;
 const UNREACHABLE: &str = r#"node_diag_tcp_connect_failures_total{reason="unreachable"}"#;
+const TIMEOUT: &str = r#"node_diag_tcp_connect_failures_total{reason="timeout"}"#;
 
 /// Node A and node B on an IPv6 subnet over the underlay veth; node B rejects
 /// connections from node A to `port` with `reject_with` (an nft reject statement).
 fn ipv6_topology(reject: Option<(u16, &str)>) -> Topology {
     let topo = Topology::new();
-    for (node, addr) in [(&topo.node_a, NODE_A_V6), (&topo.node_b, NODE_B_V6)] {
-        cmd::run_in(
-            node,
-            &[
-                "ip",
-                "addr",
-                "add",
-                &format!("{addr}/64"),
-                "dev",
-                "ul0",
-                "nodad",
-            ],
-        );
-    }
+    add_v6_addresses(&topo);
     // The first packet waits for neighbour discovery: make sure the path is up before a
     // test's connect, so its outcome is the rule's and not a startup race.
     let reachable = (0..50).any(|_| {
@@ -76,6 +66,24 @@ fn ipv6_topology(reject: Option<(u16, &str)>) -> Topology {
         );
     }
     topo
+}
+
+/// Node A's and node B's IPv6 addresses on the underlay, nothing sent between them yet.
+fn add_v6_addresses(topo: &Topology) {
+    for (node, addr) in [(&topo.node_a, NODE_A_V6), (&topo.node_b, NODE_B_V6)] {
+        cmd::run_in(
+            node,
+            &[
+                "ip",
+                "addr",
+                "add",
+                &format!("{addr}/64"),
+                "dev",
+                "ul0",
+                "nodad",
+            ],
+        );
+    }
 }
 
 fn node_b(port: u16) -> SocketAddr {
@@ -331,4 +339,200 @@ fn ipv6_packet_too_big_dropped_in_output_names_the_output_hook() {
     assert_eq!(f["evidence"]["netfilter_hook"], "output", "{f:#}");
     assert!(field(&f, "summary").contains("output hook"), "{f:#}");
     let _ = client.join();
+}
+
+/// Connect failures as the two contract counters count them: the sum of
+/// `node_diag_tcp_connect_failures_total` over its reasons, and of
+/// `node_diag_findings_total` over the connect kinds.
+fn connect_failures_counted(agent: &Agent) -> (f64, f64) {
+    let samples = parse_exposition(&agent.metrics_text()).expect("/metrics parses");
+    let sum = |name: &str, keep: &dyn Fn(&str) -> bool| -> f64 {
+        samples
+            .iter()
+            .filter(|s| s.name == name && keep(s.labels.get("kind").map_or("", |k| k)))
+            .map(|s| s.value)
+            .sum()
+    };
+    (
+        sum("node_diag_tcp_connect_failures_total", &|_| true),
+        sum("node_diag_findings_total", &|kind| {
+            ["tcp_timeout", "tcp_refused", "tcp_unreachable"].contains(&kind)
+        }),
+    )
+}
+
+/// Node A and node B with IPv6 addresses and no neighbour entry for each other (the
+/// first packet waits on discovery); node A sends `solicitations` before giving up.
+fn fresh_v6_topology(solicitations: u32) -> Topology {
+    let topo = Topology::new();
+    add_v6_addresses(&topo);
+    cmd::run_in(
+        &topo.node_a,
+        &[
+            "sysctl",
+            "-qw",
+            &format!("net.ipv6.neigh.ul0.mcast_solicit={solicitations}"),
+        ],
+    );
+    topo
+}
+
+/// A connect from node A to `dst:port` in the background.
+fn connect_in_background(
+    topo: &Topology,
+    dst: &str,
+    port: u16,
+) -> thread::JoinHandle<ConnectOutcome> {
+    let (ns, addr) = (
+        topo.node_a.clone(),
+        SocketAddr::new(dst.parse::<Ipv6Addr>().unwrap().into(), port),
+    );
+    thread::spawn(move || tcp_connect(&ns, addr, Duration::from_secs(12)))
+}
+
+/// Whether the attempt to `dst:port` was reported as timing out: the second SYN
+/// retransmit (at about 3 s) makes it one on this machine's kernel. Older kernels
+/// (Debian's 6.1) skip, untraced, the retransmit of a SYN whose first copy still waits in
+/// the neighbour's queue: there no timeout is reported, and the attempt has one verdict
+/// from the start. Asked once the attempt's last word was seen: the timeout comes first.
+fn reported_timing_out(agent: &Agent, dst: &str, port: u16) -> bool {
+    agent
+        .try_wait_finding(
+            |f| field(f, "kind") == "tcp_timeout" && field(f, "dst") == dst && f["dport"] == port,
+            Duration::ZERO,
+        )
+        .is_some()
+}
+
+/// One attempt's verdicts after it ended: its timeout, if one was reported, printed again
+/// as superseded; no timeout active on `/findings`, `last` the only active finding of
+/// the flow, and the attempt counted once in both counters (as the timeout when one was
+/// reported).
+fn assert_one_verdict(
+    agent: &Agent,
+    (dst, port): (&str, u16),
+    last: &Value,
+    timed_out: bool,
+    before: (f64, f64),
+) {
+    let on = |f: &Value| field(f, "dst") == dst && f["dport"] == port;
+    let timeout = |f: &Value| on(f) && field(f, "kind") == "tcp_timeout";
+    if timed_out {
+        let superseded =
+            agent.wait_finding(|f| timeout(f) && field(f, "status") == "superseded", STEP);
+        assert!(superseded["resolved_at"].is_string(), "{superseded:#}");
+    } else {
+        agent.expect_no_finding(timeout, Duration::ZERO);
+    }
+    let active: Vec<Value> = agent
+        .findings_endpoint()
+        .into_iter()
+        .filter(|f| on(f) && field(f, "status") == "active")
+        .collect();
+    assert_eq!(active.len(), 1, "one verdict for one attempt: {active:#?}");
+    assert_eq!(active[0]["kind"], last["kind"], "{active:#?}");
+    assert_eq!(active[0]["layer"], last["layer"], "{active:#?}");
+    // The counters are synced on the agent's 500 ms tick: wait for one, then for any
+    // second count to show.
+    let counted = if timed_out {
+        TIMEOUT
+    } else {
+        last_reason(last)
+    };
+    agent.wait_counter_at_least(counted, 1.0, STEP);
+    thread::sleep(Duration::from_millis(1500));
+    let after = connect_failures_counted(agent);
+    assert_eq!(
+        (after.0 - before.0, after.1 - before.1),
+        (1.0, 1.0),
+        "one attempt counted once\n{}",
+        agent.metrics_text()
+    );
+}
+
+/// The connect failure series `finding`'s kind counts in.
+fn last_reason(finding: &Value) -> &'static str {
+    match field(finding, "kind") {
+        "tcp_refused" => REFUSED,
+        _ => UNREACHABLE,
+    }
+}
+
+/// The first connect to a new neighbour: node B ignores neighbour solicitations for the
+/// first seconds, so the SYN and its retransmits wait on neighbour discovery past the
+/// timeout threshold; then discovery completes, the queued SYNs go out and node B's
+/// kernel refuses them (no listener). One attempt, one verdict: the listener's; the
+/// timeout is withdrawn as superseded.
+#[test]
+fn ipv6_refusal_delayed_by_neighbour_discovery_is_one_listener_verdict() {
+    // Node A keeps soliciting while node B is deaf (15 probes, a second apart).
+    let topo = fresh_v6_topology(15);
+    cmd::run_in(&topo.node_b, &["nft", "add table ip6 ndv6deaf"]);
+    cmd::run_in(
+        &topo.node_b,
+        &[
+            "nft",
+            "add chain ip6 ndv6deaf input { type filter hook input priority 0; }",
+        ],
+    );
+    cmd::run_in(
+        &topo.node_b,
+        &[
+            "nft",
+            "add rule ip6 ndv6deaf input icmpv6 type nd-neighbor-solicit drop",
+        ],
+    );
+    let agent = Agent::start_ready(&topo);
+    let before = connect_failures_counted(&agent);
+    let port = 8093;
+
+    let start = Instant::now();
+    let client = connect_in_background(&topo, NODE_B_V6, port);
+    // Past the second SYN retransmit (at about 3 s): node B hears the next solicitation.
+    thread::sleep(Duration::from_millis(3600).saturating_sub(start.elapsed()));
+    cmd::run_in(&topo.node_b, &["nft", "delete table ip6 ndv6deaf"]);
+    let outcome = client.join().expect("client thread");
+    assert!(matches!(outcome, ConnectOutcome::Refused), "{outcome:?}");
+    assert!(
+        start.elapsed() >= Duration::from_secs(3),
+        "refused before discovery"
+    );
+
+    let refused = agent.wait_finding(on_flow("tcp_refused", "listener", port), STEP);
+    assert_shape(&refused);
+    assert_eq!(refused["evidence"]["rst_received"], true, "{refused:#}");
+    let timed_out = reported_timing_out(&agent, NODE_B_V6, port);
+    assert_one_verdict(&agent, (NODE_B_V6, port), &refused, timed_out, before);
+    agent.expect_no_finding(on_flow("tcp_refused", "firewall", port), Duration::ZERO);
+}
+
+/// A connect to an address on node A's subnet that nobody holds: neighbour discovery
+/// fails after the SYN was retransmitted past the timeout threshold, and the kernel fails
+/// the connect with EHOSTUNREACH. One verdict: unreachable, routing; the timeout is
+/// withdrawn as superseded.
+#[test]
+fn ipv6_failed_neighbour_connect_is_one_unreachable_verdict() {
+    // Discovery gives up after 5 probes, a second apart: after the timeout at ~3 s.
+    let topo = fresh_v6_topology(5);
+    // ICMP watched from the start: the address unreachable this node answers its own
+    // failed discovery with is then seen, and names routing.
+    let agent = Agent::start_ready_watching_icmp(&topo);
+    let before = connect_failures_counted(&agent);
+    let (dst, port) = ("fd00:200::9", 8094);
+    let on = |kind: &'static str| {
+        move |f: &Value| field(f, "kind") == kind && field(f, "dst") == dst && f["dport"] == port
+    };
+
+    let client = connect_in_background(&topo, dst, port);
+    let outcome = client.join().expect("client thread");
+    assert!(outcome.is_icmp_failure(), "{outcome:?}");
+    let unreachable = agent.wait_finding(on("tcp_unreachable"), STEP);
+    assert_shape(&unreachable);
+    assert_eq!(
+        field(&unreachable, "layer"),
+        "cni_routing",
+        "{unreachable:#}"
+    );
+    let timed_out = reported_timing_out(&agent, dst, port);
+    assert_one_verdict(&agent, (dst, port), &unreachable, timed_out, before);
 }

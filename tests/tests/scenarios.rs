@@ -486,3 +486,84 @@ fn doctor_has_every_program_accepted_and_reads_as_this_kernel_allows() {
         );
     }
 }
+
+/// A pod namespace joined to node A by a veth made while the agent runs, with
+/// `10.99.<i>.2/30` on its side and `10.99.<i>.1` on node A's. Deleted on drop.
+struct LatePod {
+    netns: node_diag_tests::netns::Netns,
+    ip: Ipv4Addr,
+    gateway: Ipv4Addr,
+}
+
+impl LatePod {
+    fn create(topo: &Topology, i: u8) -> LatePod {
+        let name = format!("{}-lp{i}", node_diag_tests::unique_name());
+        let netns = node_diag_tests::ok(node_diag_tests::netns::Netns::create(&name));
+        let (host_if, gateway, ip) = (
+            format!("lp{i}"),
+            Ipv4Addr::new(10, 99, i, 1),
+            Ipv4Addr::new(10, 99, i, 2),
+        );
+        cmd::run_in(
+            &topo.node_a,
+            &[
+                "ip", "link", "add", &host_if, "type", "veth", "peer", "name", "eth0", "netns",
+                &name,
+            ],
+        );
+        cmd::run_in(
+            &topo.node_a,
+            &[
+                "ip",
+                "addr",
+                "add",
+                &format!("{gateway}/30"),
+                "dev",
+                &host_if,
+            ],
+        );
+        cmd::run_in(&topo.node_a, &["ip", "link", "set", &host_if, "up"]);
+        cmd::run_in(
+            &name,
+            &["ip", "addr", "add", &format!("{ip}/30"), "dev", "eth0"],
+        );
+        cmd::run_in(&name, &["ip", "link", "set", "eth0", "up"]);
+        LatePod { netns, ip, gateway }
+    }
+}
+
+/// Four pods created while the agent runs, each refused 0.5 s after its veth appeared
+/// (a closed port on node A): each pod's namespace enters the scope on the link
+/// notification, not at the next periodic refresh, so each first connect is judged.
+#[test]
+fn pods_refused_half_a_second_after_their_veth_appears_are_each_reported() {
+    let topo = Topology::new();
+    let agent = Agent::start_ready(&topo);
+    let before = agent.counter(REFUSED);
+    let port = 8095;
+    let mut pods = Vec::new();
+    for i in 0..4 {
+        let created = Instant::now();
+        let pod = LatePod::create(&topo, i);
+        thread::sleep(Duration::from_millis(500).saturating_sub(created.elapsed()));
+        let target = std::net::SocketAddr::new(pod.gateway.into(), port);
+        let outcome = tcp_connect(pod.netns.name(), target, STEP);
+        assert!(
+            matches!(outcome, ConnectOutcome::Refused),
+            "pod {i}: {outcome:?}"
+        );
+        pods.push(pod);
+    }
+    for (i, pod) in pods.iter().enumerate() {
+        let f = agent.wait_finding(
+            finding_on_flow(&["tcp_refused"], "listener", (pod.ip, pod.gateway, port)),
+            STEP,
+        );
+        assert_shape(&f);
+        let inode = std::fs::metadata(node_diag_tests::netns::netns_path(pod.netns.name()))
+            .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+            .unwrap_or_else(|e| panic!("pod {i}'s namespace: {e}"));
+        assert_eq!(f["netns"].as_u64(), Some(inode), "pod {i}: {f:#}");
+    }
+    agent.wait_counter_at_least(REFUSED, before + 4.0, STEP);
+}

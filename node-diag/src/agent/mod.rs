@@ -69,11 +69,11 @@ use self::{
 };
 use crate::{
     findings::{
-        Finding, Kind, Layer, Store,
+        Finding, Kind, Layer, Status, Store,
         correlate::{
-            Context, addr, correlate,
-            path::{PathVerdict, settled_here, withdraws},
-            withdrawn,
+            Context, Withdrawal, addr, correlate,
+            path::{PathVerdict, settled_here, withdrawn_meanwhile, withdraws},
+            superseded, withdrawn,
         },
         names::Names,
     },
@@ -388,7 +388,8 @@ impl Agent {
     }
 
     /// A kernel verdict: judged, its pods named, counted and recorded; a late success
-    /// resolves the timeout it had been reported as.
+    /// resolves the timeout it had been reported as, and a refusal or unreachable ending
+    /// that attempt supersedes it.
     async fn on_event(&mut self, kind: EventKind, ev: Event) {
         let translation = self.translator.translate(&ev, &self.maps).await;
         let drop_site = self.drop_site(kind, &ev, &translation).await;
@@ -434,17 +435,30 @@ impl Agent {
                     .metrics()
                     .conntrack_drops(cause.as_str(), ev.drop.count);
             }
-            self.record(finding);
+            match superseded(kind, &ev) {
+                Some(w) => {
+                    // The attempt's last word: its timeout is withdrawn, and the attempt
+                    // stays counted once, as that timeout.
+                    self.withdraw(w, Status::Superseded);
+                    self.keep(finding);
+                }
+                None => self.record(finding),
+            }
         } else if !made && let Some(w) = withdrawn(kind, &ev) {
             // The connect that was timing out got through: a slow listener or a
             // transient drop, not a standing failure.
-            let resolved = self
-                .shared
-                .store()
-                .resolve(|f| w.covers(f), SystemTime::now());
-            for f in resolved {
-                print_finding(&f, self.opts.format);
-            }
+            self.withdraw(w, Status::Resolved);
+        }
+    }
+
+    /// Ends the findings `w` covers with `status` and prints them again.
+    fn withdraw(&self, w: Withdrawal, status: Status) {
+        let ended = self
+            .shared
+            .store()
+            .end_as(status, |f| w.covers(f), SystemTime::now());
+        for f in ended {
+            print_finding(&f, self.opts.format);
         }
     }
 
@@ -507,14 +521,13 @@ impl Agent {
         let Some((original, verdict)) = self.path_probes.verdict(done) else {
             return;
         };
-        if self
-            .shared
-            .store()
-            .all()
-            .iter()
-            .any(|s| settled_here(&original, s))
-        {
+        let stored = self.shared.store().all();
+        if stored.iter().any(|s| settled_here(&original, s)) {
             debug!(dst = ?original.dst, dport = ?original.dport, "path probe dropped: the kernel's black hole stands");
+            return;
+        }
+        if stored.iter().any(|s| withdrawn_meanwhile(&original, s)) {
+            debug!(dst = ?original.dst, dport = ?original.dport, "path probe dropped: the timeout was withdrawn meanwhile");
             return;
         }
         let f = match verdict {
@@ -533,14 +546,17 @@ impl Agent {
         self.record(f);
     }
 
-    /// A link came, went or changed: the MTU model, and the classifier's interfaces.
+    /// A link came, went or changed: the scope first (a new pod's veth brings its
+    /// namespace in before its first connect, not at the next refresh), then the MTU
+    /// model and the classifier's interfaces.
     async fn on_link_change(&mut self) {
+        let node = self.refresh_namespaces();
         self.refresh_mtu().await;
         if let Some(tc) = self.tc.as_mut().filter(|_| self.watch.keeps_attached()) {
             follow_interfaces(
                 tc,
                 &mut self.loaded.ebpf,
-                None,
+                node.as_ref(),
                 &mut self.watch,
                 monotonic_ns(),
             );
@@ -601,6 +617,12 @@ impl Agent {
             return;
         }
         self.shared.metrics().finding(&finding);
+        self.keep(finding);
+    }
+
+    /// Stores and prints a finding without counting it in `node_diag_findings_total`
+    /// (the verdict superseding a timeout: its attempt was counted as that timeout).
+    fn keep(&self, finding: Finding) {
         let printed = self.shared.store().record(finding, Instant::now());
         if let Some(f) = printed {
             print_finding(&f, self.opts.format);

@@ -71,6 +71,9 @@ pub(crate) enum Status {
     #[default]
     Active,
     Resolved,
+    /// Withdrawn by a later verdict on the same attempt: a connect reported as timing out
+    /// whose attempt then ended refused, unreachable or reset. That verdict stands.
+    Superseded,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -138,6 +141,7 @@ names!(Layer {
 names!(Status {
     Active => "active",
     Resolved => "resolved",
+    Superseded => "superseded",
 });
 names!(Severity {
     Info => "info",
@@ -193,9 +197,12 @@ pub(crate) struct Finding {
     pub(crate) count: u64,
     pub(crate) first_seen: String,
     pub(crate) last_seen: String,
-    /// `resolved` once the condition went away (see [`store::Store::resolve`]).
+    /// `resolved` once the condition went away (see [`store::Store::resolve`]),
+    /// `superseded` once a later verdict on the same attempt replaced it
+    /// ([`store::Store::end_as`]).
     #[serde(default)]
     pub(crate) status: Status,
+    /// When it stopped being active (resolved or superseded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) resolved_at: Option<String>,
 }

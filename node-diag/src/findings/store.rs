@@ -92,7 +92,7 @@ impl Store {
             agg.evidence = finding.evidence;
             agg.summary = finding.summary;
             agg.severity = finding.severity;
-            let reopened = agg.status == Status::Resolved;
+            let reopened = agg.status != Status::Active;
             agg.status = Status::Active;
             agg.resolved_at = None;
             if reopened || now.duration_since(entry.printed_at) >= self.repeat_interval {
@@ -190,12 +190,23 @@ impl Store {
         gone: impl Fn(&Finding) -> bool,
         now: SystemTime,
     ) -> Vec<Finding> {
+        self.end_as(Status::Resolved, gone, now)
+    }
+
+    /// Ends the active findings matching `ended` with `status`: resolved (gone), or
+    /// superseded (a later verdict on the same attempt replaces them). Returns them.
+    pub(crate) fn end_as(
+        &mut self,
+        status: Status,
+        ended: impl Fn(&Finding) -> bool,
+        now: SystemTime,
+    ) -> Vec<Finding> {
         let stamp = rfc3339(now);
         self.list
             .iter_mut()
-            .filter(|e| e.finding.status == Status::Active && gone(&e.finding))
+            .filter(|e| e.finding.status == Status::Active && ended(&e.finding))
             .map(|e| {
-                e.finding.status = Status::Resolved;
+                e.finding.status = status;
                 e.finding.resolved_at = Some(stamp.clone());
                 e.finding.clone()
             })
@@ -347,6 +358,26 @@ mod tests {
                 .is_empty()
         );
         assert_eq!(store.all().len(), 2);
+    }
+
+    #[test]
+    fn a_superseded_finding_is_ended_once_and_reopened_by_a_new_occurrence() {
+        let mut store = Store::new(Duration::from_secs(10), 16);
+        let now = Instant::now();
+        let t = SystemTime::UNIX_EPOCH;
+        store.record(refused(1), now);
+        let ended = store.end_as(Status::Superseded, |f| f.kind == Kind::TcpRefused, t);
+        assert_eq!(ended.len(), 1);
+        assert_eq!(ended[0].status, Status::Superseded);
+        assert!(ended[0].resolved_at.is_some());
+        assert!(
+            store.end_as(Status::Superseded, |_| true, t).is_empty(),
+            "ended once"
+        );
+        assert!(store.resolve(|_| true, t).is_empty(), "not resolved after");
+        let again = store.record(refused(2), now).expect("printed at once");
+        assert_eq!(again.status, Status::Active);
+        assert_eq!(again.count, 2);
     }
 
     #[test]

@@ -37,6 +37,7 @@ pub(super) const KERNEL_SUBSET: &[&str] = &[
     "missing_pod_route_is_a_cni_routing_problem",
     "sigterm_exits_cleanly_and_detaches",
     "drop_beyond_this_node_is_a_timeout_of_unknown_layer",
+    "pods_refused_half_a_second_after_their_veth_appears_are_each_reported",
     "doctor_has_every_program_accepted_and_reads_as_this_kernel_allows",
     // verdicts
     "dead_peer_bulk_transfer_is_a_stall_not_a_black_hole",
@@ -80,6 +81,8 @@ pub(super) const KERNEL_SUBSET: &[&str] = &[
     "ipv6_kube_proxy_reject_without_endpoints_is_the_service_nftables",
     "ipv6_admin_prohibited_from_the_destination_is_its_firewall",
     "ipv6_packet_too_big_dropped_in_output_names_the_output_hook",
+    "ipv6_refusal_delayed_by_neighbour_discovery_is_one_listener_verdict",
+    "ipv6_failed_neighbour_connect_is_one_unreachable_verdict",
     // mtu
     "filtered_frag_needed_is_a_pmtud_black_hole",
     "oversized_pod_mtu_with_icmp_allowed_is_an_oversize_drop_that_recovers",

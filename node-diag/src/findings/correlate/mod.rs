@@ -23,7 +23,7 @@ use std::{
     time::SystemTime,
 };
 
-use node_diag_common::{AF_INET, Event, FlowKey, errno};
+use node_diag_common::{AF_INET, Event, FlowKey, errno, event_flag};
 
 pub(crate) use self::nat::Translation;
 use super::{Finding, Kind, conntrack::Window, names::Names};
@@ -84,8 +84,8 @@ pub(crate) fn correlate(kind: EventKind, ev: &Event, ctx: &Context<'_>) -> Optio
     Some(f)
 }
 
-/// Which findings a connect that was reported as timing out and got through after all
-/// withdraws.
+/// Which findings a connect that was reported as timing out withdraws when it got
+/// through after all (resolved), or when its attempt ended otherwise (superseded).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Withdrawal {
     pub(crate) kind: Kind,
@@ -95,6 +95,16 @@ pub(crate) struct Withdrawal {
 }
 
 impl Withdrawal {
+    /// The timeouts reported for `ev`'s destination from its namespace.
+    fn timeout(ev: &Event) -> Self {
+        Self {
+            kind: Kind::TcpTimeout,
+            netns: (ev.netns != 0).then_some(ev.netns),
+            dst: addr(&ev.flow, &ev.flow.daddr),
+            dport: ev.flow.dport,
+        }
+    }
+
     pub(crate) fn covers(&self, f: &Finding) -> bool {
         f.kind == self.kind
             && f.netns == self.netns
@@ -106,12 +116,17 @@ impl Withdrawal {
 /// For a connect reported as timing out that was established after all: which findings
 /// it withdraws.
 pub(crate) fn withdrawn(kind: EventKind, ev: &Event) -> Option<Withdrawal> {
-    (kind == EventKind::ConnectLate).then(|| Withdrawal {
-        kind: Kind::TcpTimeout,
-        netns: (ev.netns != 0).then_some(ev.netns),
-        dst: addr(&ev.flow, &ev.flow.daddr),
-        dport: ev.flow.dport,
-    })
+    (kind == EventKind::ConnectLate).then(|| Withdrawal::timeout(ev))
+}
+
+/// For the last word of a connect reported as timing out (refused, unreachable: the
+/// kernel flags it): the timeout it supersedes. That attempt was counted as the timeout.
+pub(crate) fn superseded(kind: EventKind, ev: &Event) -> Option<Withdrawal> {
+    let last_word = matches!(
+        kind,
+        EventKind::ConnectRefused | EventKind::ConnectUnreachable
+    );
+    (last_word && ev.flags & event_flag::AFTER_TIMEOUT != 0).then(|| Withdrawal::timeout(ev))
 }
 
 /// The finding's flow fields from the event.
@@ -123,4 +138,30 @@ fn with_flow(mut f: Finding, ev: &Event) -> Finding {
     f.sport = (flow.sport != 0).then_some(flow.sport);
     f.netns = (ev.netns != 0).then_some(ev.netns);
     f
+}
+
+#[cfg(test)]
+mod tests {
+    use node_diag_common::{event_flag, event_kind};
+
+    use super::{testkit::*, *};
+    use crate::findings::fixtures::event;
+
+    #[test]
+    fn last_word_after_a_timeout_supersedes_it() {
+        let mut refused = refused_with_rst();
+        assert_eq!(superseded(kind_of(&refused), &refused), None);
+        refused.flags |= event_flag::AFTER_TIMEOUT;
+        let w = superseded(kind_of(&refused), &refused).expect("supersedes the timeout");
+        assert_eq!(w, Withdrawal::timeout(&refused));
+        assert_eq!(w.kind, Kind::TcpTimeout);
+        assert!(run(&refused).is_some(), "the last word stands");
+        let mut unreachable = event(event_kind::CONNECT_UNREACHABLE, 113);
+        unreachable.flags = event_flag::AFTER_TIMEOUT;
+        assert!(superseded(kind_of(&unreachable), &unreachable).is_some());
+        // The kernel's ETIMEDOUT confirms the timeout; it supersedes nothing.
+        let mut gave_up = event(event_kind::CONNECT_GAVE_UP, 110);
+        gave_up.flags = event_flag::AFTER_TIMEOUT;
+        assert_eq!(superseded(kind_of(&gave_up), &gave_up), None);
+    }
 }

@@ -289,6 +289,17 @@ pub(crate) fn withdraws(original: &Finding, stored: &Finding) -> bool {
         && stored.netns == original.netns
 }
 
+/// Whether `stored` is `original`, a connect timeout, withdrawn while its path was
+/// probed: the connect got through late, or its attempt ended refused or unreachable.
+/// The probe's verdict is then dropped, or it would bring back (or replace) a timeout the
+/// attempt's own last word ended: a slow probe (a loaded node, a TCG guest) finishes
+/// after a late success.
+pub(crate) fn withdrawn_meanwhile(original: &Finding, stored: &Finding) -> bool {
+    original.kind == Kind::TcpTimeout
+        && stored.status != Status::Active
+        && withdraws(original, stored)
+}
+
 /// Whether `stored` is a black hole this node's kernel showed for `original`'s flow (an
 /// OVERSIZE drop or a frag-needed, reported as layer other than `path`). The kernel can
 /// find that evidence after the stall asked for a probe (a plain stall is upgraded once
@@ -382,6 +393,19 @@ mod tests {
                 ..Default::default()
             })),
         )
+    }
+
+    #[test]
+    fn a_probe_of_a_timeout_withdrawn_meanwhile_is_dropped() {
+        let original = timeout(Layer::Unknown);
+        let mut stored = original.clone();
+        assert!(!withdrawn_meanwhile(&original, &stored), "still active");
+        for status in [Status::Resolved, Status::Superseded] {
+            stored.status = status;
+            assert!(withdrawn_meanwhile(&original, &stored), "{status}");
+        }
+        stored.layer = Layer::Firewall;
+        assert!(!withdrawn_meanwhile(&original, &stored), "another verdict");
     }
 
     fn leg(target: IpAddr, ok: Option<u32>, lost: Option<u32>) -> Leg {
