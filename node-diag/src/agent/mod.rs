@@ -497,17 +497,21 @@ impl Agent {
         }
     }
 
-    /// A path probe ended: its verdict recorded, and a verdict it replaces withdrawn.
+    /// A path probe ended: its verdicts recorded, and the verdicts they replace
+    /// withdrawn.
     fn on_path_probe(&mut self, done: path_probe::Done) {
-        let Some((original, verdict)) = self.path_probes.verdict(done) else {
-            return;
-        };
+        for (original, verdict) in self.path_probes.verdicts(done) {
+            self.record_path_verdict(&original, verdict);
+        }
+    }
+
+    fn record_path_verdict(&mut self, original: &Finding, verdict: PathVerdict) {
         if self
             .shared
             .store()
             .all()
             .iter()
-            .any(|s| settled_here(&original, s))
+            .any(|s| settled_here(original, s))
         {
             debug!(dst = ?original.dst, dport = ?original.dport, "path probe dropped: the kernel's black hole stands");
             return;
@@ -517,7 +521,7 @@ impl Agent {
                 let resolved = self
                     .shared
                     .store()
-                    .resolve(|s| withdraws(&original, s), SystemTime::now());
+                    .resolve(|s| withdraws(original, s), SystemTime::now());
                 for r in resolved {
                     print_finding(&r, self.opts.format);
                 }
