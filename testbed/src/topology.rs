@@ -398,6 +398,36 @@ impl Topology {
         Ok(())
     }
 
+    /// Gives each node a permanent neighbour entry for the other's tunnel address (its
+    /// VXLAN's MAC), as Flannel and Calico install them: the next hop through the tunnel
+    /// is then never resolved through it, and survives [`Topology::forget_neighbours`].
+    pub fn pin_tunnel_neighbours(&self) -> Result<()> {
+        for (node, peer, peer_overlay) in [
+            (&self.node_a, &self.node_b, self.node_b_overlay),
+            (&self.node_b, &self.node_a, self.node_a_overlay),
+        ] {
+            let mac = cmd::run_in(
+                peer,
+                &["cat", &format!("/sys/class/net/{VXLAN_IF}/address")],
+            )?;
+            cmd::ip(
+                node,
+                &[
+                    "neigh",
+                    "replace",
+                    &peer_overlay.to_string(),
+                    "lladdr",
+                    mac.trim(),
+                    "dev",
+                    VXLAN_IF,
+                    "nud",
+                    "permanent",
+                ],
+            )?;
+        }
+        Ok(())
+    }
+
     /// See [`crate::netns::forget_neighbours`], for the four namespaces.
     pub fn forget_neighbours(&self) -> Result<()> {
         crate::netns::forget_neighbours(&self.netns_names())

@@ -341,9 +341,52 @@ fn healthy_jumbo_path_behind_the_router_reports_nothing() {
 
 /// Node B drops the tunnel's UDP as it arrives while everything else between the nodes
 /// works: every connect from pod A to pod B times out, and nothing on node A drops it.
+/// The nodes know each other's tunnel MAC (static entries, as Flannel and Calico
+/// install), so the SYNs go into the tunnel and vanish.
 #[test]
 fn tunnel_dropped_on_the_path_is_the_overlay() {
     let topo = Topology::new();
+    ok(topo.pin_tunnel_neighbours());
+    let (agent, flow, _server) = tunnel_dropped(&topo, 9303);
+    let outcome = tcp_connect(&topo.pod_a, flow.addr(), Duration::from_secs(6));
+    assert!(
+        matches!(outcome, ConnectOutcome::TimedOut),
+        "the connect must time out: {outcome:?}"
+    );
+    overlay_lost(&agent, &topo, "tcp_timeout", flow);
+}
+
+/// The same with the next hop through the tunnel resolved by ARP through it (this
+/// topology's VXLAN without static entries), on nodes that have not talked yet: the
+/// lost tunnel fails the neighbour too, and the connect, its SYNs held meanwhile, ends
+/// in EHOSTUNREACH with `NEIGH_FAILED` here. That is the tunnel, not this node's routing.
+#[test]
+fn tunnel_dropped_under_a_learned_neighbour_is_the_overlay() {
+    let topo = Topology::new();
+    let (agent, flow, _server) = tunnel_dropped(&topo, 9307);
+    let outcome = tcp_connect(&topo.pod_a, flow.addr(), Duration::from_secs(6));
+    assert!(
+        matches!(outcome, ConnectOutcome::Unreachable(113)),
+        "the connect must find no neighbour: {outcome:?}"
+    );
+    // Its SYNs waited for the neighbour long enough to be a timeout first.
+    overlay_lost(&agent, &topo, "tcp_timeout", flow);
+    let g = overlay_lost(&agent, &topo, "tcp_unreachable", flow);
+    assert_eq!(g["evidence"]["drop_reason"], "NEIGH_FAILED", "{g:#}");
+    let served = agent.findings_endpoint();
+    assert!(
+        !served
+            .iter()
+            .any(|s| flow_is(s, flow.src, flow.dst, flow.dport)
+                && field(s, "layer") == "cni_routing"
+                && field(s, "status") == "active"),
+        "a routing verdict stands beside the overlay: {served:#?}"
+    );
+}
+
+/// Drops the tunnel's UDP at node B, starts the agent and pod B's server on `port`
+/// (both to keep), and empties the neighbour tables.
+fn tunnel_dropped(topo: &Topology, port: u16) -> (Agent<'_>, Flow, TcpServer) {
     let port_s = VXLAN_PORT.to_string();
     for argv in [
         vec!["nft", "add", "table", "inet", "nd_test"],
@@ -362,47 +405,20 @@ fn tunnel_dropped_on_the_path_is_the_overlay() {
     ] {
         cmd::run_in(&topo.node_b, &argv);
     }
-    let agent = Agent::start_ready(&topo);
-    let flow = Flow::new(topo.pod_a_ip, topo.pod_b_ip, 9303);
-    let _server = TcpServer::start(&topo.pod_b, flow.addr(), ServerMode::Echo);
+    let agent = Agent::start_ready(topo);
+    let flow = Flow::new(topo.pod_a_ip, topo.pod_b_ip, port);
+    let server = TcpServer::start(&topo.pod_b, flow.addr(), ServerMode::Echo);
     ok(topo.forget_neighbours());
-    // The topology's VXLAN resolves its next hop (node B's tunnel address) by ARP
-    // through the tunnel, which a cold node has not done yet: the lost tunnel fails that
-    // too, and the connect, its SYNs held meanwhile, ends in EHOSTUNREACH (a CNI with
-    // static neighbour entries times out instead). Either way its SYNs were retransmitted
-    // into the tunnel first.
-    let outcome = tcp_connect(&topo.pod_a, flow.addr(), Duration::from_secs(6));
-    let unreachable = match outcome {
-        ConnectOutcome::TimedOut => false,
-        ConnectOutcome::Unreachable(113) => true,
-        other => panic!("the connect must time out or find no neighbour: {other:?}"),
-    };
+    (agent, flow, server)
+}
 
-    let f = agent.wait_finding(
-        on_flow("tcp_timeout", "overlay", flow),
-        Duration::from_secs(15),
-    );
-    if unreachable {
-        // The neighbour's failure is the tunnel's too, not a routing fault here.
-        let g = agent.wait_finding(
-            on_flow("tcp_unreachable", "overlay", flow),
-            Duration::from_secs(10),
-        );
-        assert_eq!(g["evidence"]["drop_reason"], "NEIGH_FAILED", "{g:#}");
-        assert_eq!(g["evidence"]["path_probe"], "overlay_lost", "{g:#}");
-        let served = agent.findings_endpoint();
-        assert!(
-            !served
-                .iter()
-                .any(|s| flow_is(s, flow.src, flow.dst, flow.dport)
-                    && field(s, "layer") == "cni_routing"
-                    && field(s, "status") == "active"),
-            "a routing verdict stands beside the overlay: {served:#?}"
-        );
-    }
+/// Waits for `kind` / `overlay` on `flow`, judged on a probe that found the tunnel
+/// silent and its remote endpoint answering on the underlay (with nothing pinged
+/// before); returns it.
+fn overlay_lost(agent: &Agent, topo: &Topology, kind: &str, flow: Flow) -> Value {
+    let f = agent.wait_finding(on_flow(kind, "overlay", flow), Duration::from_secs(15));
     assert_shape(&f);
     assert_eq!(f["evidence"]["path_probe"], "overlay_lost", "{f:#}");
-    // The underlay answers: the probe shows it, with nothing pinged before.
     assert_eq!(f["evidence"]["underlay_probe_answered"], true, "{f:#}");
     assert_eq!(
         f["evidence"]["underlay_probe_target"],
@@ -410,4 +426,5 @@ fn tunnel_dropped_on_the_path_is_the_overlay() {
         "{f:#}"
     );
     assert!(field(&f, "remediation").contains("check UDP 4789"), "{f:#}");
+    f
 }

@@ -87,6 +87,7 @@ pub(super) const KERNEL_SUBSET: &[&str] = &[
     "dead_node_behind_the_router_stays_a_stall",
     "healthy_jumbo_path_behind_the_router_reports_nothing",
     "tunnel_dropped_on_the_path_is_the_overlay",
+    "tunnel_dropped_under_a_learned_neighbour_is_the_overlay",
     // nat
     "service_rejected_on_this_node_is_the_firewall_not_the_listener",
     "service_rejected_by_icmp_beyond_this_node_is_a_firewall_not_the_service",
