@@ -72,3 +72,10 @@ pub fn display(command: &Command) -> String {
         .collect::<Vec<_>>()
         .join(" ")
 }
+
+/// Runs `ip -n <netns> <args...>`; see [`output`].
+pub fn ip(netns: &str, args: &[&str]) -> Result<()> {
+    let mut argv = vec!["ip", "-n", netns];
+    argv.extend_from_slice(args);
+    run(&argv).map(drop)
+}

@@ -60,6 +60,18 @@ impl Drop for Netns {
     }
 }
 
+/// Empties the neighbour (ARP, NDP) tables of namespaces `names`, as on nodes that have
+/// not talked yet: a topology's build checks its reachability, which leaves them warm;
+/// emptied, a test's first packets wait for neighbour resolution as a cold node's do.
+pub fn forget_neighbours(names: &[String]) -> Result<()> {
+    for name in names {
+        for family in ["-4", "-6"] {
+            cmd::ip(name, &[family, "neigh", "flush", "all"])?;
+        }
+    }
+    Ok(())
+}
+
 /// Deletes the namespaces named `<prefix><pid>-...` whose `pid` no longer runs: those of
 /// a run killed before its cleanup. Returns the names deleted.
 pub fn remove_stale(prefix: &str) -> Vec<String> {

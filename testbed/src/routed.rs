@@ -12,6 +12,10 @@
 //!              +---- ra 192.168.78.254  router  rb 192.168.79.254 ----+
 //! ```
 //!
+//! Each node routes the other's tunnel address (`/32`) through the tunnel, as CNIs do;
+//! [`RoutedTopology::build_with_underlay_mtu`] sets every underlay link to another MTU
+//! (the VXLANs and pods follow, 50 less).
+//!
 //! With [`RoutedTopology::build_with_ipv6`] the underlay also has fd00:78::/64 and
 //! fd00:79::/64 on the same links, routed the same way, and each node a second VXLAN,
 //! `vx6` (vxlan 43, port 4790), whose remote is the other node's IPv6 underlay address.
@@ -21,14 +25,19 @@
 //! also while unwinding from a failure, deletes them with every device, route, nftables
 //! table and learned path MTU inside.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use crate::{
     Error, Result, cmd,
     netns::Netns,
-    topology::{POD_HOST_IF, POD_IF, POD_MTU, UNDERLAY_IF, VXLAN_ID, VXLAN_IF, VXLAN_PORT},
+    topology::{
+        PodLink, UNDERLAY_IF, UNDERLAY_MTU, VXLAN_IF, VXLAN_PORT, add_underlay, add_vxlan, link_pod,
+    },
 };
+
+/// What VXLAN over IPv4 adds to a packet.
+const VXLAN_OVERHEAD: u32 = 50;
 
 /// The router's interface towards node A.
 pub const ROUTER_TO_A_IF: &str = "ra";
@@ -82,6 +91,8 @@ struct NodeSide<'a> {
     peer_overlay: Ipv4Addr,
     pod_ip: Ipv4Addr,
     peer_pod_cidr: &'a str,
+    /// The underlay links' MTU.
+    mtu: u32,
     /// (own, router's, peer's) IPv6 underlay addresses.
     v6: Option<(Ipv6Addr, Ipv6Addr, Ipv6Addr)>,
 }
@@ -93,16 +104,23 @@ impl RoutedTopology {
     /// link at 1500, and checks that pod A reaches pod B through the overlay across the
     /// router. On failure, whatever was built is deleted again.
     pub fn build(base: &str) -> Result<RoutedTopology> {
-        Self::build_inner(base, false)
+        Self::build_inner(base, false, UNDERLAY_MTU)
     }
 
     /// [`RoutedTopology::build`] with an IPv6 underlay beside the IPv4 one and a VXLAN
     /// over it ([`VXLAN6_IF`]) on each node.
     pub fn build_with_ipv6(base: &str) -> Result<RoutedTopology> {
-        Self::build_inner(base, true)
+        Self::build_inner(base, true, UNDERLAY_MTU)
     }
 
-    fn build_inner(base: &str, ipv6: bool) -> Result<RoutedTopology> {
+    /// [`RoutedTopology::build`] with every underlay link (the nodes' and the router's)
+    /// at `mtu`, the VXLANs `mtu` − 50 and the pods the same: a jumbo-frame cluster
+    /// with 9000.
+    pub fn build_with_underlay_mtu(base: &str, mtu: u32) -> Result<RoutedTopology> {
+        Self::build_inner(base, false, mtu)
+    }
+
+    fn build_inner(base: &str, ipv6: bool, mtu: u32) -> Result<RoutedTopology> {
         crate::require_root()?;
         let names = ["na", "nb", "pa", "pb", "rt"].map(|suffix| format!("{base}-{suffix}"));
         let namespaces = names
@@ -165,7 +183,10 @@ impl RoutedTopology {
                     &["addr", "add", &format!("{addr6}/64"), "dev", dev, "nodad"],
                 )?;
             }
-            topo.ip(&topo.router, &["link", "set", dev, "mtu", "1500", "up"])?;
+            topo.ip(
+                &topo.router,
+                &["link", "set", dev, "mtu", &mtu.to_string(), "up"],
+            )?;
         }
         topo.sysctl(&topo.router, "net.ipv4.ip_forward=1")?;
         if ipv6 {
@@ -184,6 +205,7 @@ impl RoutedTopology {
             peer_overlay: Ipv4Addr::new(10, 200, 0, 2),
             pod_ip: topo.pod_a_ip,
             peer_pod_cidr: "10.244.2.0/24",
+            mtu,
             v6: pair(topo.node_a_underlay_v6, router_a6, topo.node_b_underlay_v6),
         })?;
         topo.setup_node(&NodeSide {
@@ -196,6 +218,7 @@ impl RoutedTopology {
             peer_overlay: Ipv4Addr::new(10, 200, 0, 1),
             pod_ip: topo.pod_b_ip,
             peer_pod_cidr: "10.244.1.0/24",
+            mtu,
             v6: pair(topo.node_b_underlay_v6, router_b6, topo.node_a_underlay_v6),
         })?;
 
@@ -230,16 +253,13 @@ impl RoutedTopology {
 
     fn setup_node(&self, s: &NodeSide<'_>) -> Result<()> {
         let ip = |args: &[&str]| self.ip(s.node, args);
-        let pod_ip = |args: &[&str]| self.ip(s.pod, args);
         let (local, remote) = (s.underlay.to_string(), s.peer_underlay.to_string());
         let router = s.router.to_string();
-        let pod_mtu = POD_MTU.to_string();
-        let pod_cidr = format!("{}/32", s.pod_ip);
-        let gateway = POD_GATEWAY.to_string();
 
-        // Underlay: the router is the way to the other node's subnet (and the default).
-        ip(&["addr", "add", &format!("{local}/24"), "dev", UNDERLAY_IF])?;
-        ip(&["link", "set", UNDERLAY_IF, "mtu", "1500", "up"])?;
+        // Overlay: the outer header carries DF, so a narrower hop answers with
+        // frag-needed instead of fragmenting.
+        add_underlay(s.node, (&local, &remote), s.overlay, s.mtu, &["df", "set"])?;
+        // The router is the way to the other node's subnet (and the default).
         ip(&[
             "route",
             "add",
@@ -249,29 +269,15 @@ impl RoutedTopology {
             "dev",
             UNDERLAY_IF,
         ])?;
-        // Overlay: the kernel derives the vxlan MTU (1450) from `dev`; the outer header
-        // carries DF, so a narrower hop answers with frag-needed instead of fragmenting.
+        // The peer's tunnel address through the tunnel, as CNIs route it: what node A
+        // sends from its own (an echo request to a peer pod) is answered.
         ip(&[
-            "link",
+            "route",
             "add",
-            VXLAN_IF,
-            "type",
-            "vxlan",
-            "id",
-            &VXLAN_ID.to_string(),
-            "local",
-            &local,
-            "remote",
-            &remote,
-            "dstport",
-            &VXLAN_PORT.to_string(),
+            &format!("{}/32", s.peer_overlay),
             "dev",
-            UNDERLAY_IF,
-            "df",
-            "set",
+            VXLAN_IF,
         ])?;
-        ip(&["addr", "add", &format!("{}/32", s.overlay), "dev", VXLAN_IF])?;
-        ip(&["link", "set", VXLAN_IF, "up"])?;
         if let Some((own6, router6, peer6)) = s.v6 {
             let (own6, router6, peer6) = (own6.to_string(), router6.to_string(), peer6.to_string());
             ip(&[
@@ -292,57 +298,25 @@ impl RoutedTopology {
                 "dev",
                 UNDERLAY_IF,
             ])?;
-            ip(&[
-                "link",
-                "add",
+            add_vxlan(
+                s.node,
                 VXLAN6_IF,
-                "type",
-                "vxlan",
-                "id",
-                &VXLAN6_ID.to_string(),
-                "local",
-                &own6,
-                "remote",
-                &peer6,
-                "dstport",
-                &VXLAN6_PORT.to_string(),
-                "dev",
-                UNDERLAY_IF,
-            ])?;
+                VXLAN6_ID,
+                VXLAN6_PORT,
+                (&own6, &peer6),
+                &[],
+            )?;
             ip(&["link", "set", VXLAN6_IF, "up"])?;
         }
-        // Pod veth, and the routes the two-node topology has.
-        ip(&[
-            "link",
-            "add",
-            POD_HOST_IF,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            POD_IF,
-            "netns",
-            s.pod,
-        ])?;
-        ip(&["addr", "add", &format!("{gateway}/32"), "dev", POD_HOST_IF])?;
-        ip(&["link", "set", POD_HOST_IF, "mtu", &pod_mtu, "up"])?;
-        pod_ip(&["addr", "add", &pod_cidr, "dev", POD_IF])?;
-        pod_ip(&["link", "set", POD_IF, "mtu", &pod_mtu, "up"])?;
-        pod_ip(&[
-            "route", "add", "default", "via", &gateway, "dev", POD_IF, "onlink",
-        ])?;
-        ip(&["route", "add", &pod_cidr, "dev", POD_HOST_IF])?;
-        ip(&[
-            "route",
-            "add",
-            s.peer_pod_cidr,
-            "via",
-            &s.peer_overlay.to_string(),
-            "dev",
-            VXLAN_IF,
-            "onlink",
-        ])?;
-        self.sysctl(s.node, "net.ipv4.ip_forward=1")
+        link_pod(&PodLink {
+            node: s.node,
+            pod: s.pod,
+            pod_ip: s.pod_ip,
+            gateway: POD_GATEWAY,
+            mtu: s.mtu - VXLAN_OVERHEAD,
+            peer_pod_cidr: s.peer_pod_cidr,
+            peer_overlay: s.peer_overlay,
+        })
     }
 
     /// All five namespace names: node A, node B, pod A, pod B, router.
@@ -351,6 +325,16 @@ impl RoutedTopology {
             .iter()
             .map(|n| n.name().to_owned())
             .collect()
+    }
+
+    /// Pod B's address with `port`.
+    pub fn pod_b_addr(&self, port: u16) -> SocketAddr {
+        SocketAddr::new(self.pod_b_ip.into(), port)
+    }
+
+    /// See [`crate::netns::forget_neighbours`], for the five namespaces.
+    pub fn forget_neighbours(&self) -> Result<()> {
+        crate::netns::forget_neighbours(&self.netns_names())
     }
 
     /// Sets the MTU of the router's link towards node B ([`ROUTER_TO_B_IF`]): the
@@ -384,6 +368,21 @@ impl RoutedTopology {
             "forward",
             &format!("add rule inet ndrouter ndfwd udp dport {VXLAN_PORT} drop"),
         )
+    }
+
+    /// Drops every IP packet node B receives from the underlay (nftables table
+    /// `inet ndnode`, prerouting hook): node B and its pods stop answering, as a node
+    /// that died behind the router.
+    pub fn silence_node_b(&self) -> Result<()> {
+        for rule in [
+            "add table inet ndnode".to_owned(),
+            "add chain inet ndnode pre { type filter hook prerouting priority -300; policy accept; }"
+                .to_owned(),
+            format!("add rule inet ndnode pre iifname \"{UNDERLAY_IF}\" drop"),
+        ] {
+            cmd::run_in(&self.node_b, &["nft", &rule])?;
+        }
+        Ok(())
     }
 
     /// Deletes the router's rules from the injectors above.

@@ -161,84 +161,17 @@ impl Topology {
     }
 
     fn setup_node(&self, s: &NodeSide<'_>) -> Result<()> {
-        let ip = |args: &[&str]| {
-            let mut argv = vec!["ip", "-n", s.node];
-            argv.extend_from_slice(args);
-            cmd::run(&argv).map(drop)
-        };
-        let underlay_cidr = format!("{}/24", s.underlay);
-        let underlay_mtu = UNDERLAY_MTU.to_string();
-        let pod_mtu = POD_MTU.to_string();
-        let (local, remote) = (s.underlay.to_string(), s.peer_underlay.to_string());
-        let vni = VXLAN_ID.to_string();
-        let vx_port = VXLAN_PORT.to_string();
-        let overlay_cidr = format!("{}/32", s.overlay);
-        let gateway_cidr = format!("{}/32", self.pod_gateway);
-        let pod_cidr = format!("{}/32", s.pod_ip);
-        let gateway = self.pod_gateway.to_string();
-        let peer_overlay = s.peer_overlay.to_string();
-
-        // Underlay.
-        ip(&["addr", "add", &underlay_cidr, "dev", UNDERLAY_IF])?;
-        ip(&["link", "set", UNDERLAY_IF, "mtu", &underlay_mtu, "up"])?;
-        // Overlay: the kernel derives the vxlan MTU (1450) from `dev`.
-        ip(&[
-            "link",
-            "add",
-            VXLAN_IF,
-            "type",
-            "vxlan",
-            "id",
-            &vni,
-            "local",
-            &local,
-            "remote",
-            &remote,
-            "dstport",
-            &vx_port,
-            "dev",
-            UNDERLAY_IF,
-        ])?;
-        ip(&["addr", "add", &overlay_cidr, "dev", VXLAN_IF])?;
-        ip(&["link", "set", VXLAN_IF, "up"])?;
-        // Pod veth.
-        ip(&[
-            "link",
-            "add",
-            POD_HOST_IF,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            POD_IF,
-            "netns",
-            s.pod,
-        ])?;
-        ip(&["addr", "add", &gateway_cidr, "dev", POD_HOST_IF])?;
-        ip(&["link", "set", POD_HOST_IF, "mtu", &pod_mtu, "up"])?;
-        let pod_ip = |args: &[&str]| {
-            let mut argv = vec!["ip", "-n", s.pod];
-            argv.extend_from_slice(args);
-            cmd::run(&argv).map(drop)
-        };
-        pod_ip(&["addr", "add", &pod_cidr, "dev", POD_IF])?;
-        pod_ip(&["link", "set", POD_IF, "mtu", &pod_mtu, "up"])?;
-        pod_ip(&[
-            "route", "add", "default", "via", &gateway, "dev", POD_IF, "onlink",
-        ])?;
-        // Node routes: own pod on the veth, peer pods over the overlay.
-        ip(&["route", "add", &pod_cidr, "dev", POD_HOST_IF])?;
-        ip(&[
-            "route",
-            "add",
-            s.peer_pod_cidr,
-            "via",
-            &peer_overlay,
-            "dev",
-            VXLAN_IF,
-            "onlink",
-        ])?;
-        self.sysctl(s.node, "net.ipv4.ip_forward=1")
+        let ends = (s.underlay.to_string(), s.peer_underlay.to_string());
+        add_underlay(s.node, (&ends.0, &ends.1), s.overlay, UNDERLAY_MTU, &[])?;
+        link_pod(&PodLink {
+            node: s.node,
+            pod: s.pod,
+            pod_ip: s.pod_ip,
+            gateway: self.pod_gateway,
+            mtu: POD_MTU,
+            peer_pod_cidr: s.peer_pod_cidr,
+            peer_overlay: s.peer_overlay,
+        })
     }
 
     /// All four namespace names: node A, node B, pod A, pod B.
@@ -443,6 +376,63 @@ impl Topology {
         cmd::run_in(netns, &["sh", "-c", &write]).map(drop)
     }
 
+    /// Sets interface `dev` of namespace `netns` to `mtu`.
+    pub fn set_link_mtu(&self, netns: &str, dev: &str, mtu: u32) -> Result<()> {
+        cmd::ip(netns, &["link", "set", dev, "mtu", &mtu.to_string()])
+    }
+
+    /// Routes each node's overlay address (`/32`) to the other through the tunnel, as
+    /// CNIs do (they take it from the node's pod CIDR: Flannel's `flannel.1` is
+    /// `10.244.X.0/32`): otherwise what a node sends from it (an echo request to a peer
+    /// pod, which leaves by the tunnel) gets no answer.
+    pub fn route_tunnel_addresses(&self) -> Result<()> {
+        for (node, peer) in [
+            (&self.node_a, self.node_b_overlay),
+            (&self.node_b, self.node_a_overlay),
+        ] {
+            cmd::ip(
+                node,
+                &["route", "add", &format!("{peer}/32"), "dev", VXLAN_IF],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Gives each node a permanent neighbour entry for the other's tunnel address (its
+    /// VXLAN's MAC), as Flannel and Calico install them: the next hop through the tunnel
+    /// is then never resolved through it, and survives [`Topology::forget_neighbours`].
+    pub fn pin_tunnel_neighbours(&self) -> Result<()> {
+        for (node, peer, peer_overlay) in [
+            (&self.node_a, &self.node_b, self.node_b_overlay),
+            (&self.node_b, &self.node_a, self.node_a_overlay),
+        ] {
+            let mac = cmd::run_in(
+                peer,
+                &["cat", &format!("/sys/class/net/{VXLAN_IF}/address")],
+            )?;
+            cmd::ip(
+                node,
+                &[
+                    "neigh",
+                    "replace",
+                    &peer_overlay.to_string(),
+                    "lladdr",
+                    mac.trim(),
+                    "dev",
+                    VXLAN_IF,
+                    "nud",
+                    "permanent",
+                ],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// See [`crate::netns::forget_neighbours`], for the four namespaces.
+    pub fn forget_neighbours(&self) -> Result<()> {
+        crate::netns::forget_neighbours(&self.netns_names())
+    }
+
     /// Sets `setting` (`name=value`) with `sysctl -qw` inside namespace `netns`.
     pub fn sysctl(&self, netns: &str, setting: &str) -> Result<()> {
         cmd::run_in(netns, &["sysctl", "-qw", setting]).map(drop)
@@ -463,6 +453,109 @@ impl Topology {
             }
         }
     }
+}
+
+/// Configures `node`'s [`UNDERLAY_IF`] (`local`/24, `mtu`) and its VXLAN [`VXLAN_IF`]
+/// towards `remote` ([`add_vxlan`] with `extra`), whose address is `overlay`/32.
+pub(crate) fn add_underlay(
+    node: &str,
+    (local, remote): (&str, &str),
+    overlay: Ipv4Addr,
+    mtu: u32,
+    extra: &[&str],
+) -> Result<()> {
+    let ip = |args: &[&str]| cmd::ip(node, args);
+    ip(&["addr", "add", &format!("{local}/24"), "dev", UNDERLAY_IF])?;
+    ip(&["link", "set", UNDERLAY_IF, "mtu", &mtu.to_string(), "up"])?;
+    add_vxlan(node, VXLAN_IF, VXLAN_ID, VXLAN_PORT, (local, remote), extra)?;
+    ip(&["addr", "add", &format!("{overlay}/32"), "dev", VXLAN_IF])?;
+    ip(&["link", "set", VXLAN_IF, "up"])
+}
+
+/// Adds VXLAN `name` to `node` between `local` and `remote` (its underlay addresses),
+/// bound to [`UNDERLAY_IF`], with `extra` arguments: the kernel derives its MTU from that
+/// device's, less the encapsulation.
+pub(crate) fn add_vxlan(
+    node: &str,
+    name: &str,
+    id: u32,
+    port: u16,
+    (local, remote): (&str, &str),
+    extra: &[&str],
+) -> Result<()> {
+    let (id, port) = (id.to_string(), port.to_string());
+    let mut args = vec![
+        "link",
+        "add",
+        name,
+        "type",
+        "vxlan",
+        "id",
+        &id,
+        "local",
+        local,
+        "remote",
+        remote,
+        "dstport",
+        &port,
+        "dev",
+        UNDERLAY_IF,
+    ];
+    args.extend_from_slice(extra);
+    cmd::ip(node, &args)
+}
+
+/// A node's pod, for [`link_pod`]: the same in every topology here.
+pub(crate) struct PodLink<'a> {
+    pub(crate) node: &'a str,
+    pub(crate) pod: &'a str,
+    pub(crate) pod_ip: Ipv4Addr,
+    /// The node side's address, the pod's default gateway.
+    pub(crate) gateway: Ipv4Addr,
+    pub(crate) mtu: u32,
+    pub(crate) peer_pod_cidr: &'a str,
+    pub(crate) peer_overlay: Ipv4Addr,
+}
+
+/// The pod's veth and address, its default route `onlink` via the node side, the node's
+/// routes to it and to the peer node's pods (via the peer's overlay address, `onlink`
+/// on [`VXLAN_IF`]), and forwarding on the node.
+pub(crate) fn link_pod(p: &PodLink<'_>) -> Result<()> {
+    let ip = |args: &[&str]| cmd::ip(p.node, args);
+    let pod_ip = |args: &[&str]| cmd::ip(p.pod, args);
+    let (mtu, gateway) = (p.mtu.to_string(), p.gateway.to_string());
+    let pod_cidr = format!("{}/32", p.pod_ip);
+    ip(&[
+        "link",
+        "add",
+        POD_HOST_IF,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        POD_IF,
+        "netns",
+        p.pod,
+    ])?;
+    ip(&["addr", "add", &format!("{gateway}/32"), "dev", POD_HOST_IF])?;
+    ip(&["link", "set", POD_HOST_IF, "mtu", &mtu, "up"])?;
+    pod_ip(&["addr", "add", &pod_cidr, "dev", POD_IF])?;
+    pod_ip(&["link", "set", POD_IF, "mtu", &mtu, "up"])?;
+    pod_ip(&[
+        "route", "add", "default", "via", &gateway, "dev", POD_IF, "onlink",
+    ])?;
+    ip(&["route", "add", &pod_cidr, "dev", POD_HOST_IF])?;
+    ip(&[
+        "route",
+        "add",
+        p.peer_pod_cidr,
+        "via",
+        &p.peer_overlay.to_string(),
+        "dev",
+        VXLAN_IF,
+        "onlink",
+    ])?;
+    cmd::run_in(p.node, &["sysctl", "-qw", "net.ipv4.ip_forward=1"]).map(drop)
 }
 
 /// How a firewall rule from [`Topology::reject_forwarded_tcp`] answers the packets it

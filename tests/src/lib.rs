@@ -80,16 +80,7 @@ pub fn kernel_has_tcx() -> bool {
 /// pod A's segments hit the narrow link) but sends no frame that the narrow veth would
 /// drop without an ICMP (a veth drops oversize frames silently, unless they are GSO).
 pub fn narrow_node_b_pod_link(topo: &Topology, mtu: u32) {
-    cmd::run(&[
-        "ip",
-        "-n",
-        &topo.node_b,
-        "link",
-        "set",
-        topology::POD_HOST_IF,
-        "mtu",
-        &mtu.to_string(),
-    ]);
+    topo.set_link_mtu(&topo.node_b, topology::POD_HOST_IF, mtu);
     let default = cmd::run(&["ip", "-n", &topo.pod_b, "route", "show", "default"]);
     let gateway = default
         .split_whitespace()
@@ -217,6 +208,11 @@ impl Topology {
     /// See [`node_diag_testbed::Topology::delete_pod_route`].
     pub fn delete_pod_route(&self, node: &str, pod_ip: Ipv4Addr) {
         ok(self.0.delete_pod_route(node, pod_ip));
+    }
+
+    /// See [`node_diag_testbed::Topology::set_link_mtu`].
+    pub fn set_link_mtu(&self, netns: &str, dev: &str, mtu: u32) {
+        ok(self.0.set_link_mtu(netns, dev, mtu));
     }
 
     /// See [`node_diag_testbed::Topology::ping_until`].

@@ -516,17 +516,21 @@ impl Agent {
         }
     }
 
-    /// A path probe ended: its verdict recorded, and a verdict it replaces withdrawn.
+    /// A path probe ended: its verdicts recorded, and the verdicts they replace
+    /// withdrawn.
     fn on_path_probe(&mut self, done: path_probe::Done) {
-        let Some((original, verdict)) = self.path_probes.verdict(done) else {
-            return;
-        };
+        for (original, verdict) in self.path_probes.verdicts(done) {
+            self.record_path_verdict(&original, verdict);
+        }
+    }
+
+    fn record_path_verdict(&mut self, original: &Finding, verdict: PathVerdict) {
         let stored = self.shared.store().all();
-        if stored.iter().any(|s| settled_here(&original, s)) {
+        if stored.iter().any(|s| settled_here(original, s)) {
             debug!(dst = ?original.dst, dport = ?original.dport, "path probe dropped: the kernel's black hole stands");
             return;
         }
-        if stored.iter().any(|s| withdrawn_meanwhile(&original, s)) {
+        if stored.iter().any(|s| withdrawn_meanwhile(original, s)) {
             debug!(dst = ?original.dst, dport = ?original.dport, "path probe dropped: the timeout was withdrawn meanwhile");
             return;
         }
@@ -535,7 +539,7 @@ impl Agent {
                 let resolved = self
                     .shared
                     .store()
-                    .resolve(|s| withdraws(&original, s), SystemTime::now());
+                    .resolve(|s| withdraws(original, s), SystemTime::now());
                 for r in resolved {
                     print_finding(&r, self.opts.format);
                 }

@@ -9,7 +9,8 @@
 //! Bounds, all in [`Limits`]:
 //! - only peers with such a finding are probed, at most once per peer and question per
 //!   `window`; findings about the same peer within the window are judged on the last
-//!   run's result ([`PathProbes::judge_cached`]) instead;
+//!   run's result ([`PathProbes::judge_cached`]) instead, or, while that run is under
+//!   way, on its result when it ends (at most [`MAX_WAITING`] of them);
 //! - at most `max_running` runs at a time (others wait for the next finding);
 //! - every run sends at most `budget` (≤ 20) echo requests, and all runs together at
 //!   most `per_second` a second ([`Pacer`]).
@@ -31,6 +32,10 @@ use crate::{
     },
     probe::path::{MAX_PACKETS, PathRequest, check},
 };
+
+/// Findings kept per run under way, to judge on its result: a connect's timeout and
+/// then its failure, a few flows to one peer stalling together.
+pub(crate) const MAX_WAITING: usize = 8;
 
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Limits {
@@ -135,6 +140,8 @@ pub(crate) struct PathProbes {
     pacer: Arc<Pacer>,
     /// The last run's result per peer and question, with when it ended.
     results: HashMap<(IpAddr, Question), (Instant, PathCheck)>,
+    /// The runs under way, and the findings that asked the same while they ran.
+    waiting: HashMap<(IpAddr, Question), Vec<Finding>>,
     tx: mpsc::UnboundedSender<Done>,
     rx: mpsc::UnboundedReceiver<Done>,
 }
@@ -152,6 +159,7 @@ impl PathProbes {
             limits,
             admission: Admission::default(),
             results: HashMap::new(),
+            waiting: HashMap::new(),
             tx,
             rx,
         }
@@ -177,7 +185,12 @@ impl PathProbes {
             return judged;
         }
         if self.admission.admit(key, now, &self.limits) {
+            self.waiting.insert(key, Vec::new());
             self.start(f.clone(), question, peer);
+        } else if let Some(waiting) = self.waiting.get_mut(&key)
+            && waiting.len() < MAX_WAITING
+        {
+            waiting.push(f.clone());
         } else {
             debug!(%peer, ?question, "path probe not started: bounds");
         }
@@ -214,23 +227,31 @@ impl PathProbes {
         }
     }
 
-    /// What a run that ended makes of the finding that asked: the finding to record,
-    /// and whether it replaces the original (to withdraw).
-    pub(crate) fn verdict(&mut self, done: Done) -> Option<(Finding, PathVerdict)> {
+    /// What a run that ended makes of the finding that asked, and of those that asked
+    /// the same while it ran: each with the finding to record, and whether it replaces
+    /// the one that asked (to withdraw).
+    pub(crate) fn verdicts(&mut self, done: Done) -> Vec<(Finding, PathVerdict)> {
         self.admission.finished();
+        let key = (done.peer, done.question);
+        let waiting = self.waiting.remove(&key).unwrap_or_default();
         let check = match done.check {
             Ok(check) => check,
             Err(e) => {
                 warn!(peer = %done.peer, error = %e, "path probe failed");
-                return None;
+                return Vec::new();
             }
         };
         self.results
             .retain(|_, (at, _)| at.elapsed() < self.limits.window);
-        self.results
-            .insert((done.peer, done.question), (Instant::now(), check.clone()));
-        let verdict = path::judge(&done.original, &check, SystemTime::now());
-        Some((done.original, verdict))
+        self.results.insert(key, (Instant::now(), check.clone()));
+        let now = SystemTime::now();
+        std::iter::once(done.original)
+            .chain(waiting)
+            .map(|f| {
+                let verdict = path::judge(&f, &check, now);
+                (f, verdict)
+            })
+            .collect()
     }
 }
 

@@ -24,7 +24,8 @@ pub(super) const ARM64_SUBSET: &[&str] = &[
 /// each verdict's kernel evidence (resets sent and received, ICMP errors through the TC
 /// classifier, drop reasons by this kernel's numbering, retransmits and stalls), TC
 /// attachment through netlink and its cleanup after SIGTERM and `kill -9` (no TCX before
-/// 6.6), conntrack drops, IPv6 and IPv4-mapped sockets, the PMTUD black hole, Services
+/// 6.6), conntrack drops, IPv6 and IPv4-mapped sockets, the PMTUD black hole and the
+/// path probes that find one beyond the node, Services
 /// rejected by netfilter, and the real tunnels (Geneve, WireGuard, IPIP, GRE), which this
 /// machine's kernel does not have. Each name matches one test, except `tunnels`, which
 /// matches that binary's module.
@@ -95,6 +96,14 @@ pub(super) const KERNEL_SUBSET: &[&str] = &[
     // path_mtu
     "learned_path_mtu_below_the_overlays_need_is_an_overlay_mismatch",
     "learned_ipv6_path_mtu_below_the_overlays_need_is_an_overlay_mismatch",
+    // path_probe: the agent's own echo probes through this kernel's raw ICMP sockets
+    "black_hole_beyond_the_node_is_found_by_probing_the_path",
+    "black_hole_behind_the_router_is_found_by_probing_the_path",
+    "dead_peer_behind_the_tunnel_stays_a_stall",
+    "dead_node_behind_the_router_stays_a_stall",
+    "healthy_jumbo_path_behind_the_router_reports_nothing",
+    "tunnel_dropped_on_the_path_is_the_overlay",
+    "tunnel_dropped_under_a_learned_neighbour_is_the_overlay",
     // nat
     "service_rejected_on_this_node_is_the_firewall_not_the_listener",
     "service_rejected_by_icmp_beyond_this_node_is_a_firewall_not_the_service",

@@ -24,9 +24,10 @@ const CLAMP_MSS: &str = "iptables -t mangle -A POSTROUTING -p tcp --tcp-flags SY
 pub(crate) enum Question {
     /// A stall on full-size segments with no MTU evidence here: which sizes cross?
     Size,
-    /// A connect timing out with no evidence here: does the tunnel carry packets while
-    /// its remote endpoint answers on the underlay? Only asked for destinations the
-    /// node routes through a tunnel.
+    /// A connect timing out with no evidence here, or failing because its next hop
+    /// never answered neighbour resolution: does the tunnel carry packets while its
+    /// remote endpoint answers on the underlay? Only probed for destinations the node
+    /// routes through a tunnel.
     Tunnel,
 }
 
@@ -37,6 +38,15 @@ pub(crate) fn question(f: &Finding) -> Option<Question> {
             Some(Question::Size)
         }
         (Kind::TcpTimeout, Layer::Unknown, Evidence::Connect(_)) => Some(Question::Tunnel),
+        // A next hop through a tunnel whose neighbour entry is learned through it (ARP
+        // over the VXLAN, not a CNI's static entry) fails when the tunnel is lost.
+        (Kind::TcpTimeout | Kind::TcpUnreachable, Layer::CniRouting, Evidence::Connect(e))
+            if e.drop
+                .as_ref()
+                .is_some_and(|d| d.drop_reason == "NEIGH_FAILED") =>
+        {
+            Some(Question::Tunnel)
+        }
         _ => None,
     }
 }
@@ -231,6 +241,12 @@ fn judge_tunnel(
 ) -> PathVerdict {
     let peer = &check.peer;
     let under = check.underlay.as_ref();
+    if under.is_none() && original.layer == Layer::CniRouting {
+        // No tunnel on the route: the neighbour that failed is this node's own.
+        let mut f = original.clone();
+        f.count = 0;
+        return PathVerdict::Annotate(f);
+    }
     let (Some(under), false) = (under, peer.answered()) else {
         probe.path_probe = Some(if peer.answered() {
             PathProbeResult::OverlayPassed
@@ -253,15 +269,20 @@ fn judge_tunnel(
         .src
         .map(|a| a.to_string())
         .unwrap_or_else(|| "this node".into());
+    let failed = if original.kind == Kind::TcpUnreachable {
+        "failed with EHOSTUNREACH (its next hop through the tunnel never answered neighbour resolution)"
+    } else {
+        "timed out"
+    };
     let summary = format!(
-        "Connection to {dst}:{} timed out: the tunnel's packets are lost between the nodes. {endpoint}, the tunnel's remote endpoint, answers on the underlay, but nothing sent through the tunnel (to {through}) comes back, and nothing on this node dropped the flow.",
+        "Connection to {dst}:{} {failed}: the tunnel's packets are lost between the nodes. {endpoint}, the tunnel's remote endpoint, answers on the underlay, but nothing sent through the tunnel (to {through}) comes back, and no rule on this node dropped the flow.",
         original.dport.unwrap_or_default(),
     );
     let remediation = format!(
         "The tunnel's packets are lost between the nodes: check UDP 4789 (VXLAN; 8472 for Flannel's default, 6081 for Geneve) between this node and {endpoint} (security groups, host firewalls, the underlay's ACLs), in both directions; {local}'s own rules do not drop it."
     );
     let mut f = Finding::new(
-        Kind::TcpTimeout,
+        original.kind,
         Layer::Overlay,
         Severity::Critical,
         summary,
@@ -337,7 +358,9 @@ mod tests {
     use std::net::Ipv4Addr;
 
     use super::*;
-    use crate::findings::evidence::{ConnectEvidence, FragEvidence, RecoveredEvidence, Recovery};
+    use crate::findings::evidence::{
+        ConnectEvidence, DropEvidence, FragEvidence, RecoveredEvidence, Recovery,
+    };
 
     const POD_B: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 244, 2, 9));
     const NODE_B: IpAddr = IpAddr::V4(Ipv4Addr::new(192, 168, 77, 2));
@@ -592,6 +615,46 @@ mod tests {
         assert_eq!(m["path_probe"], "overlay_lost");
         assert_eq!(m["underlay_probe_answered"], true);
         assert_eq!(m["errno"], "ETIMEDOUT");
+    }
+
+    #[test]
+    fn a_neighbour_failed_through_a_lost_tunnel_is_the_overlay() {
+        let mut unreachable = timeout(Layer::CniRouting);
+        unreachable.kind = Kind::TcpUnreachable;
+        let Evidence::Connect(e) = &mut unreachable.evidence else {
+            unreachable!("connect evidence");
+        };
+        e.drop = Some(DropEvidence {
+            drop_reason: "NEIGH_FAILED".into(),
+            syn_drops: 3,
+            drop_interface: Some("vx0".into()),
+            ..Default::default()
+        });
+        assert_eq!(question(&unreachable), Some(Question::Tunnel));
+        let check = PathCheck {
+            peer: leg(POD_B, None, None),
+            underlay: Some(leg(NODE_B, Some(84), None)),
+        };
+        let PathVerdict::Replace(f) = judge(&unreachable, &check, SystemTime::now()) else {
+            panic!("overlay");
+        };
+        assert_eq!((f.kind, f.layer), (Kind::TcpUnreachable, Layer::Overlay));
+        assert!(f.summary.contains("EHOSTUNREACH"), "{}", f.summary);
+        assert!(withdraws(&unreachable, &unreachable.clone()));
+        // No tunnel on the route: the routing verdict stands, unannotated.
+        let PathVerdict::Annotate(g) =
+            judge(&unreachable, &PathCheck::default(), SystemTime::now())
+        else {
+            panic!("stays");
+        };
+        assert_eq!((g.layer, g.count), (Layer::CniRouting, 0));
+        assert_eq!(g.evidence, unreachable.evidence);
+        // Another drop reason is routing, not a question for the path.
+        let Evidence::Connect(e) = &mut unreachable.evidence else {
+            unreachable!("connect evidence");
+        };
+        e.drop.as_mut().unwrap().drop_reason = "IP_NOROUTE".into();
+        assert_eq!(question(&unreachable), None);
     }
 
     #[test]
