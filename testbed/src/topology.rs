@@ -413,14 +413,15 @@ impl Topology {
         Ok(())
     }
 
-    /// Drops the ICMP frag-needed node `node` generates (nftables table `inet ndicmp`,
-    /// output hook), as a host firewall filtering ICMP would. The table goes with the
-    /// namespace.
+    /// Drops the ICMP frag-needed and ICMPv6 packet-too-big node `node` generates
+    /// (nftables table `inet ndicmp`, output hook), as a host firewall filtering ICMP
+    /// would. The table goes with the namespace.
     pub fn drop_frag_needed(&self, node: &str) -> Result<()> {
         for rule in [
             "add table inet ndicmp",
             "add chain inet ndicmp out { type filter hook output priority 0; policy accept; }",
             "add rule inet ndicmp out icmp type destination-unreachable icmp code frag-needed drop",
+            "add rule inet ndicmp out icmpv6 type packet-too-big drop",
         ] {
             cmd::run_in(node, &["nft", rule])?;
         }
@@ -441,6 +442,26 @@ impl Topology {
         // `ip netns exec` mounts the namespace's own /sys.
         let write = format!("echo {mask:x} > /sys/class/net/{dev}/queues/rx-0/rps_cpus");
         cmd::run_in(netns, &["sh", "-c", &write]).map(drop)
+    }
+
+    /// Gives both pods IPv6 addresses routed through [`VXLAN_IF`]
+    /// ([`crate::pod_ipv6`]).
+    pub fn add_pod_ipv6(&self) -> Result<()> {
+        crate::pod_ipv6::add_pod_ipv6(
+            crate::pod_ipv6::Side {
+                node: &self.node_a,
+                pod: &self.pod_a,
+                node_if: POD_HOST_IF,
+                pod_if: POD_IF,
+            },
+            crate::pod_ipv6::Side {
+                node: &self.node_b,
+                pod: &self.pod_b,
+                node_if: POD_HOST_IF,
+                pod_if: POD_IF,
+            },
+            VXLAN_IF,
+        )
     }
 
     /// Sets `setting` (`name=value`) with `sysctl -qw` inside namespace `netns`.

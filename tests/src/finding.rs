@@ -4,7 +4,7 @@
 //! `remediation`, `evidence` (object), `src`, `dst`, `dport`, `sport`, `netns`,
 //! `count`, `first_seen`, `last_seen`.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use serde_json::Value;
 
@@ -14,9 +14,14 @@ pub fn field<'a>(finding: &'a Value, name: &str) -> &'a str {
 }
 
 /// Whether the finding is about the connection `src` -> `dst`:`dport`.
-pub fn flow_is(finding: &Value, src: Ipv4Addr, dst: Ipv4Addr, dport: u16) -> bool {
-    field(finding, "src") == src.to_string()
-        && field(finding, "dst") == dst.to_string()
+pub fn flow_is(
+    finding: &Value,
+    src: impl Into<IpAddr>,
+    dst: impl Into<IpAddr>,
+    dport: u16,
+) -> bool {
+    field(finding, "src") == src.into().to_string()
+        && field(finding, "dst") == dst.into().to_string()
         && finding["dport"].as_u64() == Some(u64::from(dport))
 }
 

@@ -214,6 +214,11 @@ impl Topology {
         ok(self.0.drop_frag_needed(node));
     }
 
+    /// See [`node_diag_testbed::Topology::add_pod_ipv6`].
+    pub fn add_pod_ipv6(&self) {
+        ok(self.0.add_pod_ipv6());
+    }
+
     /// See [`node_diag_testbed::Topology::delete_pod_route`].
     pub fn delete_pod_route(&self, node: &str, pod_ip: Ipv4Addr) {
         ok(self.0.delete_pod_route(node, pod_ip));
