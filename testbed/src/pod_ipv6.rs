@@ -20,7 +20,10 @@
 use std::net::{Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::time::{Duration, Instant};
 
-use crate::{Error, Result, cmd};
+use crate::{
+    Error, Result, RoutedTopology, Topology, cmd,
+    topology::{POD_HOST_IF, POD_IF, VXLAN_IF},
+};
 
 /// Pod A's IPv6 address.
 pub const POD_A_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x244, 1, 0, 0, 0, 0, 7);
@@ -36,18 +39,19 @@ pub fn pod_b_v6_addr(port: u16) -> SocketAddr {
     SocketAddr::V6(SocketAddrV6::new(POD_B_V6, port, 0, 0))
 }
 
-/// The namespaces of one node and its pod, for [`add_pod_ipv6`], and the two ends of
-/// the veth between them.
-pub(crate) struct Side<'a> {
-    pub(crate) node: &'a str,
-    pub(crate) pod: &'a str,
-    pub(crate) node_if: &'a str,
-    pub(crate) pod_if: &'a str,
+/// Gives [`Topology`]'s pods IPv6 addresses routed through its [`VXLAN_IF`].
+pub fn add_to(topo: &Topology) -> Result<()> {
+    add([&topo.node_a, &topo.pod_a], [&topo.node_b, &topo.pod_b])
 }
 
-/// Adds the layout above to nodes `a` and `b` and their pods, with the nodes' overlay
-/// addresses on `overlay_if`.
-pub(crate) fn add_pod_ipv6(a: Side<'_>, b: Side<'_>, overlay_if: &str) -> Result<()> {
+/// Gives [`RoutedTopology`]'s pods IPv6 addresses routed through its [`VXLAN_IF`], the
+/// IPv4 tunnel whose outer packets meet the router's narrow hop.
+pub fn add_to_routed(topo: &RoutedTopology) -> Result<()> {
+    add([&topo.node_a, &topo.pod_a], [&topo.node_b, &topo.pod_b])
+}
+
+/// Adds the layout above to nodes and pods `[node, pod]` `a` and `b`.
+fn add(a: [&str; 2], b: [&str; 2]) -> Result<()> {
     let sides = [
         (
             a,
@@ -63,7 +67,7 @@ pub(crate) fn add_pod_ipv6(a: Side<'_>, b: Side<'_>, overlay_if: &str) -> Result
     for (side, subnet, pod_ip, overlay, peer_overlay, peer_subnet) in sides {
         let gateway = Ipv6Addr::new(0xfd00, 0x244, subnet, 0, 0, 0, 0, 1);
         let peer_cidr = format!("fd00:244:{peer_subnet}::/64");
-        let (node, pod) = (side.node, side.pod);
+        let [node, pod] = side;
         let ip = |ns: &str, args: &[&str]| {
             let mut argv = vec!["ip", "-n", ns];
             argv.extend_from_slice(args);
@@ -75,9 +79,9 @@ pub(crate) fn add_pod_ipv6(a: Side<'_>, b: Side<'_>, overlay_if: &str) -> Result
                 &["addr", "add", &format!("{a}/64"), "dev", dev, "nodad"],
             )
         };
-        addr(node, gateway, side.node_if)?;
-        addr(pod, pod_ip, side.pod_if)?;
-        addr(node, overlay, overlay_if)?;
+        addr(node, gateway, POD_HOST_IF)?;
+        addr(pod, pod_ip, POD_IF)?;
+        addr(node, overlay, VXLAN_IF)?;
         ip(
             pod,
             &["-6", "route", "add", "default", "via", &gateway.to_string()],
@@ -92,7 +96,7 @@ pub(crate) fn add_pod_ipv6(a: Side<'_>, b: Side<'_>, overlay_if: &str) -> Result
                 "via",
                 &peer_overlay.to_string(),
                 "dev",
-                overlay_if,
+                VXLAN_IF,
             ],
         )?;
         cmd::run_in(node, &["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"])?;

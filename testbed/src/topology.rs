@@ -444,26 +444,6 @@ impl Topology {
         cmd::run_in(netns, &["sh", "-c", &write]).map(drop)
     }
 
-    /// Gives both pods IPv6 addresses routed through [`VXLAN_IF`]
-    /// ([`crate::pod_ipv6`]).
-    pub fn add_pod_ipv6(&self) -> Result<()> {
-        crate::pod_ipv6::add_pod_ipv6(
-            crate::pod_ipv6::Side {
-                node: &self.node_a,
-                pod: &self.pod_a,
-                node_if: POD_HOST_IF,
-                pod_if: POD_IF,
-            },
-            crate::pod_ipv6::Side {
-                node: &self.node_b,
-                pod: &self.pod_b,
-                node_if: POD_HOST_IF,
-                pod_if: POD_IF,
-            },
-            VXLAN_IF,
-        )
-    }
-
     /// Sets `setting` (`name=value`) with `sysctl -qw` inside namespace `netns`.
     pub fn sysctl(&self, netns: &str, setting: &str) -> Result<()> {
         cmd::run_in(netns, &["sysctl", "-qw", setting]).map(drop)

@@ -157,6 +157,24 @@ pub fn assert_shape_mtu(finding: &Value) {
     }
 }
 
+/// Panics unless `f` is a black hole the sender's TCP MTU probing recovered: a warning
+/// naming the probing, the MSS shrunk from at least `mss_at_least`, seconds lost and the
+/// full-size retransmits before.
+pub fn assert_recovered_by_probing(f: &Value, mss_at_least: u64) {
+    assert_shape(f);
+    assert_eq!(field(f, "layer"), "icmp_filtered", "{f:#}");
+    assert_eq!(field(f, "severity"), "warning", "{f:#}");
+    let e = &f["evidence"];
+    assert_eq!(e["recovered_by"], "tcp_mtu_probing", "{f:#}");
+    let (before, after) = (
+        e["mss_before"].as_u64().unwrap(),
+        e["mss_after"].as_u64().unwrap(),
+    );
+    assert!(before >= mss_at_least && after < before, "{f:#}");
+    assert!(e["seconds_lost"].as_f64().unwrap() >= 0.5, "{f:#}");
+    assert!(e["fullsize_retransmits"].as_u64().unwrap() >= 2, "{f:#}");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

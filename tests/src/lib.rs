@@ -214,9 +214,9 @@ impl Topology {
         ok(self.0.drop_frag_needed(node));
     }
 
-    /// See [`node_diag_testbed::Topology::add_pod_ipv6`].
+    /// See [`node_diag_testbed::pod_ipv6::add_to`].
     pub fn add_pod_ipv6(&self) {
-        ok(self.0.add_pod_ipv6());
+        ok(node_diag_testbed::pod_ipv6::add_to(&self.0));
     }
 
     /// See [`node_diag_testbed::Topology::delete_pod_route`].

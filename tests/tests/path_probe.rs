@@ -177,23 +177,13 @@ fn dead_peer_behind_the_tunnel_stays_a_stall() {
     let (seg, mss) = (num(&stall, "segment_len"), num(&stall, "mss"));
     assert!(seg >= mss, "the stalled segment is full-size: {stall:#}");
     // The probe's result joins the stall's evidence.
-    let deadline = Instant::now() + scaled(Duration::from_secs(10));
-    let probed = loop {
-        let served = agent.findings_endpoint();
-        if let Some(f) = served
-            .iter()
-            .find(|f| on_flow("tcp_stall", "unknown", &topo, port)(f))
-            .filter(|f| !f["evidence"]["path_probe"].is_null())
-        {
-            break f.clone();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no path probe on the stall: {served:#?}\n{}",
-            agent.diagnostics()
-        );
-        thread::sleep(Duration::from_millis(200));
-    };
+    let probed = agent.wait_served(
+        |f| {
+            on_flow("tcp_stall", "unknown", &topo, port)(f)
+                && !f["evidence"]["path_probe"].is_null()
+        },
+        Duration::from_secs(10),
+    );
     assert_eq!(probed["evidence"]["path_probe"], "no_reply", "{probed:#}");
     assert_eq!(field(&probed, "status"), "active", "{probed:#}");
     agent.expect_no_finding(

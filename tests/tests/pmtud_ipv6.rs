@@ -13,9 +13,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use node_diag_testbed::RoutedTopology;
-use node_diag_testbed::pod_ipv6::{POD_A_V6, POD_B_V6, pod_b_v6_addr};
+use node_diag_testbed::pod_ipv6::{self, POD_A_V6, POD_B_V6, pod_b_v6_addr};
 use node_diag_tests::agent::scaled;
-use node_diag_tests::finding::{assert_shape, field, flow_is};
+use node_diag_tests::finding::{assert_recovered_by_probing, assert_shape, field, flow_is};
 use node_diag_tests::topology::{POD_IF, UNDERLAY_IF};
 use node_diag_tests::{
     Agent, BULK, ServerMode, TcpServer, Topology, cmd, in_netns, ok, tcp_request, unique_name,
@@ -65,13 +65,6 @@ fn black_hole_held(
     bulk_v6(&topo.pod_a, port, hold)
 }
 
-fn open_black_hole(agent: &Agent, port: u16) -> bool {
-    agent
-        .findings_endpoint()
-        .iter()
-        .any(|f| on_flow("pmtud_blackhole", port)(f) && field(f, "status") == "active")
-}
-
 #[test]
 fn ipv6_black_hole_held_stays_open_while_its_flow_is_stuck() {
     let topo = v6_topology();
@@ -87,22 +80,11 @@ fn ipv6_black_hole_held_stays_open_while_its_flow_is_stuck() {
     assert!(num(&f, "frag_needed_dropped") >= 1, "{f:#}");
     assert!(num(&f, "fullsize_retransmits") >= 3, "{f:#}");
     agent.wait_counter_at_least(BLACKHOLES, 1.0, Duration::from_secs(2));
-    let held = Instant::now();
-    while held.elapsed() < Duration::from_secs(60) {
-        assert_eq!(
-            agent.metric(BLACKHOLES),
-            Some(1.0),
-            "gauge after {:?} of a stuck flow\n{}",
-            held.elapsed(),
-            agent.diagnostics()
-        );
-        assert!(
-            open_black_hole(&agent, port),
-            "resolved after {:?} of a stuck flow",
-            held.elapsed()
-        );
-        thread::sleep(Duration::from_secs(2));
-    }
+    agent.assert_held(
+        BLACKHOLES,
+        Duration::from_secs(60),
+        on_flow("pmtud_blackhole", port),
+    );
     // The client gives up on its own timeout, in the background.
     drop(client);
 }
@@ -263,22 +245,10 @@ fn ipv6_dead_peer_behind_the_tunnel_is_still_a_stall() {
         num(&stall, "segment_len") >= num(&stall, "mss"),
         "full-size: {stall:#}"
     );
-    let deadline = Instant::now() + scaled(Duration::from_secs(10));
-    let probed = loop {
-        let served = agent.findings_endpoint();
-        if let Some(f) = served
-            .iter()
-            .find(|f| on_flow("tcp_stall", port)(f) && !f["evidence"]["path_probe"].is_null())
-        {
-            break f.clone();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no path probe on the stall: {served:#?}\n{}",
-            agent.diagnostics()
-        );
-        thread::sleep(Duration::from_millis(200));
-    };
+    let probed = agent.wait_served(
+        |f| on_flow("tcp_stall", port)(f) && !f["evidence"]["path_probe"].is_null(),
+        Duration::from_secs(10),
+    );
     assert_eq!(probed["evidence"]["path_probe"], "no_reply", "{probed:#}");
     assert_eq!(
         probed["evidence"]["path_probe_target"],
@@ -304,7 +274,7 @@ fn ipv6_dead_peer_behind_the_tunnel_is_still_a_stall() {
 #[test]
 fn ipv6_black_hole_masked_by_mtu_probing_is_reported_recovered() {
     let topo = ok(RoutedTopology::build(&unique_name()));
-    ok(topo.add_pod_ipv6());
+    ok(pod_ipv6::add_to_routed(&topo));
     ok(topo.narrow_towards_b(1400));
     ok(topo.drop_router_frag_needed());
     ok(topo.sysctl(&topo.pod_a, "net.ipv4.tcp_mtu_probing=1"));
@@ -325,17 +295,8 @@ fn ipv6_black_hole_masked_by_mtu_probing_is_reported_recovered() {
         on_flow("pmtud_blackhole", port)(f) && f["evidence"]["recovered_by"] == "tcp_mtu_probing"
     };
     let f = agent.wait_finding(recovered, Duration::from_secs(5));
-    assert_shape(&f);
-    assert_eq!(field(&f, "layer"), "icmp_filtered", "{f:#}");
-    assert_eq!(field(&f, "severity"), "warning", "{f:#}");
-    let (before, after) = (num(&f, "mss_before"), num(&f, "mss_after"));
     // 1450 − 40 of IPv6 − 20 of TCP − 12 of timestamps.
-    assert!(before >= 1378 && after < before, "{f:#}");
-    assert!(
-        f["evidence"]["seconds_lost"].as_f64().unwrap() >= 0.5,
-        "{f:#}"
-    );
-    assert!(num(&f, "fullsize_retransmits") >= 2, "{f:#}");
+    assert_recovered_by_probing(&f, 1378);
     agent.wait_finding(
         |f| recovered(f) && f["status"] == "resolved",
         Duration::from_secs(5),
@@ -353,7 +314,7 @@ fn ipv6_black_hole_masked_by_mtu_probing_is_reported_recovered() {
 #[test]
 fn ipv6_clean_path_with_mtu_probing_reports_nothing() {
     let topo = ok(RoutedTopology::build(&unique_name()));
-    ok(topo.add_pod_ipv6());
+    ok(pod_ipv6::add_to_routed(&topo));
     ok(topo.sysctl(&topo.pod_a, "net.ipv4.tcp_mtu_probing=1"));
     let agent = Agent::start_ready_in(&topo);
     let port = 9617;
