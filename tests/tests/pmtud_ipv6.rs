@@ -231,11 +231,14 @@ fn ipv6_dead_peer_behind_the_tunnel_is_still_a_stall() {
         s.write_all(b"hello\n")?;
         thread::sleep(Duration::from_millis(200));
         cmd::run(&["ip", "-n", &pod_b, "link", "set", POD_IF, "down"]);
-        s.set_write_timeout(Some(Duration::from_secs(2)))?;
-        s.write_all(&vec![0x5a; 64 * 1024])?;
-        Ok::<_, std::io::Error>(s)
+        s.set_write_timeout(Some(scaled(Duration::from_secs(2))))?;
+        // Full-size segments into the silence: what the send buffer takes before the
+        // timeout is enough (an emulated guest's may not take 64 KiB at once).
+        let taken = s.write(&vec![0x5a; 64 * 1024])?;
+        Ok::<_, std::io::Error>((s, taken))
     })
     .expect("connect and write before the peer goes away");
+    assert!(sent.1 >= 4 * 1450, "only {} bytes sent", sent.1);
 
     let stall = agent.wait_finding(
         |f| on_flow("tcp_stall", port)(f) && field(f, "layer") == "unknown",
