@@ -171,6 +171,10 @@ fn a_black_hole_masked_by_mtu_probing_is_reported_recovered() {
     ok(topo.narrow_towards_b(1400));
     ok(topo.drop_router_frag_needed());
     ok(topo.sysctl(&topo.pod_a, "net.ipv4.tcp_mtu_probing=1"));
+    // The echo crosses the narrow hop too, and the router's veth drops node B's
+    // full-size tunnel packets that are not GSO without a word: pod B probes as well,
+    // or its echo stalls for good whenever it sends one alone.
+    ok(topo.sysctl(&topo.pod_b, "net.ipv4.tcp_mtu_probing=1"));
     let agent = Agent::start_ready_in(&topo);
     let port = 9021;
     let addr = SocketAddr::new(topo.pod_b_ip.into(), port);
