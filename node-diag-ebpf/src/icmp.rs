@@ -6,7 +6,7 @@
 use core::mem::MaybeUninit;
 
 use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
-use node_diag_common::{IcmpInfo, counter, eth_p, icmp, ipproto};
+use node_diag_common::{FlowKey, IcmpInfo, counter, eth_p, icmp, ipproto};
 
 use crate::{
     config::{config, in_scope, now},
@@ -52,8 +52,19 @@ fn try_icmp_send(ctx: &TracePointContext) -> Option<()> {
         // to, as the error itself reaches the socket translated back.
         let _ = nat_join(skb, &mut packet.flow, netns, false);
     }
-    // Not scoped: the entry is evidence about a flow, consulted only for this node's own
-    // sockets.
+    note_sent(&packet.flow, (icmp_type, icmp_code), netns, ifindex, mtu)
+}
+
+/// Remembers an ICMP error of `(type, code)` this kernel sent about `flow`. Not scoped:
+/// the entry is evidence about a flow, consulted only for this node's own sockets.
+#[inline(always)]
+pub fn note_sent(
+    flow: &FlowKey,
+    (icmp_type, icmp_code): (u32, u32),
+    netns: u32,
+    ifindex: u32,
+    mtu: u32,
+) -> Option<()> {
     note_evidence();
     let mut info = IcmpInfo {
         last_ns: now(),
@@ -65,5 +76,5 @@ fn try_icmp_send(ctx: &TracePointContext) -> Option<()> {
         count: 0,
         from: [0; 16],
     };
-    bump_lru(&ICMP_SENT, &packet.flow, &mut info).map(|_new| ())
+    bump_lru(&ICMP_SENT, flow, &mut info).map(|_new| ())
 }

@@ -6,13 +6,14 @@ use core::mem::MaybeUninit;
 
 use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
 use node_diag_common::{
-    DROP_REASON_SLOTS, DropInfo, DropKey, counter, drop_flag, event_kind, ipproto,
+    AF_INET6, DROP_REASON_SLOTS, DropInfo, DropKey, counter, drop_flag, event_kind, icmpv6, ipproto,
 };
 
 use crate::{
     config::{config, in_scope, in_scope_cached, now},
     emit::{Extra, bump, bump_lru, emit, inc, note_evidence},
     flow::reverse,
+    icmp::note_sent,
     kernel::{btf_read, kread, skb_dev_btf},
     maps::{DROP_REASONS, DROPS, FRAG_DROPPED, OVERSIZE, OVERSIZE_BY_DEV, SYN_DROPS},
     nat::nat_join,
@@ -191,6 +192,9 @@ fn oversize(
         flags: 0,
         mtu,
     };
+    if packet.flow.family == AF_INET6 {
+        packet_too_big_sent(packet, netns, egress, mtu);
+    }
     if bump_lru(&OVERSIZE, &packet.flow, &mut info)? {
         emit(
             ctx,
@@ -208,6 +212,17 @@ fn oversize(
         );
     }
     Some(())
+}
+
+/// IPv6 answers every packet it drops as too big (`ip6_forward`, `ip6_fragment`) with a
+/// packet-too-big, sent just before the drop, and no tracepoint shows that send: the
+/// drop stands for it, recorded as `icmp:icmp_send` records IPv4's frag-needed.
+#[inline(never)]
+fn packet_too_big_sent(packet: &Packet, netns: u32, ifindex: u32, mtu: u32) -> Option<()> {
+    if in_scope(netns) {
+        inc(counter::ICMP_FRAG_SENT);
+    }
+    note_sent(&packet.flow, (icmpv6::PKT_TOOBIG, 0), netns, ifindex, mtu)
 }
 
 /// Netfilter dropped an ICMP frag-needed / packet-too-big (`packet`): remember the flow it

@@ -8,8 +8,8 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, RawTracePointContext},
 };
 use node_diag_common::{
-    DropInfo, FlowKey, FlowState, RETRANS_REPORTED_PMTUD, RETRANS_REPORTED_STALL, RetransState,
-    counter, event_kind, flow_flag, ipproto, stall, tcp_state,
+    AF_INET6, DropInfo, FlowKey, FlowState, RETRANS_REPORTED_PMTUD, RETRANS_REPORTED_STALL,
+    RetransState, counter, event_kind, flow_flag, ipproto, stall, tcp_state,
 };
 
 use crate::{
@@ -338,9 +338,15 @@ fn has_frag_needed(flow: &FlowKey, since: u64, packet: u32) -> bool {
     let sent = recent_icmp(unsafe { ICMP_SENT.get(flow) }, since);
     let rcvd = recent_icmp(unsafe { ICMP_RCVD.get(flow) }, since);
     let exceeds = |mtu: u32| stall::exceeds(packet, mtu);
-    // icmp:icmp_send is IPv4's (ICMPv6 has no such tracepoint).
+    // IPv4's from icmp:icmp_send; IPv6's packet-too-big recorded with the oversize drop
+    // it answers (ICMPv6 has no such tracepoint).
+    let proto = if flow.family == AF_INET6 {
+        ipproto::ICMPV6
+    } else {
+        ipproto::ICMP
+    };
     (sent.count > 0
-        && is_frag_needed(ipproto::ICMP, sent.icmp_type as u8, sent.icmp_code as u8)
+        && is_frag_needed(proto, sent.icmp_type as u8, sent.icmp_code as u8)
         && exceeds(sent.mtu))
         || (rcvd.count > 0 && exceeds(rcvd.mtu))
         || recent_drop(unsafe { FRAG_DROPPED.get(flow) }, since).count > 0

@@ -36,6 +36,12 @@ pub enum Error {
         to: String,
         timeout: Duration,
     },
+    #[error("{netns}: IPv6 addresses still tentative after {timeout:?}: {addrs}")]
+    Tentative {
+        netns: String,
+        addrs: String,
+        timeout: Duration,
+    },
     #[error("GET {url} failed: {source}")]
     Http {
         url: String,

@@ -14,6 +14,8 @@
 //!   namespace, a DF-setting VXLAN and a pod each (IPv6 underlay optional), with the
 //!   router's faults (a narrower hop towards node B, ICMP frag-needed filtered, the
 //!   tunnel's port dropped) and route-cache helpers (learn, read, flush a path MTU).
+//! - [`pod_ipv6`]: IPv6 addresses for either topology's pods, routed through its
+//!   overlay.
 //! - [`netns`]: the [`Netns`] guard, and [`in_netns`] / [`spawn_in_netns`], which run a
 //!   closure on a thread that entered a namespace; sockets created there stay in it.
 //! - [`cni`]: the device shapes real CNIs create (flannel, Calico VXLAN and IPIP,
@@ -45,6 +47,7 @@ pub mod http;
 pub mod kube_proxy;
 pub mod metrics;
 pub mod netns;
+pub mod pod_ipv6;
 pub mod process;
 pub mod routed;
 pub mod topology;

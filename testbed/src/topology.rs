@@ -346,14 +346,15 @@ impl Topology {
         Ok(())
     }
 
-    /// Drops the ICMP frag-needed node `node` generates (nftables table `inet ndicmp`,
-    /// output hook), as a host firewall filtering ICMP would. The table goes with the
-    /// namespace.
+    /// Drops the ICMP frag-needed and ICMPv6 packet-too-big node `node` generates
+    /// (nftables table `inet ndicmp`, output hook), as a host firewall filtering ICMP
+    /// would. The table goes with the namespace.
     pub fn drop_frag_needed(&self, node: &str) -> Result<()> {
         for rule in [
             "add table inet ndicmp",
             "add chain inet ndicmp out { type filter hook output priority 0; policy accept; }",
             "add rule inet ndicmp out icmp type destination-unreachable icmp code frag-needed drop",
+            "add rule inet ndicmp out icmpv6 type packet-too-big drop",
         ] {
             cmd::run_in(node, &["nft", rule])?;
         }

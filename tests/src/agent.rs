@@ -222,6 +222,47 @@ impl<'t> Agent<'t> {
         }
     }
 
+    /// Polls `/findings` until a finding matches `pred` and returns it; panics after
+    /// `timeout` (scaled) with what was served.
+    pub fn wait_served(&self, pred: impl Fn(&Value) -> bool, timeout: Duration) -> Value {
+        let deadline = Instant::now() + scaled(timeout);
+        loop {
+            let served = self.findings_endpoint();
+            if let Some(f) = served.iter().find(|f| pred(f)) {
+                return f.clone();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no matching finding served: {served:#?}\n{}",
+                self.diagnostics()
+            );
+            thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// For `hold` (not scaled: it is the condition's duration under test), every 2 s:
+    /// gauge `series` is 1 and `/findings` serves an active finding matching `open`.
+    pub fn assert_held(&self, series: &str, hold: Duration, open: impl Fn(&Value) -> bool) {
+        let held = Instant::now();
+        while held.elapsed() < hold {
+            assert_eq!(
+                self.metric(series),
+                Some(1.0),
+                "{series} after {:?} held\n{}",
+                held.elapsed(),
+                self.diagnostics()
+            );
+            assert!(
+                self.findings_endpoint()
+                    .iter()
+                    .any(|f| open(f) && f["status"] == "active"),
+                "resolved after {:?} held",
+                held.elapsed()
+            );
+            thread::sleep(Duration::from_secs(2));
+        }
+    }
+
     /// Sends SIGTERM and waits (up to 10 s, then SIGKILL) for the exit. Returns the exit
     /// status and how long the exit took.
     pub fn terminate(&mut self) -> (ExitStatus, Duration) {

@@ -4,7 +4,7 @@
 //! `remediation`, `evidence` (object), `src`, `dst`, `dport`, `sport`, `netns`,
 //! `count`, `first_seen`, `last_seen`.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use serde_json::Value;
 
@@ -14,9 +14,14 @@ pub fn field<'a>(finding: &'a Value, name: &str) -> &'a str {
 }
 
 /// Whether the finding is about the connection `src` -> `dst`:`dport`.
-pub fn flow_is(finding: &Value, src: Ipv4Addr, dst: Ipv4Addr, dport: u16) -> bool {
-    field(finding, "src") == src.to_string()
-        && field(finding, "dst") == dst.to_string()
+pub fn flow_is(
+    finding: &Value,
+    src: impl Into<IpAddr>,
+    dst: impl Into<IpAddr>,
+    dport: u16,
+) -> bool {
+    field(finding, "src") == src.into().to_string()
+        && field(finding, "dst") == dst.into().to_string()
         && finding["dport"].as_u64() == Some(u64::from(dport))
 }
 
@@ -150,6 +155,24 @@ pub fn assert_shape_mtu(finding: &Value) {
             "evidence `{key}` missing: {f:#}"
         );
     }
+}
+
+/// Panics unless `f` is a black hole the sender's TCP MTU probing recovered: a warning
+/// naming the probing, the MSS shrunk from at least `mss_at_least`, seconds lost and the
+/// full-size retransmits before.
+pub fn assert_recovered_by_probing(f: &Value, mss_at_least: u64) {
+    assert_shape(f);
+    assert_eq!(field(f, "layer"), "icmp_filtered", "{f:#}");
+    assert_eq!(field(f, "severity"), "warning", "{f:#}");
+    let e = &f["evidence"];
+    assert_eq!(e["recovered_by"], "tcp_mtu_probing", "{f:#}");
+    let (before, after) = (
+        e["mss_before"].as_u64().unwrap(),
+        e["mss_after"].as_u64().unwrap(),
+    );
+    assert!(before >= mss_at_least && after < before, "{f:#}");
+    assert!(e["seconds_lost"].as_f64().unwrap() >= 0.5, "{f:#}");
+    assert!(e["fullsize_retransmits"].as_u64().unwrap() >= 2, "{f:#}");
 }
 
 #[cfg(test)]

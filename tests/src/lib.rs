@@ -205,6 +205,11 @@ impl Topology {
         ok(self.0.drop_frag_needed(node));
     }
 
+    /// See [`node_diag_testbed::pod_ipv6::add_to`].
+    pub fn add_pod_ipv6(&self) {
+        ok(node_diag_testbed::pod_ipv6::add_to(&self.0));
+    }
+
     /// See [`node_diag_testbed::Topology::delete_pod_route`].
     pub fn delete_pod_route(&self, node: &str, pod_ip: Ipv4Addr) {
         ok(self.0.delete_pod_route(node, pod_ip));

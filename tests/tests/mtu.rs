@@ -414,14 +414,6 @@ fn black_hole_held(
     bulk_in_background(topo, port, hold)
 }
 
-/// The open finding of `kind` on pod A's flow to `port`, as `/findings` serves it now.
-fn open_finding(agent: &Agent, topo: &Topology, kind: &str, port: u16) -> Option<Value> {
-    agent
-        .findings_endpoint()
-        .into_iter()
-        .find(|f| kind_on_flow(kind, topo, port)(f) && field(f, "status") == "active")
-}
-
 /// A stuck flow backs off to tens of seconds between retransmits: its black hole stays
 /// open, and the gauge at 1, for as long as the socket waits, not for as long as
 /// retransmits come often.
@@ -438,22 +430,11 @@ fn a_black_hole_stays_open_while_its_flow_is_stuck() {
     );
     // The gauge follows on the agent's next 500 ms tick.
     agent.wait_counter_at_least(BLACKHOLES, 1.0, Duration::from_secs(2));
-    let held = Instant::now();
-    while held.elapsed() < Duration::from_secs(60) {
-        assert_eq!(
-            agent.metric(BLACKHOLES),
-            Some(1.0),
-            "gauge after {:?} of a stuck flow\n{}",
-            held.elapsed(),
-            agent.diagnostics()
-        );
-        assert!(
-            open_finding(&agent, &topo, "pmtud_blackhole", port).is_some(),
-            "resolved after {:?} of a stuck flow",
-            held.elapsed()
-        );
-        thread::sleep(Duration::from_secs(2));
-    }
+    agent.assert_held(
+        BLACKHOLES,
+        Duration::from_secs(60),
+        kind_on_flow("pmtud_blackhole", &topo, port),
+    );
     // The client gives up on its own timeout, in the background: waiting for it here
     // would only lengthen the test (several times over in an emulated guest).
     drop(client);

@@ -534,6 +534,12 @@ impl Agent {
             debug!(dst = ?original.dst, dport = ?original.dport, "path probe dropped: the timeout was withdrawn meanwhile");
             return;
         }
+        // The flow moved on while the probe ran (a connect that completed late, a
+        // stall that resumed): a verdict on it now would reopen what is over.
+        if self.shared.store().is_resolved(original) {
+            debug!(dst = ?original.dst, dport = ?original.dport, "path probe dropped: its finding resolved meanwhile");
+            return;
+        }
         let f = match verdict {
             PathVerdict::Replace(f) => {
                 let resolved = self

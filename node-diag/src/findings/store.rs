@@ -153,6 +153,13 @@ impl Store {
         self.entries.contains_key(&finding.key())
     }
 
+    /// Whether the entry `finding` would aggregate into has been resolved.
+    pub(crate) fn is_resolved(&self, finding: &Finding) -> bool {
+        self.entries
+            .get(&finding.key())
+            .is_some_and(|&pos| self.list[self.index(pos)].finding.status == Status::Resolved)
+    }
+
     /// Makes the active findings of `kinds` equal to `current`, for conditions that are
     /// re-evaluated as a whole (the MTU model): new or reappearing ones are recorded,
     /// ones still holding only refresh `last_seen`, and ones gone are resolved. Returns
@@ -269,6 +276,17 @@ mod tests {
             .map(|f| (f.pod.as_ref().unwrap().name.clone(), f.count))
             .collect();
         assert_eq!(names, [("old".to_string(), 2), ("new".to_string(), 1)]);
+    }
+
+    #[test]
+    fn a_resolved_entry_is_known_as_such() {
+        let mut store = Store::new(Duration::from_secs(10), 16);
+        let f = refused(1000);
+        assert!(!store.is_resolved(&f), "unknown");
+        store.record(f.clone(), Instant::now());
+        assert!(!store.is_resolved(&f), "active");
+        store.resolve(|_| true, SystemTime::now());
+        assert!(store.is_resolved(&f));
     }
 
     #[test]

@@ -104,6 +104,12 @@ pub(super) const KERNEL_SUBSET: &[&str] = &[
     "healthy_jumbo_path_behind_the_router_reports_nothing",
     "tunnel_dropped_on_the_path_is_the_overlay",
     "tunnel_dropped_under_a_learned_neighbour_is_the_overlay",
+    // pmtud_ipv6
+    "ipv6_black_hole_held_stays_open_while_its_flow_is_stuck",
+    "ipv6_agent_started_during_a_black_hole_reports_it_at_the_next_retransmit",
+    "ipv6_stall_after_pmtud_worked_is_no_black_hole",
+    "ipv6_black_hole_beyond_the_node_is_found_by_probing",
+    "ipv6_dead_peer_behind_the_tunnel_is_still_a_stall",
     // nat
     "service_rejected_on_this_node_is_the_firewall_not_the_listener",
     "service_rejected_by_icmp_beyond_this_node_is_a_firewall_not_the_service",

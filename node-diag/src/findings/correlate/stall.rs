@@ -1,7 +1,7 @@
 //! The MTU family: DF packets dropped as too big, flows stalled on full-size segments
 //! with MTU evidence (PMTUD black holes), and stalls without it (a silent peer).
 
-use node_diag_common::{AF_INET, Event, WINDOW_ALL, icmp};
+use node_diag_common::{AF_INET, Event, WINDOW_ALL, icmp, icmpv6};
 
 use super::{Context, addr, with_flow};
 use crate::findings::{
@@ -19,10 +19,7 @@ const CLAMP_MSS: &str = "iptables -t mangle -A POSTROUTING -p tcp --tcp-flags SY
 /// is unknown (`null`) when none was seen and ICMP from the network was not watched
 /// throughout the window.
 fn frag_evidence(ev: &Event, watched: bool) -> FragEvidence {
-    let sent = (ev.icmp.last_ns != 0
-        && ev.icmp.icmp_type == icmp::DEST_UNREACH
-        && ev.icmp.icmp_code == icmp::FRAG_NEEDED)
-        .then_some(ev.icmp);
+    let sent = (ev.icmp.last_ns != 0 && is_frag_needed(ev)).then_some(ev.icmp);
     let seen = watched || ev.icmp_rcvd.count > 0;
     FragEvidence {
         frag_needed_sent: sent.map_or(0, |i| i.count),
@@ -45,9 +42,20 @@ fn pmtud_worked_for(ev: &Event) -> Option<u32> {
     (frag_needed_generated(ev) && ev.icmp.mtu != 0).then_some(ev.icmp.mtu)
 }
 
-/// Whether this node generated a frag-needed for the flow.
+/// Whether this node generated a frag-needed (IPv6: a packet-too-big) for the flow.
 fn frag_needed_generated(ev: &Event) -> bool {
-    ev.icmp.icmp_code == icmp::FRAG_NEEDED && ev.icmp.count > 0
+    ev.icmp.count > 0 && is_frag_needed(ev)
+}
+
+/// Whether the ICMP error this node generated for the flow is a frag-needed, or for
+/// IPv6, where the kernel records the packet-too-big with the oversize drop it answers,
+/// a packet-too-big.
+fn is_frag_needed(ev: &Event) -> bool {
+    if ev.flow.family == AF_INET {
+        ev.icmp.icmp_type == icmp::DEST_UNREACH && ev.icmp.icmp_code == icmp::FRAG_NEEDED
+    } else {
+        ev.icmp.icmp_type == icmpv6::PKT_TOOBIG
+    }
 }
 
 pub(super) fn df_oversize(ev: &Event, ctx: &Context<'_>) -> Finding {
@@ -128,6 +136,11 @@ pub(super) fn pmtud_stall(ev: &Event, ctx: &Context<'_>) -> Finding {
         frag: frag_evidence(ev, ctx.icmp_watched),
         ..Default::default()
     };
+    let frag = if flow.family == AF_INET {
+        "ICMP frag-needed"
+    } else {
+        "ICMPv6 packet-too-big"
+    };
     let why = if ev.frag_dropped.count > 0 {
         // A frag-needed this node generated is dropped on its way out; one it forwards
         // is dropped in forward (or input, when addressed to the node itself). No
@@ -143,7 +156,7 @@ pub(super) fn pmtud_stall(ev: &Event, ctx: &Context<'_>) -> Finding {
         evidence.netfilter_hook = Some(hook);
         evidence.drop_reason = Some("NETFILTER_DROP");
         format!(
-            "the ICMP frag-needed meant for the sender is dropped by netfilter on this node ({} hook, {} times)",
+            "the {frag} meant for the sender is dropped by netfilter on this node ({} hook, {} times)",
             hook.as_str(),
             ev.frag_dropped.count
         )
@@ -154,7 +167,7 @@ pub(super) fn pmtud_stall(ev: &Event, ctx: &Context<'_>) -> Finding {
         )
     } else if generated_here {
         format!(
-            "this node generated ICMP frag-needed (MTU {}) {} times, but it never took effect at the sender: it is lost or ignored between this node and the sender",
+            "this node generated {frag} (MTU {}) {} times, but it never took effect at the sender: it is lost or ignored between this node and the sender",
             ev.icmp.mtu, ev.icmp.count
         )
     } else {
@@ -286,7 +299,7 @@ pub(super) fn tcp_stall(ev: &Event, ctx: &Context<'_>) -> Finding {
 mod tests {
     use std::net::Ipv6Addr;
 
-    use node_diag_common::{IcmpInfo, event_kind};
+    use node_diag_common::{Event, IcmpInfo, event_kind};
     use serde_json::Value;
 
     use super::super::testkit::*;
@@ -456,6 +469,64 @@ mod tests {
             "{}",
             f.summary
         );
+    }
+
+    /// IPv6's packet-too-big, recorded by the kernel with the oversize drop it answers.
+    fn packet_too_big_sent(count: u32, mtu: u32) -> IcmpInfo {
+        IcmpInfo {
+            icmp_type: node_diag_common::icmpv6::PKT_TOOBIG,
+            icmp_code: 0,
+            ..frag_needed_sent(count, mtu)
+        }
+    }
+
+    fn v6_event(kind: u32) -> Event {
+        let mut ev = event(kind, 0);
+        ev.flow.family = node_diag_common::AF_INET6;
+        ev.flow.saddr = "fd00:244:1::7".parse::<Ipv6Addr>().unwrap().octets();
+        ev.flow.daddr = "fd00:244:2::9".parse::<Ipv6Addr>().unwrap().octets();
+        ev
+    }
+
+    #[test]
+    fn ipv6_black_hole_whose_packet_too_big_this_node_drops_names_the_output_hook() {
+        let mut ev = v6_event(event_kind::PMTUD_STALL);
+        (ev.retrans, ev.mtu, ev.len) = (3, 1428, 1428);
+        ev.icmp = packet_too_big_sent(4, 1450);
+        ev.frag_dropped = dropped(12, 4, 77, 0);
+        let f = run(&ev).unwrap();
+        assert_eq!(f.layer, Layer::IcmpFiltered);
+        let e = f.evidence.to_map();
+        assert_eq!(e["netfilter_hook"], "output");
+        assert_eq!(e["frag_needed_sent"], 4);
+        assert!(
+            f.summary
+                .contains("the ICMPv6 packet-too-big meant for the sender is dropped"),
+            "{}",
+            f.summary
+        );
+    }
+
+    #[test]
+    fn ipv6_stall_after_a_packet_too_big_shrank_the_segments_says_pmtud_worked() {
+        let mut ev = v6_event(event_kind::TCP_STALL);
+        (ev.retrans, ev.mtu, ev.len) = (3, 1378, 1378);
+        ev.icmp = packet_too_big_sent(1, 1450);
+        let f = run(&ev).unwrap();
+        assert_eq!((f.kind, f.layer), (Kind::TcpStall, Layer::Unknown));
+        assert!(
+            f.summary
+                .contains("a frag-needed announced MTU 1450 and its segments now fit it"),
+            "{}",
+            f.summary
+        );
+        // An IPv4 error with the same numbers is no frag-needed.
+        ev.icmp = IcmpInfo {
+            icmp_type: 3,
+            icmp_code: 0,
+            ..ev.icmp
+        };
+        assert!(!run(&ev).unwrap().summary.contains("PMTUD already worked"));
     }
 
     #[test]
