@@ -11,7 +11,10 @@ use std::net::{IpAddr, SocketAddr};
 use serde::{Deserialize, Serialize, Serializer};
 
 use super::conntrack::Window;
-use crate::host_network::{Family, Role, UnderlaySource};
+use crate::{
+    host_network::{Family, Role, UnderlaySource},
+    services::netfilter_rules::{Rule, policy_of},
+};
 
 /// A finding's evidence: one variant per verdict family.
 #[derive(Debug, Clone, PartialEq)]
@@ -57,6 +60,17 @@ impl Evidence {
             Self::Mtu(_) | Self::Sysctl(_) | Self::Received(_) => return,
         };
         slot.clone_from(&candidates.to_vec());
+    }
+
+    /// Names the rule that dropped or rejected a connect verdict's packet.
+    pub(crate) fn set_rule(&mut self, rule: &Rule) {
+        let e = match self {
+            Self::Connect(e) => e,
+            Self::Path(e) => return e.base.set_rule(rule),
+            _ => return,
+        };
+        e.policy = rule.comment.as_deref().and_then(policy_of);
+        e.rule = Some(rule.clone());
     }
 
     /// Why conntrack, not a rule, dropped the flow, when a connect verdict says so.
@@ -180,6 +194,12 @@ pub(crate) struct ConnectEvidence {
     pub(crate) conntrack: Option<ConntrackEvidence>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) conntrack_cause: Option<ConntrackCause>,
+    /// The netfilter rule whose counter rose with the flow's drop (`agent::rule_watch`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) rule: Option<Rule>,
+    /// The NetworkPolicy that rule's comment names.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) policy: Option<String>,
     /// For a refusal: whether a RST answered the SYN.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) rst_received: Option<bool>,
