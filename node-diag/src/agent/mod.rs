@@ -436,6 +436,12 @@ impl Agent {
                     .conntrack_drops(cause.as_str(), ev.drop.count);
             }
             let reason = self.names.drop_reason(ev.drop.reason);
+            let mut finding = finding;
+            if finding.layer == Layer::Firewall
+                && let Some(program) = self.rules.program(&ev, &reason)
+            {
+                finding.evidence.set_program(program);
+            }
             self.rules.verdict(&finding, &ev, &reason);
             self.record(finding);
         } else if !made && let Some(w) = withdrawn(kind, &ev) {

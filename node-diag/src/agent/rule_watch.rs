@@ -1,4 +1,5 @@
-//! Naming the netfilter rule behind a `firewall` or `service` verdict: the rule whose
+//! Naming what dropped a flow's packet: the eBPF program at the TC or cgroup hook of
+//! such a drop ([`RuleWatch::program`], at once), or the netfilter rule behind a `firewall` or `service` verdict: the rule whose
 //! packet counter rose with the flow's drop.
 //!
 //! A verdict whose packet netfilter dropped (`NETFILTER_DROP`, a REJECT included) arms a
@@ -17,7 +18,7 @@
 
 use std::{
     collections::HashMap,
-    net::IpAddr,
+    net::{IpAddr, SocketAddr},
     sync::mpsc as std_mpsc,
     thread,
     time::{Duration, Instant},
@@ -30,7 +31,10 @@ use tracing::{debug, info};
 use crate::{
     findings::{Finding, Layer, correlate::addr},
     host_network::{NetnsFile, in_netns, namespace_files},
-    kernel::maps::{KernelMaps, monotonic_ns},
+    kernel::{
+        hook_programs::{HookProgram, cgroup_egress_programs, tc_programs},
+        maps::{KernelMaps, monotonic_ns},
+    },
     services::netfilter_rules::{self, Rule, Snapshot},
 };
 
@@ -67,6 +71,11 @@ struct Watch {
     until: Instant,
 }
 
+enum Hook {
+    Tc { ingress: bool },
+    CgroupEgress,
+}
+
 enum Job {
     Read { key: WatchKey, compare: bool },
     Forget(WatchKey),
@@ -83,6 +92,8 @@ pub(crate) struct RuleWatch {
     jobs: std_mpsc::Sender<Job>,
     done: mpsc::UnboundedReceiver<Done>,
     watches: HashMap<WatchKey, Watch>,
+    /// Namespace files by inode, for the TC programs' reads.
+    files: HashMap<u32, NetnsFile>,
 }
 
 impl RuleWatch {
@@ -97,6 +108,7 @@ impl RuleWatch {
             jobs,
             done,
             watches: HashMap::new(),
+            files: HashMap::new(),
         }
     }
 
@@ -105,6 +117,47 @@ impl RuleWatch {
             Some(done) => done,
             None => std::future::pending().await,
         }
+    }
+
+    /// The program at the hook of `ev`'s drop (reason `reason`: a TC hook of the
+    /// drop's device, or the sending socket's cgroup egress), when exactly one other
+    /// than the agent's is there: it returned the drop. Several leave it unknown which.
+    pub(crate) fn program(&mut self, ev: &Event, reason: &str) -> Option<HookProgram> {
+        let netns = ev.drop.netns;
+        if ev.drop.count == 0 || netns == 0 {
+            return None;
+        }
+        let hook = match reason {
+            "TC_INGRESS" => Hook::Tc { ingress: true },
+            "TC_EGRESS" => Hook::Tc { ingress: false },
+            "BPF_CGROUP_EGRESS" => Hook::CgroupEgress,
+            _ => return None,
+        };
+        if !self.files.contains_key(&netns) {
+            self.files = namespace_files()
+                .into_iter()
+                .map(|f| (f.inode, f))
+                .collect();
+        }
+        let file = self.files.get(&netns)?;
+        let flow = &ev.flow;
+        let mut found = match hook {
+            Hook::Tc { ingress } if ev.drop.ifindex != 0 => {
+                tc_programs(file, ev.drop.ifindex, ingress)
+            }
+            Hook::Tc { .. } => return None,
+            Hook::CgroupEgress => cgroup_egress_programs(
+                file,
+                flow.family as u8,
+                SocketAddr::new(addr(flow, &flow.saddr), flow.sport),
+                SocketAddr::new(addr(flow, &flow.daddr), flow.dport),
+            ),
+        };
+        if found.len() != 1 {
+            debug!(?found, "not one program at the drop's TC hook: none named");
+            return None;
+        }
+        found.pop()
     }
 
     /// A verdict was recorded: `finding` on `ev`, whose drop reason is `reason`.

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize, Serializer};
 use super::conntrack::Window;
 use crate::{
     host_network::{Family, Role, UnderlaySource},
+    kernel::hook_programs::HookProgram,
     services::netfilter_rules::{Rule, policy_of},
 };
 
@@ -71,6 +72,15 @@ impl Evidence {
         };
         e.policy = rule.comment.as_deref().and_then(policy_of);
         e.rule = Some(rule.clone());
+    }
+
+    /// Names the eBPF program that dropped a connect verdict's packet.
+    pub(crate) fn set_program(&mut self, program: HookProgram) {
+        match self {
+            Self::Connect(e) => e.program = Some(program),
+            Self::Path(e) => e.base.set_program(program),
+            _ => {}
+        }
     }
 
     /// Why conntrack, not a rule, dropped the flow, when a connect verdict says so.
@@ -200,6 +210,9 @@ pub(crate) struct ConnectEvidence {
     /// The NetworkPolicy that rule's comment names.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) policy: Option<String>,
+    /// The eBPF program at the TC hook that dropped the packet.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) program: Option<HookProgram>,
     /// For a refusal: whether a RST answered the SYN.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) rst_received: Option<bool>,
