@@ -2,7 +2,7 @@
 //! `np default/deny-db`) in each rule set a node may carry (iptables-nft, iptables-legacy,
 //! native nftables) and a DROP that times a connect out. The agent names the rule whose
 //! counter rose with the flow's next drop: the client's next attempt, or its SYN's next
-//! retransmit.
+//! retransmit. Counters are read, nothing is installed: the rule sets stay as they were.
 //!
 //! Root, `NODE_DIAG_BIN` set (or `cargo xtask integration`), one test at a time:
 //! `cargo test -p node-diag-tests --test rules -- --test-threads=1`.
@@ -57,6 +57,7 @@ fn rejected_rule_is_named(install: impl FnOnce(&Topology, u16), port: u16) -> Va
     let server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(port), ServerMode::Echo);
     install(&topo, port);
     let flow = (topo.pod_a_ip, topo.pod_b_ip, port);
+    let before = rulesets(&topo);
 
     let outcome = tcp_connect(&topo.pod_a, topo.pod_b_addr(port), STEP);
     assert!(outcome.is_refused_by_icmp(), "{outcome:?}");
@@ -80,7 +81,16 @@ fn rejected_rule_is_named(install: impl FnOnce(&Topology, u16), port: u16) -> Va
     assert_eq!(rule["comment"], COMMENT, "{f:#}");
     assert_eq!(rule["verdict"], "reject", "{f:#}");
     assert_eq!(server.accepted(), 0, "the SYN must never reach the server");
+    // Naming reads counters: it adds no rule (no trace rule to outlive the flow).
+    assert_eq!(rulesets(&topo), before, "the agent changed a rule set");
     rule.clone()
+}
+
+/// The nftables rule sets of node A and pod A without their counters (`-s`).
+fn rulesets(topo: &Topology) -> Vec<String> {
+    [&topo.node_a, &topo.pod_a]
+        .map(|netns| cmd::run_in(netns, &["nft", "-s", "list", "ruleset"]))
+        .to_vec()
 }
 
 fn iptables(netns: &str, tool: &str, port: u16, target: &str) {
