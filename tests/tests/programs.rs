@@ -215,27 +215,35 @@ fn tc_program_that_dropped_the_syn_is_named() {
 }
 
 /// Where the cgroup v2 hierarchy is mounted (`/sys/fs/cgroup`, or `.../unified` on a
-/// hybrid host).
-fn cgroup2_root() -> PathBuf {
+/// hybrid host), if anywhere.
+fn cgroup2_root() -> Option<PathBuf> {
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    mountinfo
-        .lines()
-        .find_map(|l| {
-            let (left, right) = l.split_once(" - ")?;
-            let mount = left.split_whitespace().nth(4)?;
-            right.starts_with("cgroup2 ").then(|| PathBuf::from(mount))
-        })
-        .expect("a cgroup2 mount")
+    mountinfo.lines().find_map(|l| {
+        let (left, right) = l.split_once(" - ")?;
+        let mount = left.split_whitespace().nth(4)?;
+        right.starts_with("cgroup2 ").then(|| PathBuf::from(mount))
+    })
 }
 
-/// A cgroup of its own, removed when dropped (its processes have exited by then).
-struct Cgroup(PathBuf);
+/// A cgroup of its own, removed when dropped (its processes have exited by then), in
+/// the cgroup v2 hierarchy: mounted here (a VM guest's init mounts none) and unmounted
+/// after when nothing mounted it.
+struct Cgroup(PathBuf, Option<PathBuf>);
 
 impl Cgroup {
     fn create() -> Cgroup {
-        let path = cgroup2_root().join(unique_name());
+        let (root, own) = match cgroup2_root() {
+            Some(root) => (root, None),
+            None => {
+                let dir = std::env::temp_dir().join(unique_name());
+                std::fs::create_dir_all(&dir).unwrap();
+                cmd::run(&["mount", "-t", "cgroup2", "cgroup2", dir.to_str().unwrap()]);
+                (dir.clone(), Some(dir))
+            }
+        };
+        let path = root.join(unique_name());
         std::fs::create_dir(&path).unwrap();
-        Cgroup(path)
+        Cgroup(path, own)
     }
 
     /// Attaches `prog` to this cgroup's egress.
@@ -258,6 +266,10 @@ impl Cgroup {
 impl Drop for Cgroup {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir(&self.0);
+        if let Some(own) = &self.1 {
+            let _ = cmd::try_run(&["umount", own.to_str().unwrap()]);
+            let _ = std::fs::remove_dir(own);
+        }
     }
 }
 
