@@ -9,7 +9,8 @@
 //! sockets of its cgroup and those below: the sending socket's cgroup comes from
 //! sock_diag (its cgroup v2 id, the directory's inode), and `BPF_PROG_QUERY` with
 //! `BPF_F_QUERY_EFFECTIVE` on that directory lists every egress program that runs for
-//! it. The agent's own programs (`nd_` names) never drop and are left out.
+//! it; once the socket is gone, every cgroup's own egress programs are listed, and one
+//! alone in the tree is named. The agent's own programs (`nd_` names) never drop and are left out.
 
 use std::{
     ffi::CStr,
@@ -105,38 +106,65 @@ pub(crate) fn cgroup_egress_programs(
     dst: SocketAddr,
 ) -> Vec<HookProgram> {
     let socket = in_netns(netns, || tcp_progress(family, src, dst));
-    let Some(id) = socket
+    let id = socket
         .ok()
         .and_then(Result::ok)
         .flatten()
-        .and_then(|p| p.cgroup_id)
-    else {
-        return Vec::new();
-    };
+        .and_then(|p| p.cgroup_id);
     let Some(root) = cgroup2_root() else {
         return Vec::new();
     };
-    let Some(dir) = find_inode(&root, id, 0) else {
-        return Vec::new();
+    // The programs effective for the socket's cgroup; once the socket is gone (an
+    // abandoned connect), those attached anywhere in the tree: one alone is the one.
+    let found: Vec<(PathBuf, u32)> = match id.and_then(|id| find_inode(&root, id, 0)) {
+        Some(dir) => egress_programs(&dir, BPF_F_QUERY_EFFECTIVE)
+            .into_iter()
+            .map(|id| (dir.clone(), id))
+            .collect(),
+        None => {
+            let mut out = Vec::new();
+            attached_anywhere(&root, 0, &mut out);
+            out
+        }
     };
-    let ids = effective_egress(&dir);
-    if ids.is_empty() {
+    if found.is_empty() {
         return Vec::new();
     }
-    let cgroup = format!("/{}", dir.strip_prefix(&root).unwrap_or(&dir).display());
     loaded_programs()
         .flatten()
-        .filter(|info| ids.contains(&info.id()))
-        .map(|info| HookProgram {
-            id: info.id(),
-            name: info.name_as_str().unwrap_or_default().to_owned(),
-            hook: "cgroup_egress",
-            interface: None,
-            cgroup: Some(cgroup.clone()),
-            attach: "cgroup",
+        .filter_map(|info| {
+            let (dir, _) = found.iter().find(|(_, id)| *id == info.id())?;
+            Some(HookProgram {
+                id: info.id(),
+                name: info.name_as_str().unwrap_or_default().to_owned(),
+                hook: "cgroup_egress",
+                interface: None,
+                cgroup: Some(format!(
+                    "/{}",
+                    dir.strip_prefix(&root).unwrap_or(dir).display()
+                )),
+                attach: "cgroup",
+            })
         })
         .filter(|p| !p.name.starts_with("nd_"))
         .collect()
+}
+
+/// Every egress program attached to a cgroup under `dir`, with its cgroup.
+fn attached_anywhere(dir: &Path, depth: usize, out: &mut Vec<(PathBuf, u32)>) {
+    out.extend(
+        egress_programs(dir, 0)
+            .into_iter()
+            .map(|id| (dir.to_owned(), id)),
+    );
+    if depth >= MAX_CGROUP_DEPTH {
+        return;
+    }
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            attached_anywhere(&e.path(), depth + 1, out);
+        }
+    }
 }
 
 /// Where the agent mounts the cgroup v2 hierarchy when its mount namespace has none
@@ -185,8 +213,9 @@ fn find_inode(dir: &Path, ino: u64, depth: usize) -> Option<PathBuf> {
         .find_map(|e| find_inode(&e.path(), ino, depth + 1))
 }
 
-/// The ids of the egress programs effective in cgroup `dir`.
-fn effective_egress(dir: &Path) -> Vec<u32> {
+/// The ids of the egress programs attached to cgroup `dir` (`flags` 0), or effective
+/// in it (`BPF_F_QUERY_EFFECTIVE`).
+fn egress_programs(dir: &Path, flags: u32) -> Vec<u32> {
     let Ok(fd) = File::open(dir) else {
         return Vec::new();
     };
@@ -196,7 +225,7 @@ fn effective_egress(dir: &Path) -> Vec<u32> {
     let mut attr = [0u8; 40];
     attr[0..4].copy_from_slice(&(fd.as_raw_fd() as u32).to_ne_bytes());
     attr[4..8].copy_from_slice(&BPF_CGROUP_INET_EGRESS.to_ne_bytes());
-    attr[8..12].copy_from_slice(&BPF_F_QUERY_EFFECTIVE.to_ne_bytes());
+    attr[8..12].copy_from_slice(&flags.to_ne_bytes());
     attr[16..24].copy_from_slice(&(ids.as_mut_ptr() as u64).to_ne_bytes());
     attr[24..28].copy_from_slice(&(ids.len() as u32).to_ne_bytes());
     // SAFETY: `attr` is a bpf_attr prefix for BPF_PROG_QUERY whose `prog_ids` points at
