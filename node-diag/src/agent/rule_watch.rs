@@ -12,9 +12,9 @@
 //! inside a read), nothing is named and the second read is the next baseline.
 //!
 //! Costs: nothing while no such verdict comes; then one read of the namespace's rules
-//! per drop of a watched flow, on a thread of its own, at most [`MAX_WATCHES`] flows at
-//! a time, each forgotten [`HOLD`] after its last verdict. Nothing is installed in the
-//! kernel: no trace rule to remove.
+//! per drop of a watched flow, at most one a second ([`READ_EVERY`]), on a thread of
+//! its own, at most [`MAX_WATCHES`] flows at a time, each forgotten [`HOLD`] after its
+//! last verdict. Nothing is installed in the kernel: no trace rule to remove.
 
 use std::{
     collections::HashMap,
@@ -42,6 +42,9 @@ use crate::{
 const HOLD: Duration = Duration::from_secs(10);
 /// Flows watched at once: a storm of firewall verdicts reads no more rules than this.
 const MAX_WATCHES: usize = 8;
+/// Between two reads for one flow: a flow dropped on and on (a flood) is read at most
+/// once a second, not at every drop.
+const READ_EVERY: Duration = Duration::from_secs(1);
 
 /// A watched flow: where it was dropped, and its addresses and port (not the source
 /// port: the client's next attempt is the same flow).
@@ -69,6 +72,8 @@ struct Watch {
     /// The programs' clock when the baseline read ended; 0 while a read is running.
     since_ns: u64,
     until: Instant,
+    /// When the last read was asked for.
+    asked: Instant,
 }
 
 enum Hook {
@@ -186,7 +191,8 @@ impl RuleWatch {
         if let Some(w) = self.watches.get_mut(&key) {
             w.flow = *flow;
             w.until = until;
-            if w.since_ns != 0 && last_ns > w.since_ns {
+            if w.since_ns != 0 && w.asked.elapsed() >= READ_EVERY && last_ns > w.since_ns {
+                w.asked = Instant::now();
                 w.since_ns = 0;
                 let _ = self.jobs.send(Job::Read { key, compare: true });
             }
@@ -202,6 +208,7 @@ impl RuleWatch {
                 flow: *flow,
                 since_ns: 0,
                 until,
+                asked: Instant::now(),
             },
         );
         let _ = self.jobs.send(Job::Read {
@@ -221,11 +228,13 @@ impl RuleWatch {
                 return false;
             }
             if w.since_ns != 0
+                && now.duration_since(w.asked) >= READ_EVERY
                 && maps
                     .syn_drops(&w.flow)
                     .is_some_and(|d| d.last_ns > w.since_ns)
             {
                 w.since_ns = 0;
+                w.asked = now;
                 let _ = jobs.send(Job::Read {
                     key: *key,
                     compare: true,
