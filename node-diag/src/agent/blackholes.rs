@@ -250,6 +250,7 @@ mod tests {
             state: 1,
             rto_count,
             unacked,
+            cgroup_id: None,
         })
     }
 

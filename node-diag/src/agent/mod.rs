@@ -18,6 +18,8 @@
 //! - [`verdicts`]: exact counts for the verdicts the kernel aggregates.
 //! - [`icmp_watch`]: when the TC classifier is attached (always, or while trouble
 //!   shows), and whether an event's evidence window was watched.
+//! - [`rule_watch`]: the netfilter rule behind a firewall or service verdict, named
+//!   from the counters that rose with the flow's next drop.
 //! - [`path_probe`]: the bounded probes of a flow's path that a stall or a timeout
 //!   without evidence on this node asks for, and their verdicts.
 //!
@@ -35,6 +37,7 @@ pub(crate) mod icmp_watch;
 pub(crate) mod metrics;
 mod mtu_refresh;
 mod path_probe;
+mod rule_watch;
 mod state;
 mod translate;
 mod verdicts;
@@ -217,6 +220,7 @@ pub(crate) async fn run(opts: RunOptions) -> Result<(), AgentError> {
                 agent.ask_blackholes().await;
             }
             done = agent.path_probes.next() => agent.on_path_probe(done),
+            done = agent.rules.next() => agent.on_rule(done),
             _ = sigterm.recv() => { info!("SIGTERM: shutting down"); break; }
             _ = sigint.recv() => { info!("SIGINT: shutting down"); break; }
         }
@@ -244,6 +248,7 @@ struct Agent {
     blackholes: BlackholeWatch,
     stalls: blackholes::StallRecheck,
     path_probes: path_probe::PathProbes,
+    rules: rule_watch::RuleWatch,
     /// Ring-buffer records that could not be decoded, and verdicts whose events never
     /// came: both are events lost.
     bad_records: Arc<AtomicU64>,
@@ -317,6 +322,7 @@ impl Agent {
             blackholes: BlackholeWatch::default(),
             stalls: blackholes::StallRecheck::default(),
             path_probes: path_probe::PathProbes::new(Default::default()),
+            rules: rule_watch::RuleWatch::start(),
             bad_records: Arc::new(AtomicU64::new(0)),
             tasks: Vec::new(),
             opts,
@@ -435,6 +441,14 @@ impl Agent {
                     .metrics()
                     .conntrack_drops(cause.as_str(), ev.drop.count);
             }
+            let reason = self.names.drop_reason(ev.drop.reason);
+            let mut finding = finding;
+            if finding.layer == Layer::Firewall
+                && let Some(program) = self.rules.program(&ev, &reason)
+            {
+                finding.evidence.set_program(program);
+            }
+            self.rules.verdict(&finding, &ev, &reason);
             match superseded(kind, &ev) {
                 Some(w) => {
                     // The attempt's last word: its timeout is withdrawn, and the attempt
@@ -465,6 +479,7 @@ impl Agent {
     /// Every 500 ms: the verdict counts the kernel aggregated, the counters (and with
     /// them whether ICMP is watched), the black holes still open. `queued`: events wait.
     fn on_tick(&mut self, queued: bool) {
+        self.rules.tick(&self.maps);
         let (entries, now_ns) = self.maps.verdict_counts();
         let stamp = crate::findings::rfc3339(SystemTime::now());
         let read = self.verdicts.read(&entries, now_ns, queued, &stamp);
@@ -513,6 +528,16 @@ impl Agent {
         );
         for f in resolved {
             print_finding(&f, self.opts.format);
+        }
+    }
+
+    /// A read of a watched flow's rules ended: the rule it named goes into the flow's
+    /// findings held (served on `/findings`; printed with their next repeat).
+    fn on_rule(&mut self, done: rule_watch::Done) {
+        if let Some((key, rule)) = self.rules.done(done) {
+            self.shared
+                .store()
+                .update(|f| key.covers(f), |f| f.evidence.set_rule(&rule));
         }
     }
 

@@ -11,7 +11,11 @@ use std::net::{IpAddr, SocketAddr};
 use serde::{Deserialize, Serialize, Serializer};
 
 use super::conntrack::Window;
-use crate::host_network::{Family, Role, UnderlaySource, drop_site::DropSite};
+use crate::{
+    host_network::{Family, Role, UnderlaySource, drop_site::DropSite},
+    kernel::hook_programs::HookProgram,
+    services::netfilter_rules::{Rule, policy_of},
+};
 
 /// A finding's evidence: one variant per verdict family.
 #[derive(Debug, Clone, PartialEq)]
@@ -57,6 +61,26 @@ impl Evidence {
             Self::Mtu(_) | Self::Sysctl(_) | Self::Received(_) => return,
         };
         slot.clone_from(&candidates.to_vec());
+    }
+
+    /// Names the rule that dropped or rejected a connect verdict's packet.
+    pub(crate) fn set_rule(&mut self, rule: &Rule) {
+        let e = match self {
+            Self::Connect(e) => e,
+            Self::Path(e) => return e.base.set_rule(rule),
+            _ => return,
+        };
+        e.policy = rule.comment.as_deref().and_then(policy_of);
+        e.rule = Some(rule.clone());
+    }
+
+    /// Names the eBPF program that dropped a connect verdict's packet.
+    pub(crate) fn set_program(&mut self, program: HookProgram) {
+        match self {
+            Self::Connect(e) => e.program = Some(program),
+            Self::Path(e) => e.base.set_program(program),
+            _ => {}
+        }
     }
 
     /// Why conntrack, not a rule, dropped the flow, when a connect verdict says so.
@@ -188,6 +212,15 @@ pub(crate) struct ConnectEvidence {
     pub(crate) conntrack: Option<ConntrackEvidence>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) conntrack_cause: Option<ConntrackCause>,
+    /// The netfilter rule whose counter rose with the flow's drop (`agent::rule_watch`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) rule: Option<Rule>,
+    /// The NetworkPolicy that rule's comment names.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) policy: Option<String>,
+    /// The eBPF program at the TC hook that dropped the packet.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) program: Option<HookProgram>,
     /// For a refusal: whether a RST answered the SYN.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) rst_received: Option<bool>,

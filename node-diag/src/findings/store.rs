@@ -220,6 +220,20 @@ impl Store {
             .collect()
     }
 
+    /// Changes the active findings matching `pick` in place, as evidence that came after
+    /// them (the rule that dropped their flow) completes them.
+    pub(crate) fn update(
+        &mut self,
+        pick: impl Fn(&Finding) -> bool,
+        change: impl Fn(&mut Finding),
+    ) {
+        for e in &mut self.list {
+            if e.finding.status == Status::Active && pick(&e.finding) {
+                change(&mut e.finding);
+            }
+        }
+    }
+
     /// Findings whose count grew since they were last printed (flushed on shutdown).
     pub(crate) fn unprinted(&mut self) -> Vec<Finding> {
         self.list

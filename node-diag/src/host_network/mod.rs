@@ -51,7 +51,9 @@ pub(crate) use interfaces::{
 pub(crate) use inventory::{local_port_range, snapshot};
 pub(crate) use links::{Link, UdpEncap, links};
 pub(crate) use monitor::watch;
-pub(crate) use namespaces::{LocalNode, in_netns, local_node, netns_inode, pod_veths};
+pub(crate) use namespaces::{
+    LocalNode, NetnsFile, in_netns, local_node, namespace_files, netns_inode, pod_veths,
+};
 pub(crate) use routes::{Route, RouteEntry, route_get, routes};
 pub(crate) use rtnetlink::NetlinkError;
 

@@ -21,6 +21,8 @@ const SOCK_DIAG_BY_FAMILY: u16 = 20;
 /// `inet_diag_req_v2.idiag_ext` bit and reply attribute of `struct tcp_info`.
 const INET_DIAG_INFO: u16 = 2;
 const INET_DIAG_NOCOOKIE: u32 = !0;
+/// Reply attribute: the id of the socket's cgroup (v2), sent with every socket.
+const INET_DIAG_CGROUP_ID: u16 = 21;
 /// `struct inet_diag_msg` before its attributes.
 const DIAG_MSG_LEN: usize = 72;
 /// The `enum tcp_state`s in which sent data can wait for its ACK: ESTABLISHED,
@@ -37,6 +39,8 @@ pub(crate) struct TcpProgress {
     pub(crate) rto_count: u8,
     /// Segments sent and not acknowledged.
     pub(crate) unacked: u32,
+    /// The socket's cgroup v2 id (its directory's inode), when the kernel says.
+    pub(crate) cgroup_id: Option<u64>,
 }
 
 impl TcpProgress {
@@ -84,9 +88,15 @@ fn request(family: u8, src: SocketAddr, dst: SocketAddr) -> Vec<u8> {
 /// The progress in one `SOCK_DIAG_BY_FAMILY` reply.
 fn parse(payload: &[u8]) -> Option<TcpProgress> {
     let state = *payload.get(1)?;
-    let info = attrs(payload.get(DIAG_MSG_LEN..)?)
-        .find(|(kind, _)| *kind == INET_DIAG_INFO)
-        .map(|(_, v)| v)?;
+    let attr = |want: u16| {
+        attrs(payload.get(DIAG_MSG_LEN..)?)
+            .find(|(kind, _)| *kind == want)
+            .map(|(_, v)| v)
+    };
+    let info = attr(INET_DIAG_INFO)?;
+    let cgroup_id = attr(INET_DIAG_CGROUP_ID)
+        .and_then(|v| v.get(..8)?.try_into().ok())
+        .map(u64::from_ne_bytes);
     let u32_at = |off: usize| {
         info.get(off..off + 4)
             .and_then(|b| b.try_into().ok())
@@ -96,6 +106,7 @@ fn parse(payload: &[u8]) -> Option<TcpProgress> {
         state,
         rto_count: *info.get(2)?,
         unacked: u32_at(24)?,
+        cgroup_id,
     })
 }
 

@@ -41,6 +41,8 @@ pub(crate) struct TcFilter {
     pub(crate) kind: String,
     /// For a `bpf` filter, the name it was given (`TCA_BPF_NAME`).
     pub(crate) bpf_name: Option<String>,
+    /// For a `bpf` filter, its program's id (`TCA_BPF_ID`).
+    pub(crate) bpf_id: Option<u32>,
 }
 
 impl TcFilter {
@@ -67,6 +69,7 @@ impl TcFilter {
             header,
             kind: kind.into(),
             bpf_name: bpf_name.map(Into::into),
+            bpf_id: None,
         }
     }
 }
@@ -94,13 +97,16 @@ fn filter_from(msg: TcMessage) -> TcFilter {
     let (header, attributes) = msg.into_parts();
     let mut kind = String::new();
     let mut bpf_name = None;
+    let mut bpf_id = None;
     for attr in attributes {
         match attr {
             TcAttribute::Kind(k) => kind = k,
             TcAttribute::Options(options) => {
                 for option in options {
-                    if let TcOption::Bpf(TcFilterBpfOption::ProgName(name)) = option {
-                        bpf_name = Some(name);
+                    match option {
+                        TcOption::Bpf(TcFilterBpfOption::ProgName(name)) => bpf_name = Some(name),
+                        TcOption::Bpf(TcFilterBpfOption::ProgId(id)) => bpf_id = Some(id),
+                        _ => {}
                     }
                 }
             }
@@ -111,6 +117,7 @@ fn filter_from(msg: TcMessage) -> TcFilter {
         header,
         kind,
         bpf_name,
+        bpf_id,
     }
 }
 

@@ -19,8 +19,8 @@ use node_diag_common::{
     DROP_REASON_SLOTS, DropInfo, DropKey, DropSlot, FlowKey, IcmpInfo, MAP_COUNTERS,
     MAP_DROP_REASONS, MAP_DROPS, MAP_EVENTS, MAP_FRAG_DROPPED, MAP_ICMP_RCVD, MAP_ICMP_SENT,
     MAP_NAT, MAP_OVERSIZE, MAP_OVERSIZE_BY_DEV, MAP_RETRANS, MAP_SCOPE, MAP_SCOPE_GEN,
-    MAP_VERDICT_AGG, NatInfo, RETRANS_REPORTED_PMTUD, RetransState, VerdictAgg, VerdictKey,
-    counter,
+    MAP_SYN_DROPS, MAP_VERDICT_AGG, NatInfo, RETRANS_REPORTED_PMTUD, RetransState, VerdictAgg,
+    VerdictKey, counter,
 };
 use tracing::warn;
 
@@ -74,6 +74,7 @@ pub(crate) struct KernelMaps {
     /// A flow's MTU evidence, for a stall the programs judged before it arrived.
     evidence: FlowEvidenceMaps,
     nat: BpfHashMap<MapData, FlowKey, NatInfo>,
+    syn_drops: BpfHashMap<MapData, FlowKey, DropInfo>,
     verdict_agg: BpfHashMap<MapData, VerdictKey, VerdictAgg>,
     scope: BpfHashMap<MapData, u32, u32>,
     scope_gen: Array<MapData, u64>,
@@ -135,6 +136,7 @@ impl KernelMaps {
                     frag_dropped: take(ebpf, MAP_FRAG_DROPPED, BpfHashMap::try_from)?,
                 },
                 nat: take(ebpf, MAP_NAT, BpfHashMap::try_from)?,
+                syn_drops: take(ebpf, MAP_SYN_DROPS, BpfHashMap::try_from)?,
                 verdict_agg: take(ebpf, MAP_VERDICT_AGG, BpfHashMap::try_from)?,
                 scope: take(ebpf, MAP_SCOPE, BpfHashMap::try_from)?,
                 scope_gen: take(ebpf, MAP_SCOPE_GEN, Array::try_from)?,
@@ -225,6 +227,11 @@ impl KernelMaps {
     /// flow's packets translated.
     pub(crate) fn nat(&self, flow: &FlowKey) -> Option<NatInfo> {
         self.nat.get(flow, 0).ok()
+    }
+
+    /// The drops of `flow`'s SYN (or SYN-ACK) the programs recorded, if any.
+    pub(crate) fn syn_drops(&self, flow: &FlowKey) -> Option<DropInfo> {
+        self.syn_drops.get(flow, 0).ok()
     }
 
     /// Every aggregated verdict key with its counts, and the kernel's clock now.

@@ -8,6 +8,8 @@
 //! - [`ring`] drains verdict events from the ring buffer, their kinds decoded once
 //!   ([`event`]); [`maps`] reads the aggregate maps
 //!   (counts keyed by the kernel's own numbers) and writes the maps the agent owns.
+//! - [`hook_programs`] lists the programs other software attached at a device's TC
+//!   hook, to name the one behind a TC drop.
 //! - [`caps`] says which capabilities the process has; [`ebpf_log`] drains the programs'
 //!   own log records (aya-log) into `tracing` when `--ebpf-log` asks for them.
 //!
@@ -20,6 +22,7 @@ pub(crate) mod caps;
 pub(crate) mod drop_family;
 pub(crate) mod ebpf_log;
 pub(crate) mod event;
+pub(crate) mod hook_programs;
 pub(crate) mod hooks;
 pub(crate) mod loader;
 pub(crate) mod maps;

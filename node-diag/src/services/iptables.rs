@@ -176,7 +176,7 @@ fn parse_rule(rest: &str) -> Option<Rule> {
 /// Splits an `iptables-save` rule into words: blanks separate, double quotes group (a
 /// comment with spaces), a backslash escapes the next character inside quotes.
 /// `None` for an unterminated quote.
-fn tokenize(s: &str) -> Option<Vec<String>> {
+pub(super) fn tokenize(s: &str) -> Option<Vec<String>> {
     let mut out = Vec::new();
     let mut chars = s.chars().peekable();
     loop {

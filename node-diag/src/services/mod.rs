@@ -10,6 +10,8 @@
 //! - `iptables`, `nftables`: one parser per kube-proxy mode. Each takes the few rule
 //!   shapes that name a Service and skips everything else, so an odd rule costs only
 //!   itself.
+//! - `netfilter_rules`: every dropping or rejecting rule with its packet counter (any
+//!   table, not only kube-proxy's), what names the rule behind a firewall verdict.
 //! - `catalog`: the [`ServiceCatalog`] both fill, looked up by frontend or backend.
 //! - `watch`: [`CatalogWatcher`], re-reading on the agent's tick and logging changes.
 //! - `report`: `node-diag services`' output.
@@ -48,6 +50,7 @@ mod catalog;
 #[cfg(test)]
 mod fixtures;
 mod iptables;
+pub(crate) mod netfilter_rules;
 mod nftables;
 mod report;
 mod sources;

@@ -181,7 +181,7 @@ fn dump(
 }
 
 /// `tool` in `$PATH` or one of [`SBIN_DIRS`].
-fn find_tool(tool: &str) -> Option<PathBuf> {
+pub(super) fn find_tool(tool: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
         .chain(SBIN_DIRS.iter().map(PathBuf::from))
@@ -195,15 +195,15 @@ fn is_executable(p: &Path) -> bool {
 }
 
 #[derive(Debug)]
-struct Output {
-    status: ExitStatus,
-    stdout: String,
+pub(super) struct Output {
+    pub(super) status: ExitStatus,
+    pub(super) stdout: String,
     stderr: String,
 }
 
 /// Runs `path args` and collects its output, killing it at `deadline`. The error is a
 /// sentence for [`SourceStatus::Unavailable`].
-fn run(path: &Path, args: &[&str], deadline: Duration) -> Result<Output, String> {
+pub(super) fn run(path: &Path, args: &[&str], deadline: Duration) -> Result<Output, String> {
     let mut child = Command::new(path)
         .args(args)
         .stdin(Stdio::null())

@@ -114,6 +114,13 @@ pub(super) const KERNEL_SUBSET: &[&str] = &[
     "service_rejected_on_this_node_is_the_firewall_not_the_listener",
     "service_rejected_by_icmp_beyond_this_node_is_a_firewall_not_the_service",
     "no_endpoints_is_the_service_with_nftables",
+    // rules and programs named: counters and TC/cgroup queries on this kernel
+    "iptables_nft_reject_rule_is_named",
+    "iptables_legacy_reject_rule_is_named",
+    "nftables_reject_rule_is_named",
+    "dropping_rule_of_a_timing_out_connect_is_named",
+    "tc_program_that_dropped_the_syn_is_named",
+    "cgroup_egress_program_that_dropped_the_syn_is_named",
     // every real tunnel kind
     "tunnels",
 ];
