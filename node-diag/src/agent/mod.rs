@@ -19,7 +19,9 @@
 //! - [`icmp_watch`]: when the TC classifier is attached (always, or while trouble
 //!   shows), and whether an event's evidence window was watched.
 //! - [`path_probe`]: the bounded probes of a flow's path that a stall or a timeout
-//!   without evidence on this node asks for, and their verdicts.
+//!   without evidence on this node asks for, and their verdicts; [`path_findings`]:
+//!   those verdicts recorded.
+//! - [`tc_follow`]: the classifier attached to the node's interfaces as they change.
 //!
 //! One kernel event travels: ring buffer (`kernel::ring`, its kind decoded there) →
 //! [`Agent::on_event`] → `correlate` → metrics + findings store (served on `/findings`)
@@ -33,8 +35,10 @@ mod http;
 pub(crate) mod icmp_watch;
 pub(crate) mod metrics;
 mod mtu_refresh;
+mod path_findings;
 mod path_probe;
 mod state;
+mod tc_follow;
 mod translate;
 mod verdicts;
 
@@ -55,7 +59,7 @@ use tokio::{
     sync::mpsc,
     task::JoinHandle,
 };
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use self::{
     blackholes::BlackholeWatch,
@@ -69,11 +73,7 @@ use self::{
 use crate::{
     findings::{
         Finding, Kind, Layer, Store,
-        correlate::{
-            Context, addr, correlate,
-            path::{PathVerdict, settled_here, withdraws},
-            withdrawn,
-        },
+        correlate::{Context, addr, correlate, withdrawn},
         names::Names,
     },
     host_network::LocalNode,
@@ -356,34 +356,6 @@ impl Agent {
         Ok((agent, rx))
     }
 
-    /// The classifier at start: attached now with `--icmp-watch always`; otherwise
-    /// only the filters a previous agent left are removed.
-    fn start_tc(&mut self, node: Option<&LocalNode>, loaded_ns: u64) {
-        let Some(tc) = self.tc.as_mut() else {
-            return;
-        };
-        match self.watch.mode() {
-            icmp_watch::Mode::Always => {
-                follow_interfaces(tc, &mut self.loaded.ebpf, node, &mut self.watch, loaded_ns);
-            }
-            icmp_watch::Mode::OnTrouble => {
-                match node {
-                    Some(node) => tc.remove_leftovers(&node.links),
-                    None => match crate::host_network::links() {
-                        Ok(links) => tc.remove_leftovers(&links),
-                        Err(e) => {
-                            warn!(error = %e, "cannot list interfaces; TC filters a previous agent left stay")
-                        }
-                    },
-                }
-                info!(
-                    hold_secs = self.watch.hold().as_secs(),
-                    "ICMP from the network is watched only once trouble shows (--icmp-watch on-trouble)"
-                );
-            }
-        }
-    }
-
     /// A kernel verdict: judged, its pods named, counted and recorded; a late success
     /// resolves the timeout it had been reported as.
     async fn on_event(&mut self, kind: EventKind, ev: Event) {
@@ -497,63 +469,16 @@ impl Agent {
         }
     }
 
-    /// A path probe ended: its verdict recorded, and a verdict it replaces withdrawn.
-    fn on_path_probe(&mut self, done: path_probe::Done) {
-        let Some((original, verdict)) = self.path_probes.verdict(done) else {
-            return;
-        };
-        if self
-            .shared
-            .store()
-            .all()
-            .iter()
-            .any(|s| settled_here(&original, s))
-        {
-            debug!(dst = ?original.dst, dport = ?original.dport, "path probe dropped: the kernel's black hole stands");
-            return;
-        }
-        let f = match verdict {
-            PathVerdict::Replace(f) => {
-                let resolved = self
-                    .shared
-                    .store()
-                    .resolve(|s| withdraws(&original, s), SystemTime::now());
-                for r in resolved {
-                    print_finding(&r, self.opts.format);
-                }
-                f
-            }
-            PathVerdict::Annotate(f) => f,
-        };
-        self.record(f);
-    }
-
     /// A link came, went or changed: the MTU model, and the classifier's interfaces.
     async fn on_link_change(&mut self) {
         self.refresh_mtu().await;
-        if let Some(tc) = self.tc.as_mut().filter(|_| self.watch.keeps_attached()) {
-            follow_interfaces(
-                tc,
-                &mut self.loaded.ebpf,
-                None,
-                &mut self.watch,
-                monotonic_ns(),
-            );
-        }
+        self.follow_kept(None);
     }
 
     /// Every [`REFRESH`]: the scope, and the classifier's interfaces.
     fn on_refresh(&mut self) {
         let node = self.refresh_namespaces();
-        if let Some(tc) = self.tc.as_mut().filter(|_| self.watch.keeps_attached()) {
-            follow_interfaces(
-                tc,
-                &mut self.loaded.ebpf,
-                node.as_ref(),
-                &mut self.watch,
-                monotonic_ns(),
-            );
-        }
+        self.follow_kept(node.as_ref());
     }
 
     /// Judges again the full-size stalls reported without MTU evidence, now that their
@@ -602,33 +527,6 @@ impl Agent {
         }
     }
 
-    /// Attaches the classifier now that trouble shows (`why`), and notes since when
-    /// ICMP is watched. Without it (unavailable), nothing is watched and findings say so.
-    fn start_icmp_watch(&mut self, why: &str) {
-        let Some(tc) = self.tc.as_mut() else {
-            self.watch.attach_failed(Instant::now());
-            return;
-        };
-        if follow_interfaces(
-            tc,
-            &mut self.loaded.ebpf,
-            None,
-            &mut self.watch,
-            monotonic_ns(),
-        ) {
-            info!(
-                trigger = why,
-                "ICMP watch on: trouble shows; TC ingress attached"
-            );
-        } else {
-            self.watch.attach_failed(Instant::now());
-            warn!(
-                trigger = why,
-                "trouble shows but TC ingress attached to no interface: ICMP from the network stays unwatched"
-            );
-        }
-    }
-
     /// Refreshes the scope (unless every namespace is watched) and reads the conntrack
     /// counters of the namespaces in it; without a scope, the counters wait. Returns
     /// the look at the node the scope came from.
@@ -669,51 +567,6 @@ async fn next_change(rx: &mut Option<tokio::sync::mpsc::Receiver<()>>) -> Option
     match rx.as_mut() {
         Some(rx) => rx.recv().await,
         None => std::future::pending().await,
-    }
-}
-
-/// Brings the classifier's attachments in line with the node's interfaces
-/// ([`sync_tc_from`]) and, when some interface holds it, notes that ICMP from the network
-/// is watched from `now_ns` on. Returns whether any interface holds it.
-fn follow_interfaces(
-    tc: &mut TcIngress,
-    ebpf: &mut aya::Ebpf,
-    node: Option<&LocalNode>,
-    watch: &mut IcmpWatch,
-    now_ns: u64,
-) -> bool {
-    sync_tc_from(tc, ebpf, node);
-    let any = tc.attached_any();
-    if any {
-        watch.attached(now_ns);
-    }
-    any
-}
-
-/// Attaches TC ingress to the agent's namespace's interfaces as they come and go, except
-/// the pods' veths, where it would run on every packet a pod sends: ICMP errors from
-/// outside the node arrive on the underlay and the overlay, and the IPv4 ones a pod's
-/// namespace generates are seen where they are generated (`icmp_send`; an ICMPv6 error
-/// between two pods of this node goes unseen).
-fn sync_tc(tc: &mut TcIngress, ebpf: &mut aya::Ebpf) {
-    match crate::host_network::links() {
-        Ok(links) => {
-            let pods = crate::host_network::pod_veths(&links).unwrap_or_else(|e| {
-                warn!(error = %e, "cannot tell the pods' veths; TC ingress on them too");
-                Default::default()
-            });
-            tc.sync(ebpf, &links, &pods);
-        }
-        Err(e) => warn!(error = %e, "cannot list interfaces; TC attachments unchanged"),
-    }
-}
-
-/// [`sync_tc`] from a look at the node just taken for the scope, rather than a second
-/// scan of every namespace; `None` (none was taken, or it failed): its own look.
-fn sync_tc_from(tc: &mut TcIngress, ebpf: &mut aya::Ebpf, node: Option<&LocalNode>) {
-    match node {
-        Some(node) => tc.sync(ebpf, &node.links, &node.pod_veths),
-        None => sync_tc(tc, ebpf),
     }
 }
 
