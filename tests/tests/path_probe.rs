@@ -19,6 +19,8 @@ use node_diag_tests::{
 };
 use serde_json::Value;
 
+const BLACKHOLES: &str = "node_diag_pmtud_blackholes";
+
 fn on_flow<'a>(
     kind: &'a str,
     layer: &'a str,
@@ -38,13 +40,9 @@ fn num(f: &Value, key: &str) -> u64 {
         .unwrap_or_else(|| panic!("evidence {key}: {f:#}"))
 }
 
-/// Node B's underlay link is 1400 while node A's is 1500: node A's full-size VXLAN
-/// packets (1500 bytes) are dropped as they arrive at node B, without any ICMP, as a
-/// router with a smaller link and its frag-needed filtered would. Small packets pass.
-/// Node A sees nothing of it: only the path probe can tell this from a dead peer.
-#[test]
-fn black_hole_beyond_the_node_is_found_by_probing_the_path() {
-    let topo = Topology::new();
+/// Makes node B's underlay link 1400 under node A's 1500, the black hole beyond node A
+/// the tests below probe; `mtu` 1500 heals it.
+fn node_b_underlay_mtu(topo: &Topology, mtu: &str) {
     cmd::run(&[
         "ip",
         "-n",
@@ -53,8 +51,13 @@ fn black_hole_beyond_the_node_is_found_by_probing_the_path() {
         "set",
         UNDERLAY_IF,
         "mtu",
-        "1400",
+        mtu,
     ]);
+}
+
+/// The black hole beyond node A (see the test below), set up.
+fn black_hole_beyond_node_a(topo: &Topology) {
+    node_b_underlay_mtu(topo, "1400");
     // A veth checks its peer's MTU only on packets that are not GSO: node A's tunnel
     // GSO bursts (pod A's TSO, encapsulated whole) would cross intact and the transfer
     // would succeed. A NIC segments before the wire; one segment per skb on node A's
@@ -88,6 +91,16 @@ fn black_hole_beyond_the_node_is_found_by_probing_the_path() {
             VXLAN_IF,
         ]);
     }
+}
+
+/// Node B's underlay link is 1400 while node A's is 1500: node A's full-size VXLAN
+/// packets (1500 bytes) are dropped as they arrive at node B, without any ICMP, as a
+/// router with a smaller link and its frag-needed filtered would. Small packets pass.
+/// Node A sees nothing of it: only the path probe can tell this from a dead peer.
+#[test]
+fn black_hole_beyond_the_node_is_found_by_probing_the_path() {
+    let topo = Topology::new();
+    black_hole_beyond_node_a(&topo);
     let agent = Agent::start_ready(&topo);
     let port = 9301;
     let _server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(port), ServerMode::Echo);
@@ -252,4 +265,83 @@ fn tunnel_dropped_on_the_path_is_the_overlay() {
     assert_eq!(f["evidence"]["path_probe"], "overlay_lost", "{f:#}");
     assert_eq!(f["evidence"]["underlay_probe_answered"], true, "{f:#}");
     assert!(field(&f, "remediation").contains("check UDP 4789"), "{f:#}");
+}
+
+/// `node_diag_pmtud_blackholes` once it reads `value`; panics after `timeout`.
+fn wait_blackholes(agent: &Agent, value: f64, timeout: Duration) {
+    let deadline = Instant::now() + scaled(timeout);
+    loop {
+        let now = agent.metric(BLACKHOLES);
+        if now == Some(value) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{BLACKHOLES} is {now:?}, expected {value}\n{}",
+            agent.diagnostics()
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A black hole found by the path probe stays open while the path still loses the
+/// large size, however quiet its flow, and resolves once a probe of the healed path (node
+/// B's link back at 1500) carries it: probed again once per window (shortened here).
+#[test]
+fn a_path_black_hole_resolves_once_the_hop_heals() {
+    let topo = Topology::new();
+    black_hole_beyond_node_a(&topo);
+    let window = Duration::from_secs(4);
+    let mut agent = Agent::start_with_args(
+        &topo,
+        &["--path-probe-window", &window.as_secs().to_string()],
+    );
+    agent.wait_ready(Duration::from_secs(30));
+    let port = 9304;
+    let _server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(port), ServerMode::Echo);
+    let (ns, addr) = (topo.pod_a.clone(), topo.pod_b_addr(port));
+    let transfer =
+        thread::spawn(move || tcp_request(&ns, addr, &vec![0x5a; BULK], Duration::from_secs(60)));
+    let open = |f: &Value| {
+        on_flow("pmtud_blackhole", "path", &topo, port)(f) && field(f, "status") == "active"
+    };
+    agent.wait_finding(open, Duration::from_secs(15));
+    wait_blackholes(&agent, 1.0, Duration::from_secs(2));
+
+    // Probed again (a window and a run later) while the hop still loses 1400 and up: it
+    // stays open, with the new run in its evidence.
+    thread::sleep(window * 2 + Duration::from_secs(3));
+    let served = agent.findings_endpoint();
+    let hole = served
+        .iter()
+        .find(|f| on_flow("pmtud_blackhole", "path", &topo, port)(f))
+        .unwrap_or_else(|| panic!("the black hole is gone: {served:#?}"));
+    assert_eq!(field(hole, "status"), "active", "{hole:#}");
+    assert_eq!(hole["evidence"]["path_probe"], "blackhole", "{hole:#}");
+    assert_eq!(agent.metric(BLACKHOLES), Some(1.0));
+
+    node_b_underlay_mtu(&topo, "1500");
+    let healed = Instant::now();
+    let resolved = agent.wait_finding(
+        |f| on_flow("pmtud_blackhole", "path", &topo, port)(f) && field(f, "status") == "resolved",
+        window + Duration::from_secs(10),
+    );
+    let took = healed.elapsed();
+    assert_eq!(resolved["evidence"]["path_probe"], "passed", "{resolved:#}");
+    assert!(
+        resolved["evidence"]["path_mtu"].is_null(),
+        "a healed path names no smaller MTU: {resolved:#}"
+    );
+    assert!(!resolved["resolved_at"].is_null(), "{resolved:#}");
+    // One window, the 2 s refresh that asks, the run itself.
+    assert!(
+        took < scaled(window + Duration::from_secs(8)),
+        "took {took:?}"
+    );
+    wait_blackholes(&agent, 0.0, Duration::from_secs(2));
+    assert!(
+        agent.findings_endpoint().iter().all(|f| !open(f)),
+        "resolved, yet served active"
+    );
+    drop(transfer);
 }

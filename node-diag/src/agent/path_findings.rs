@@ -1,5 +1,6 @@
 //! The agent's side of path probes: a run's verdict recorded, the verdict it replaces
-//! withdrawn, unless this node's kernel showed the black hole itself.
+//! withdrawn, unless this node's kernel showed the black hole itself; the black holes
+//! runs found probed again, and resolved once their path carries the large size.
 
 use std::time::SystemTime;
 
@@ -7,7 +8,7 @@ use tracing::debug;
 
 use super::{Agent, path_probe};
 use crate::{
-    findings::correlate::path::{PathVerdict, settled_here, withdraws},
+    findings::correlate::path::{PathVerdict, reprobed, settled_here, withdraws},
     output::print_finding,
 };
 
@@ -39,7 +40,27 @@ impl Agent {
                 f
             }
             PathVerdict::Annotate(f) => f,
+            PathVerdict::Healed(f) => {
+                self.record(f);
+                let resolved = self
+                    .shared
+                    .store()
+                    .resolve(|s| withdraws(&original, s), SystemTime::now());
+                for r in resolved {
+                    print_finding(&r, self.opts.format);
+                }
+                return;
+            }
         };
         self.record(f);
+    }
+
+    /// Asks for a new run of every open path black hole's path (each admitted once its
+    /// peer's window is over).
+    pub(super) fn reprobe_path_blackholes(&mut self) {
+        let holes = self.shared.store().active(reprobed);
+        for hole in holes {
+            self.path_probes.reprobe(&hole);
+        }
     }
 }
