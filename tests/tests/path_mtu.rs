@@ -10,10 +10,10 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use node_diag_testbed::RoutedTopology;
 use node_diag_testbed::routed::VXLAN6_IF;
+use node_diag_testbed::{RoutedTopology, cmd};
 use node_diag_tests::finding::{assert_shape, assert_shape_mtu, field, flow_is, mismatch_on};
-use node_diag_tests::topology::VXLAN_IF;
+use node_diag_tests::topology::{POD_IF, VXLAN_IF};
 use node_diag_tests::{Agent, BULK, ServerMode, TcpServer, ok, tcp_request, unique_name};
 use serde_json::Value;
 
@@ -210,6 +210,63 @@ fn a_black_hole_masked_by_mtu_probing_is_reported_recovered() {
         "{}",
         agent.metrics_text()
     );
+    ok(topo.flush_route_cache(&topo.node_a));
+}
+
+/// The look-alike of a masked black hole: MTU probing off in pod A, its transfer stalled
+/// on the filtered 1400 hop, and pod A's route MTU lowered by hand (1300) mid-stall. The
+/// kernel sends the stalled segment again smaller, as MTU probing would, and the
+/// transfer completes; but the route's MTU made it smaller, not the sender's probing:
+/// no `recovered_by: tcp_mtu_probing`.
+#[test]
+fn a_route_mtu_lowered_mid_stall_is_not_mtu_probing() {
+    let topo = ok(RoutedTopology::build(&unique_name()));
+    ok(topo.narrow_towards_b(1400));
+    ok(topo.drop_router_frag_needed());
+    ok(topo.sysctl(&topo.pod_a, "net.ipv4.tcp_mtu_probing=0"));
+    let agent = Agent::start_ready_in(&topo);
+    let port = 9023;
+    let addr = SocketAddr::new(topo.pod_b_ip.into(), port);
+    let _server = TcpServer::start(&topo.pod_b, addr, ServerMode::Echo);
+    let pod_a = topo.pod_a.clone();
+    let transfer = std::thread::spawn(move || {
+        tcp_request(&pod_a, addr, &vec![0x5a; BULK], Duration::from_secs(40))
+    });
+    let on_flow = |f: &Value| flow_is(f, topo.pod_a_ip, topo.pod_b_ip, port);
+    // Stalled: reported as a stall, or as the black hole the path probe finds.
+    agent.wait_finding(
+        |f| on_flow(f) && matches!(field(f, "kind"), "tcp_stall" | "pmtud_blackhole"),
+        Duration::from_secs(15),
+    );
+    cmd::run_in(
+        &topo.pod_a,
+        &[
+            "ip",
+            "route",
+            "change",
+            "default",
+            "via",
+            "169.254.1.1",
+            "dev",
+            POD_IF,
+            "onlink",
+            "mtu",
+            "1300",
+        ],
+    )
+    .expect("lower pod A's route MTU");
+    let reply = transfer
+        .join()
+        .expect("transfer thread")
+        .expect("the smaller segments cross the 1400 hop");
+    assert_eq!(reply.len(), BULK);
+    agent.expect_no_finding(
+        |f| on_flow(f) && f["evidence"]["recovered_by"] == "tcp_mtu_probing",
+        Duration::from_secs(3),
+    );
+    // The shrink was seen, and judged.
+    let diag = agent.diagnostics();
+    assert!(diag.contains("not by MTU probing"), "{diag}");
     ok(topo.flush_route_cache(&topo.node_a));
 }
 

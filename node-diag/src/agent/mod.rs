@@ -73,7 +73,7 @@ use self::{
 use crate::{
     findings::{
         Finding, Kind, Layer, Store,
-        correlate::{Context, addr, correlate, path::reprobed, withdrawn},
+        correlate::{Context, ShrunkBy, addr, correlate, path::reprobed, withdrawn},
         names::Names,
     },
     host_network::LocalNode,
@@ -368,6 +368,19 @@ impl Agent {
     /// A kernel verdict: judged, its pods named, counted and recorded; a late success
     /// resolves the timeout it had been reported as.
     async fn on_event(&mut self, kind: EventKind, ev: Event) {
+        if kind == EventKind::MssShrunk {
+            let by = blackholes::shrunk_by(&ev).await;
+            if by != ShrunkBy::MtuProbing {
+                // A route or link MTU shrank it (or nothing nameable did): no black hole
+                // was shown, and the stall stands as it was judged.
+                info!(
+                    ?by,
+                    dport = ev.flow.dport,
+                    "segment sent smaller, not by MTU probing: no black hole"
+                );
+                return;
+            }
+        }
         let translation = self.translator.translate(&ev, &self.maps).await;
         // Whether the evidence window was watched, before this event attaches anything.
         let icmp_watched = self.watch.covers(&ev);
