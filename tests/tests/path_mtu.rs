@@ -19,6 +19,13 @@ use serde_json::Value;
 
 const BLACKHOLES: &str = "node_diag_pmtud_blackholes";
 
+/// The router's addresses on node A's subnet, the source of its frag-needed and
+/// packet-too-big towards node A.
+const ROUTER_A: &str = "192.168.78.254";
+const ROUTER_A_V6: &str = "fd00:78::fe";
+
+const WATCH_ICMP: &[&str] = &["--icmp-watch", "always"];
+
 /// The MTU model is rebuilt every 10 s without a link change: a learned path MTU is seen
 /// by the next rebuild.
 const REFRESH: Duration = Duration::from_secs(15);
@@ -51,7 +58,9 @@ fn learn(topo: &RoutedTopology, to: IpAddr, size: u32) -> u32 {
 fn learned_path_mtu_below_the_overlays_need_is_an_overlay_mismatch() {
     let topo = ok(RoutedTopology::build(&unique_name()));
     ok(topo.narrow_towards_b(1400));
-    let agent = Agent::start_ready_in(&topo);
+    // Watching ICMP from the start: nothing on node A is trouble before the router's
+    // frag-needed, the one packet that names the hop.
+    let agent = Agent::start_ready_in_with_args(&topo, WATCH_ICMP);
     let node_b = IpAddr::from(topo.node_b_underlay);
     // Nothing learned yet: every device of node A carries 1500.
     agent.expect_no_finding(is_mismatch, Duration::from_secs(1));
@@ -67,6 +76,7 @@ fn learned_path_mtu_below_the_overlays_need_is_an_overlay_mismatch() {
     assert_eq!(e["underlay_mtu"], 1400, "{f:#}");
     assert_eq!(e["underlay_device_mtu"], 1500, "{f:#}");
     assert_eq!(e["underlay_found_by"], "bound", "{f:#}");
+    assert_eq!(e["frag_needed_from"], ROUTER_A, "{f:#}");
     assert_eq!(e["expected_mtu"], 1350, "{f:#}");
     assert_eq!(e["actual_mtu"], 1450, "{f:#}");
     assert!(
@@ -132,7 +142,7 @@ fn a_path_mtu_of_1500_everywhere_learns_nothing_and_reports_no_mismatch() {
 fn learned_ipv6_path_mtu_below_the_overlays_need_is_an_overlay_mismatch() {
     let topo = ok(RoutedTopology::build_with_ipv6(&unique_name()));
     ok(topo.narrow_towards_b(1400));
-    let agent = Agent::start_ready_in(&topo);
+    let agent = Agent::start_ready_in_with_args(&topo, WATCH_ICMP);
     let node_b = IpAddr::from(topo.node_b_underlay_v6.expect("an IPv6 underlay"));
     // vx6 itself fits its 1500 underlay (1430); the pods, at 1450 for vx0, do not fit it
     // and are reported from the start, which is not what this test is about.
@@ -147,6 +157,7 @@ fn learned_ipv6_path_mtu_below_the_overlays_need_is_an_overlay_mismatch() {
     assert_eq!(e["underlay_endpoint"], node_b.to_string(), "{f:#}");
     assert_eq!(e["learned_pmtu"], 1400, "{f:#}");
     assert_eq!(e["encapsulation"], "VXLAN/IPv6", "{f:#}");
+    assert_eq!(e["frag_needed_from"], ROUTER_A_V6, "{f:#}");
     assert_eq!(e["expected_mtu"], 1330, "{f:#}");
     assert_eq!(
         agent.wait_metric(&path_mtu_series(node_b), Duration::from_secs(2)),

@@ -534,7 +534,8 @@ impl Agent {
     }
 
     async fn refresh_mtu(&self) {
-        refresh_mtu(&self.shared, &self.pods, self.opts.format).await;
+        let senders = self.maps.frag_needed_senders();
+        refresh_mtu(&self.shared, &self.pods, &senders, self.opts.format).await;
     }
 
     /// Counts a finding in the metrics and the store, and prints it when the store says
