@@ -8,7 +8,10 @@ use tracing::debug;
 
 use super::{Agent, path_probe};
 use crate::{
-    findings::correlate::path::{PathVerdict, reprobed, settled_here, withdraws},
+    findings::{
+        Finding,
+        correlate::path::{PathVerdict, reprobed, settled_here, withdraws},
+    },
     output::print_finding,
 };
 
@@ -28,31 +31,29 @@ impl Agent {
             debug!(dst = ?original.dst, dport = ?original.dport, "path probe dropped: the kernel's black hole stands");
             return;
         }
-        let f = match verdict {
+        match verdict {
             PathVerdict::Replace(f) => {
-                let resolved = self
-                    .shared
-                    .store()
-                    .resolve(|s| withdraws(&original, s), SystemTime::now());
-                for r in resolved {
-                    print_finding(&r, self.opts.format);
-                }
-                f
+                self.withdraw(&original);
+                self.record(f);
             }
-            PathVerdict::Annotate(f) => f,
+            PathVerdict::Annotate(f) => self.record(f),
+            // With the run that showed it healed in its evidence.
             PathVerdict::Healed(f) => {
                 self.record(f);
-                let resolved = self
-                    .shared
-                    .store()
-                    .resolve(|s| withdraws(&original, s), SystemTime::now());
-                for r in resolved {
-                    print_finding(&r, self.opts.format);
-                }
-                return;
+                self.withdraw(&original);
             }
-        };
-        self.record(f);
+        }
+    }
+
+    /// Resolves the stored verdict `original` was (see [`withdraws`]), printing it.
+    fn withdraw(&self, original: &Finding) {
+        let resolved = self
+            .shared
+            .store()
+            .resolve(|s| withdraws(original, s), SystemTime::now());
+        for r in resolved {
+            print_finding(&r, self.opts.format);
+        }
     }
 
     /// Asks for a new run of every open path black hole's path (each admitted once its
