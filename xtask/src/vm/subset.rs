@@ -79,6 +79,7 @@ pub(super) const KERNEL_SUBSET: &[&str] = &[
     // path_mtu
     "learned_path_mtu_below_the_overlays_need_is_an_overlay_mismatch",
     "learned_ipv6_path_mtu_below_the_overlays_need_is_an_overlay_mismatch",
+    "a_black_hole_masked_by_mtu_probing_is_reported_recovered",
     // nat
     "service_rejected_on_this_node_is_the_firewall_not_the_listener",
     "service_rejected_by_icmp_beyond_this_node_is_a_firewall_not_the_service",
