@@ -85,13 +85,18 @@ impl<'t> Agent<'t> {
     /// [`Agent::start_ready`] in another topology's node A (a
     /// [`RoutedTopology`](node_diag_testbed::RoutedTopology)), which it borrows.
     pub fn start_ready_in<H: node_diag_testbed::AgentHost>(host: &'t H) -> Agent<'t> {
+        Agent::start_ready_in_with_args(host, &[])
+    }
+
+    /// [`Agent::start_ready_in`] with `extra` flags.
+    pub fn start_ready_in_with_args<H: node_diag_testbed::AgentHost>(
+        host: &'t H,
+        extra: &[&str],
+    ) -> Agent<'t> {
         crate::require_root();
         let bin = node_diag_bin();
         let mut agent = Agent(crate::ok(node_diag_testbed::Agent::start_in(
-            host,
-            &bin,
-            None,
-            &[],
+            host, &bin, None, extra,
         )));
         agent.wait_ready(READY);
         agent

@@ -10,16 +10,23 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use node_diag_testbed::RoutedTopology;
 use node_diag_testbed::routed::VXLAN6_IF;
+use node_diag_testbed::{RoutedTopology, cmd};
 use node_diag_tests::finding::{
     assert_recovered_by_probing, assert_shape_mtu, field, flow_is, mismatch_on,
 };
-use node_diag_tests::topology::VXLAN_IF;
+use node_diag_tests::topology::{POD_IF, VXLAN_IF};
 use node_diag_tests::{Agent, BULK, ServerMode, TcpServer, ok, tcp_request, unique_name};
 use serde_json::Value;
 
 const BLACKHOLES: &str = "node_diag_pmtud_blackholes";
+
+/// The router's addresses on node A's subnet, the source of its frag-needed and
+/// packet-too-big towards node A.
+const ROUTER_A: &str = "192.168.78.254";
+const ROUTER_A_V6: &str = "fd00:78::fe";
+
+const WATCH_ICMP: &[&str] = &["--icmp-watch", "always"];
 
 /// The MTU model is rebuilt every 10 s without a link change: a learned path MTU is seen
 /// by the next rebuild.
@@ -53,7 +60,9 @@ fn learn(topo: &RoutedTopology, to: IpAddr, size: u32) -> u32 {
 fn learned_path_mtu_below_the_overlays_need_is_an_overlay_mismatch() {
     let topo = ok(RoutedTopology::build(&unique_name()));
     ok(topo.narrow_towards_b(1400));
-    let agent = Agent::start_ready_in(&topo);
+    // Watching ICMP from the start: nothing on node A is trouble before the router's
+    // frag-needed, the one packet that names the hop.
+    let agent = Agent::start_ready_in_with_args(&topo, WATCH_ICMP);
     let node_b = IpAddr::from(topo.node_b_underlay);
     // Nothing learned yet: every device of node A carries 1500.
     agent.expect_no_finding(is_mismatch, Duration::from_secs(1));
@@ -69,6 +78,7 @@ fn learned_path_mtu_below_the_overlays_need_is_an_overlay_mismatch() {
     assert_eq!(e["underlay_mtu"], 1400, "{f:#}");
     assert_eq!(e["underlay_device_mtu"], 1500, "{f:#}");
     assert_eq!(e["underlay_found_by"], "bound", "{f:#}");
+    assert_eq!(e["frag_needed_from"], ROUTER_A, "{f:#}");
     assert_eq!(e["expected_mtu"], 1350, "{f:#}");
     assert_eq!(e["actual_mtu"], 1450, "{f:#}");
     assert!(
@@ -134,7 +144,7 @@ fn a_path_mtu_of_1500_everywhere_learns_nothing_and_reports_no_mismatch() {
 fn learned_ipv6_path_mtu_below_the_overlays_need_is_an_overlay_mismatch() {
     let topo = ok(RoutedTopology::build_with_ipv6(&unique_name()));
     ok(topo.narrow_towards_b(1400));
-    let agent = Agent::start_ready_in(&topo);
+    let agent = Agent::start_ready_in_with_args(&topo, WATCH_ICMP);
     let node_b = IpAddr::from(topo.node_b_underlay_v6.expect("an IPv6 underlay"));
     // vx6 itself fits its 1500 underlay (1430); the pods, at 1450 for vx0, do not fit it
     // and are reported from the start, which is not what this test is about.
@@ -149,6 +159,7 @@ fn learned_ipv6_path_mtu_below_the_overlays_need_is_an_overlay_mismatch() {
     assert_eq!(e["underlay_endpoint"], node_b.to_string(), "{f:#}");
     assert_eq!(e["learned_pmtu"], 1400, "{f:#}");
     assert_eq!(e["encapsulation"], "VXLAN/IPv6", "{f:#}");
+    assert_eq!(e["frag_needed_from"], ROUTER_A_V6, "{f:#}");
     assert_eq!(e["expected_mtu"], 1330, "{f:#}");
     assert_eq!(
         agent.wait_metric(&path_mtu_series(node_b), Duration::from_secs(2)),
@@ -171,9 +182,10 @@ fn a_black_hole_masked_by_mtu_probing_is_reported_recovered() {
     ok(topo.narrow_towards_b(1400));
     ok(topo.drop_router_frag_needed());
     ok(topo.sysctl(&topo.pod_a, "net.ipv4.tcp_mtu_probing=1"));
-    // The echo crosses the narrow hop too, and the router's veth drops node B's
-    // full-size tunnel packets that are not GSO without a word: pod B probes as well,
-    // or its echo stalls for good whenever it sends one alone.
+    // The echo back crosses the same hop: node B's full-size packets that are not GSO
+    // meet the router's 1400 end of the veth and vanish (a veth checks its peer's MTU
+    // only on those). Where TCP sends them unbatched (an emulated guest), pod B's echo
+    // stalls in that second black hole, which only its own MTU probing gets out of.
     ok(topo.sysctl(&topo.pod_b, "net.ipv4.tcp_mtu_probing=1"));
     let agent = Agent::start_ready_in(&topo);
     let port = 9021;
@@ -206,6 +218,68 @@ fn a_black_hole_masked_by_mtu_probing_is_reported_recovered() {
         "{}",
         agent.metrics_text()
     );
+    ok(topo.flush_route_cache(&topo.node_a));
+}
+
+/// The look-alike of a masked black hole: MTU probing off in pod A, its transfer stalled
+/// on the filtered 1400 hop, and pod A's route MTU lowered by hand (1300) mid-stall. The
+/// kernel sends the stalled segment again smaller, as MTU probing would, and the
+/// transfer completes; but the route's MTU made it smaller, not the sender's probing:
+/// no `recovered_by: tcp_mtu_probing`.
+#[test]
+fn a_route_mtu_lowered_mid_stall_is_not_mtu_probing() {
+    let topo = ok(RoutedTopology::build(&unique_name()));
+    ok(topo.narrow_towards_b(1400));
+    ok(topo.drop_router_frag_needed());
+    ok(topo.sysctl(&topo.pod_a, "net.ipv4.tcp_mtu_probing=0"));
+    let agent = Agent::start_ready_in(&topo);
+    let port = 9023;
+    let addr = SocketAddr::new(topo.pod_b_ip.into(), port);
+    let _server = TcpServer::start(&topo.pod_b, addr, ServerMode::Echo);
+    let pod_a = topo.pod_a.clone();
+    let transfer = std::thread::spawn(move || {
+        tcp_request(&pod_a, addr, &vec![0x5a; BULK], Duration::from_secs(40))
+    });
+    let on_flow = |f: &Value| flow_is(f, topo.pod_a_ip, topo.pod_b_ip, port);
+    // Stalled: reported as a stall, or as the black hole the path probe finds.
+    agent.wait_finding(
+        |f| on_flow(f) && matches!(field(f, "kind"), "tcp_stall" | "pmtud_blackhole"),
+        Duration::from_secs(15),
+    );
+    // Both pods, as one lowers an MTU by hand: the echo back crosses the same hop, and
+    // node B's full-size packets that are not GSO vanish at the router's 1400 end of
+    // the veth (see the test above).
+    for pod in [&topo.pod_a, &topo.pod_b] {
+        cmd::run_in(
+            pod,
+            &[
+                "ip",
+                "route",
+                "change",
+                "default",
+                "via",
+                "169.254.1.1",
+                "dev",
+                POD_IF,
+                "onlink",
+                "mtu",
+                "1300",
+            ],
+        )
+        .expect("lower the pods' route MTU");
+    }
+    let reply = transfer
+        .join()
+        .expect("transfer thread")
+        .expect("the smaller segments cross the 1400 hop");
+    assert_eq!(reply.len(), BULK);
+    agent.expect_no_finding(
+        |f| on_flow(f) && f["evidence"]["recovered_by"] == "tcp_mtu_probing",
+        Duration::from_secs(3),
+    );
+    // The shrink was seen, and judged.
+    let diag = agent.diagnostics();
+    assert!(diag.contains("not by MTU probing"), "{diag}");
     ok(topo.flush_route_cache(&topo.node_a));
 }
 

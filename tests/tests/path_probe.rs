@@ -25,6 +25,9 @@ use node_diag_tests::{
 };
 use serde_json::Value;
 
+/// The black holes open, the gauge the black-hole alert reads.
+const BLACKHOLES: &str = "node_diag_pmtud_blackholes";
+
 /// The black hole's verdict must come within this of the first stalled retransmit
 /// (issue 37); measured from the transfer's start, which comes before it.
 const BLACK_HOLE_WITHIN: Duration = Duration::from_secs(15);
@@ -158,13 +161,8 @@ fn no_mtu_verdict(f: &Value) -> bool {
     ) || field(f, "layer") == "path"
 }
 
-/// Node B's underlay link is 1400 while node A's is 1500: node A's full-size VXLAN
-/// packets (1500 bytes) are dropped as they arrive at node B, without any ICMP, as a
-/// router with a smaller link and its frag-needed filtered would. Small packets pass.
-/// Node A sees nothing of it: only the path probe can tell this from a dead peer.
-#[test]
-fn black_hole_beyond_the_node_is_found_by_probing_the_path() {
-    let topo = Topology::new();
+/// Node B's underlay link narrowed to 1400 behind node A (see the test below).
+fn black_hole_beyond_node_a(topo: &Topology) {
     topo.set_link_mtu(&topo.node_b, UNDERLAY_IF, 1400);
     // A veth checks its peer's MTU only on packets that are not GSO: node A's tunnel
     // GSO bursts (pod A's TSO, encapsulated whole) would cross intact and the transfer
@@ -181,6 +179,16 @@ fn black_hole_beyond_the_node_is_found_by_probing_the_path() {
         "1",
     ]);
     ok(topo.route_tunnel_addresses());
+}
+
+/// Node B's underlay link is 1400 while node A's is 1500: node A's full-size VXLAN
+/// packets (1500 bytes) are dropped as they arrive at node B, without any ICMP, as a
+/// router with a smaller link and its frag-needed filtered would. Small packets pass.
+/// Node A sees nothing of it: only the path probe can tell this from a dead peer.
+#[test]
+fn black_hole_beyond_the_node_is_found_by_probing_the_path() {
+    let topo = Topology::new();
+    black_hole_beyond_node_a(&topo);
     let agent = Agent::start_ready(&topo);
     let flow = Flow::new(topo.pod_a_ip, topo.pod_b_ip, 9301);
     let _server = TcpServer::start(&topo.pod_b, flow.addr(), ServerMode::Echo);
@@ -427,4 +435,83 @@ fn overlay_lost(agent: &Agent, topo: &Topology, kind: &str, flow: Flow) -> Value
     );
     assert!(field(&f, "remediation").contains("check UDP 4789"), "{f:#}");
     f
+}
+
+/// `node_diag_pmtud_blackholes` once it reads `value`; panics after `timeout`.
+fn wait_blackholes(agent: &Agent, value: f64, timeout: Duration) {
+    let deadline = Instant::now() + scaled(timeout);
+    loop {
+        let now = agent.metric(BLACKHOLES);
+        if now == Some(value) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{BLACKHOLES} is {now:?}, expected {value}\n{}",
+            agent.diagnostics()
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A black hole found by the path probe stays open while the path still loses the
+/// large size, however quiet its flow, and resolves once a probe of the healed path (node
+/// B's link back at 1500) carries it: probed again once per window (shortened here).
+#[test]
+fn a_path_black_hole_resolves_once_the_hop_heals() {
+    let topo = Topology::new();
+    black_hole_beyond_node_a(&topo);
+    let window = Duration::from_secs(4);
+    let mut agent = Agent::start_with_args(
+        &topo,
+        &["--path-probe-window", &window.as_secs().to_string()],
+    );
+    agent.wait_ready(Duration::from_secs(30));
+    let flow = Flow::new(topo.pod_a_ip, topo.pod_b_ip, 9304);
+    let _server = TcpServer::start(&topo.pod_b, flow.addr(), ServerMode::Echo);
+    ok(topo.forget_neighbours());
+    let (ns, addr) = (topo.pod_a.clone(), flow.addr());
+    let transfer =
+        thread::spawn(move || tcp_request(&ns, addr, &vec![0x5a; BULK], Duration::from_secs(60)));
+    let open =
+        |f: &Value| on_flow("pmtud_blackhole", "path", flow)(f) && field(f, "status") == "active";
+    agent.wait_finding(open, Duration::from_secs(15));
+    wait_blackholes(&agent, 1.0, Duration::from_secs(2));
+
+    // Probed again (a window and a run later) while the hop still loses 1400 and up: it
+    // stays open, with the new run in its evidence.
+    thread::sleep(window * 2 + Duration::from_secs(3));
+    let served = agent.findings_endpoint();
+    let hole = served
+        .iter()
+        .find(|f| on_flow("pmtud_blackhole", "path", flow)(f))
+        .unwrap_or_else(|| panic!("the black hole is gone: {served:#?}"));
+    assert_eq!(field(hole, "status"), "active", "{hole:#}");
+    assert_eq!(hole["evidence"]["path_probe"], "blackhole", "{hole:#}");
+    assert_eq!(agent.metric(BLACKHOLES), Some(1.0));
+
+    topo.set_link_mtu(&topo.node_b, UNDERLAY_IF, 1500);
+    let healed = Instant::now();
+    let resolved = agent.wait_finding(
+        |f| on_flow("pmtud_blackhole", "path", flow)(f) && field(f, "status") == "resolved",
+        window + Duration::from_secs(10),
+    );
+    let took = healed.elapsed();
+    assert_eq!(resolved["evidence"]["path_probe"], "passed", "{resolved:#}");
+    assert!(
+        resolved["evidence"]["path_mtu"].is_null(),
+        "a healed path names no smaller MTU: {resolved:#}"
+    );
+    assert!(!resolved["resolved_at"].is_null(), "{resolved:#}");
+    // One window, the 2 s refresh that asks, the run itself.
+    assert!(
+        took < scaled(window + Duration::from_secs(8)),
+        "took {took:?}"
+    );
+    wait_blackholes(&agent, 0.0, Duration::from_secs(2));
+    assert!(
+        agent.findings_endpoint().iter().all(|f| !open(f)),
+        "resolved, yet served active"
+    );
+    drop(transfer);
 }

@@ -21,9 +21,10 @@ use node_diag_common::{AF_INET, DropInfo, Event, FlowKey, WINDOW_ALL, event_kind
 use tracing::debug;
 
 use crate::{
+    findings::correlate::{self, ShrunkBy, addr},
     host_network::{
         conntrack_stats::{own_netns, scope_files},
-        in_netns,
+        in_netns, sender_path,
         sock_diag::{TcpProgress, tcp_progress},
     },
     kernel::maps::{KernelMaps, ReportedBlackhole},
@@ -113,6 +114,25 @@ pub(super) fn as_blackhole(ev: &Event, maps: &KernelMaps) -> Option<Event> {
         frag_dropped: found.frag_dropped,
         ..*ev
     })
+}
+
+/// What sent the segment of `ev` (an `MSS_SHRUNK` event) again smaller, asked of the
+/// flow's namespace off the loop. A namespace that cannot be asked (gone already) leaves
+/// the kernel's rule to stand: MTU probing.
+pub(super) async fn shrunk_by(ev: &Event) -> ShrunkBy {
+    let (netns, dst) = (ev.netns, addr(&ev.flow, &ev.flow.daddr));
+    let sender = tokio::task::spawn_blocking(move || sender_path(netns, dst)).await;
+    match sender {
+        Ok(Ok(sender)) => correlate::shrunk_by(ev, &sender),
+        Ok(Err(e)) => {
+            debug!(netns, error = %e, "cannot look at the sender's path MTU");
+            ShrunkBy::MtuProbing
+        }
+        Err(e) => {
+            debug!(netns, error = %e, "sender path lookup failed");
+            ShrunkBy::MtuProbing
+        }
+    }
 }
 
 /// A flow's local and remote ends as its socket holds them (an IPv6 socket's

@@ -186,7 +186,7 @@ impl Metrics {
         let blackholes = Gauge::default();
         registry.register(
             "node_diag_pmtud_blackholes",
-            "Flows black-holed by PMTUD right now",
+            "Flows black-holed by PMTUD right now (beyond the node: until a probe shows the path healed)",
             blackholes.clone(),
         );
         let icmp_watch = Gauge::default();

@@ -4,7 +4,11 @@
 //! findings (`overlay_mtu_mismatch`, `pmtud_disabled`): new ones printed, gone ones
 //! resolved.
 
-use std::time::{Instant, SystemTime};
+use std::{
+    collections::HashMap,
+    net::IpAddr,
+    time::{Instant, SystemTime},
+};
 
 use tracing::warn;
 
@@ -17,7 +21,14 @@ use crate::{
 
 /// Rebuilds the MTU model from netlink: gauges, and the overlay_mtu_mismatch and
 /// pmtud_disabled conditions (new ones printed, gone ones resolved).
-pub(crate) async fn refresh_mtu(shared: &Shared, pods: &PodsHandle, format: OutputFormat) {
+/// `senders`: who sent the frag-needed seen for each destination, named in the
+/// mismatches judged on a learned path MTU.
+pub(crate) async fn refresh_mtu(
+    shared: &Shared,
+    pods: &PodsHandle,
+    senders: &HashMap<IpAddr, IpAddr>,
+    format: OutputFormat,
+) {
     let snapshot = match tokio::task::spawn_blocking(crate::host_network::snapshot).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
@@ -37,6 +48,7 @@ pub(crate) async fn refresh_mtu(shared: &Shared, pods: &PodsHandle, format: Outp
         metrics.set_path_mtus(model.path_mtus());
     }
     let mut findings = model.findings(now);
+    crate::mtu::name_frag_needed_senders(&mut findings, senders);
     // An interface finding in a pod's namespace names the pod whose interface it is.
     let index = pods.current();
     for f in &mut findings {

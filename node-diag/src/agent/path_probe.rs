@@ -14,6 +14,9 @@
 //! - at most `max_running` runs at a time (others wait for the next finding);
 //! - every run sends at most `budget` (≤ 20) echo requests, and all runs together at
 //!   most `per_second` a second ([`Pacer`]).
+//!
+//! A black hole a run found stays open until a run shows the path healed: its peer is
+//! probed again once per `window` ([`PathProbes::reprobe`]), within the same bounds.
 
 use std::{
     collections::HashMap,
@@ -179,7 +182,7 @@ impl PathProbes {
         {
             let count = f.count;
             let mut judged = match path::judge(&f, check, SystemTime::now()) {
-                PathVerdict::Replace(g) | PathVerdict::Annotate(g) => g,
+                PathVerdict::Replace(g) | PathVerdict::Annotate(g) | PathVerdict::Healed(g) => g,
             };
             judged.count = count;
             return judged;
@@ -195,6 +198,21 @@ impl PathProbes {
             debug!(%peer, ?question, "path probe not started: bounds");
         }
         f
+    }
+
+    /// Probes again the path of `hole`, a black hole a probe found, once its peer's
+    /// window is over: the same bounds as a first run, so a path black hole costs one
+    /// run per window while it stays open.
+    pub(crate) fn reprobe(&mut self, hole: &Finding) {
+        let Some(peer) = peer_of(hole) else {
+            return;
+        };
+        if self
+            .admission
+            .admit((peer, Question::Size), Instant::now(), &self.limits)
+        {
+            self.start(hole.clone(), Question::Size, peer);
+        }
     }
 
     fn start(&self, original: Finding, question: Question, peer: IpAddr) {

@@ -399,6 +399,10 @@ pub(crate) struct MtuEvidence {
     /// again).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) learned_pmtu_expires_secs: Option<u32>,
+    /// Who sent the frag-needed (packet too big) the path MTU was learned from: the
+    /// hop, when this node's TC classifier saw one arrive for the endpoint.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) frag_needed_from: Option<IpAddr>,
     pub(crate) encapsulation: Option<String>,
     pub(crate) overhead: Option<u32>,
     pub(crate) overhead_breakdown: Option<String>,

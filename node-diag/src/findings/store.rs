@@ -246,6 +246,15 @@ impl Store {
             .collect()
     }
 
+    /// The active findings matching `which`.
+    pub(crate) fn active(&self, which: impl Fn(&Finding) -> bool) -> Vec<Finding> {
+        self.list
+            .iter()
+            .filter(|e| e.finding.status == Status::Active && which(&e.finding))
+            .map(|e| e.finding.clone())
+            .collect()
+    }
+
     pub(crate) fn all(&self) -> Vec<Finding> {
         self.list.iter().map(|e| e.finding.clone()).collect()
     }

@@ -10,6 +10,8 @@
 //! - `wireguard`: a WireGuard device's peers' endpoints, over generic netlink.
 //! - `conntrack`: where this node's NAT sent a connection, over ctnetlink.
 //! - `sock_diag`: one TCP socket's progress (RTO count, backoff, MSS), over inet_diag.
+//! - `sender_path`: a flow's namespace's MTU probing setting and route MTU towards its
+//!   peer, what a segment sent again smaller was shrunk by.
 //! - `nlmsg`: the raw netlink messages of those families.
 //! - `namespaces`: network namespaces, their ids, which ones make up this node
 //!   ([`local_scope`]: the agent's own and every pod namespace attached to it by a veth),
@@ -38,6 +40,7 @@ mod namespaces;
 mod nlmsg;
 mod routes;
 mod rtnetlink;
+mod sender_path;
 pub(crate) mod sock_diag;
 pub(crate) mod tc;
 mod underlay;
@@ -56,6 +59,7 @@ pub(crate) use namespaces::{
 };
 pub(crate) use routes::{Route, RouteEntry, route_get, routes};
 pub(crate) use rtnetlink::NetlinkError;
+pub(crate) use sender_path::{SenderPath, sender_path};
 
 #[cfg(test)]
 pub(crate) use {

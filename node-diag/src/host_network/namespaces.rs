@@ -31,6 +31,8 @@ pub(crate) enum NetnsError {
     },
     #[error("network namespace {0} changed while it was opened")]
     Gone(String),
+    #[error("no network namespace with inode {0}")]
+    Unknown(u32),
     #[error("thread: {0}")]
     Thread(std::io::Error),
     #[error("namespace reader thread panicked")]

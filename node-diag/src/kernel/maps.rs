@@ -5,6 +5,7 @@
 
 use std::{
     collections::{BTreeSet, HashMap},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     os::fd::{AsFd, AsRawFd},
 };
 
@@ -16,7 +17,7 @@ use aya::{
     },
 };
 use node_diag_common::{
-    DROP_REASON_SLOTS, DropInfo, DropKey, DropSlot, FlowKey, IcmpInfo, MAP_COUNTERS,
+    AF_INET, DROP_REASON_SLOTS, DropInfo, DropKey, DropSlot, FlowKey, IcmpInfo, MAP_COUNTERS,
     MAP_DROP_REASONS, MAP_DROPS, MAP_EVENTS, MAP_FRAG_DROPPED, MAP_ICMP_RCVD, MAP_ICMP_SENT,
     MAP_NAT, MAP_OVERSIZE, MAP_OVERSIZE_BY_DEV, MAP_RETRANS, MAP_SCOPE, MAP_SCOPE_GEN,
     MAP_SYN_DROPS, MAP_VERDICT_AGG, NatInfo, RETRANS_REPORTED_PMTUD, RetransState, VerdictAgg,
@@ -190,6 +191,33 @@ impl KernelMaps {
                 netns: s.netns,
                 quiet_ns: now.saturating_sub(s.last_ns),
             })
+            .collect()
+    }
+
+    /// Who sent the latest frag-needed (packet too big) received for packets to each
+    /// destination, whatever the flow (a tunnel's packets to its remote endpoint change
+    /// source port per flow). Only what the TC classifier saw while attached, and what
+    /// the LRU map still holds.
+    pub(crate) fn frag_needed_senders(&self) -> HashMap<IpAddr, IpAddr> {
+        let ip = |family: u16, b: &[u8; 16]| -> IpAddr {
+            if family == AF_INET {
+                Ipv4Addr::new(b[0], b[1], b[2], b[3]).into()
+            } else {
+                Ipv6Addr::from(*b).to_canonical()
+            }
+        };
+        let mut latest: HashMap<IpAddr, (u64, IpAddr)> = HashMap::new();
+        for (flow, info) in self.evidence.icmp_rcvd.iter().flatten() {
+            let dst = ip(flow.family, &flow.daddr);
+            let from = ip(flow.family, &info.from);
+            let e = latest.entry(dst).or_insert((info.last_ns, from));
+            if info.last_ns >= e.0 {
+                *e = (info.last_ns, from);
+            }
+        }
+        latest
+            .into_iter()
+            .map(|(dst, (_, from))| (dst, from))
             .collect()
     }
 

@@ -2,7 +2,7 @@
 //! limit, `pmtud_disabled` for each namespace with PMTUD off, each with its remediation
 //! and the arithmetic as evidence.
 
-use std::time::SystemTime;
+use std::{collections::HashMap, net::IpAddr, time::SystemTime};
 
 use super::{
     model::{MtuVerdict, Role, Verdict},
@@ -115,6 +115,7 @@ fn mismatch_finding(v: &MtuVerdict, now: SystemTime) -> Finding {
         underlay_found_by: v.underlay_found_by,
         learned_pmtu: v.learned_pmtu,
         learned_pmtu_expires_secs: v.learned_pmtu_expires_secs,
+        frag_needed_from: None,
         encapsulation: v.encapsulation.clone(),
         overhead: v.overhead,
         overhead_breakdown: v.overhead_breakdown.clone(),
@@ -164,6 +165,30 @@ fn sysctl_finding(s: &SysctlVerdict, now: SystemTime) -> Option<Finding> {
         netns_name: s.netns_name.clone(),
     });
     Some(f)
+}
+
+/// Names the hop in each mismatch judged on a learned path MTU: the sender of the
+/// latest frag-needed (packet too big) this node saw for its endpoint (`senders`:
+/// destination → sender, from the TC classifier's evidence). Without one, nothing is
+/// named: the route cache does not keep who taught it.
+pub(crate) fn name_frag_needed_senders(
+    findings: &mut [Finding],
+    senders: &HashMap<IpAddr, IpAddr>,
+) {
+    for f in findings {
+        let Evidence::Mtu(e) = &mut f.evidence else {
+            continue;
+        };
+        let from = e
+            .learned_pmtu
+            .and(e.underlay_endpoint)
+            .and_then(|ep| senders.get(&ep).copied());
+        if let Some(from) = from {
+            e.frag_needed_from = Some(from);
+            f.summary
+                .push_str(&format!(" The frag-needed came from {from}."));
+        }
+    }
 }
 
 /// The findings of judged interfaces and sysctls.
@@ -351,6 +376,39 @@ mod tests {
             pod.summary
         );
         assert_eq!(pod.evidence.to_map()["learned_pmtu"], 1400);
+    }
+
+    #[test]
+    fn the_hop_that_sent_the_frag_needed_is_named_when_seen() {
+        let peer = IpAddr::from([10, 0, 0, 2]);
+        let router = IpAddr::from([10, 0, 9, 254]);
+        let snap = learned(node(1500, 1450, 1450, 1450), "vx0", peer, 1400);
+        let mut fs = findings(&snap, SystemTime::UNIX_EPOCH);
+        let unseen = fs.clone();
+        super::name_frag_needed_senders(&mut fs, &HashMap::from([(router, peer)]));
+        assert_eq!(fs, unseen, "a frag-needed for another destination");
+        super::name_frag_needed_senders(&mut fs, &HashMap::from([(peer, router)]));
+        let vx = fs
+            .iter()
+            .find(|f| f.interface.as_deref() == Some("vx0"))
+            .expect("vx0");
+        assert_eq!(vx.evidence.to_map()["frag_needed_from"], "10.0.9.254");
+        assert!(
+            vx.summary
+                .ends_with("The frag-needed came from 10.0.9.254."),
+            "{}",
+            vx.summary
+        );
+        // A mismatch not judged on a learned path MTU names no hop.
+        let snap = node(1500, 1500, 1500, 1500);
+        let mut plain = findings(&snap, SystemTime::UNIX_EPOCH);
+        super::name_frag_needed_senders(&mut plain, &HashMap::from([(peer, router)]));
+        assert!(
+            plain
+                .iter()
+                .all(|f| !f.evidence.to_map().contains_key("frag_needed_from")),
+            "{plain:#?}"
+        );
     }
 
     #[test]

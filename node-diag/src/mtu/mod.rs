@@ -32,6 +32,7 @@ mod sysctls;
 
 use std::{collections::BTreeMap, net::IpAddr, time::SystemTime};
 
+pub(crate) use self::findings::name_frag_needed_senders;
 use self::{model::MtuVerdict, report::Report, sysctls::SysctlVerdict};
 use crate::{
     findings::Finding,

@@ -110,6 +110,7 @@ pub(super) const KERNEL_SUBSET: &[&str] = &[
     "ipv6_stall_after_pmtud_worked_is_no_black_hole",
     "ipv6_black_hole_beyond_the_node_is_found_by_probing",
     "ipv6_dead_peer_behind_the_tunnel_is_still_a_stall",
+    "a_black_hole_masked_by_mtu_probing_is_reported_recovered",
     // nat
     "service_rejected_on_this_node_is_the_firewall_not_the_listener",
     "service_rejected_by_icmp_beyond_this_node_is_a_firewall_not_the_service",

@@ -26,6 +26,7 @@ use std::{
 use node_diag_common::{AF_INET, Event, FlowKey, errno, event_flag};
 
 pub(crate) use self::nat::Translation;
+pub(crate) use self::stall::{ShrunkBy, shrunk_by};
 use super::{Finding, Kind, conntrack::Window, names::Names};
 use crate::{host_network::drop_site::DropSite, kernel::event::EventKind};
 

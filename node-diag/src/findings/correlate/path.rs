@@ -51,6 +51,21 @@ pub(crate) fn question(f: &Finding) -> Option<Question> {
     }
 }
 
+/// Whether `f` is a black hole a probe found on the path: nothing on this node shows
+/// it heal, so only probing the path again can close it.
+pub(crate) fn reprobed(f: &Finding) -> bool {
+    f.kind == Kind::PmtudBlackhole && f.layer == Layer::Path
+}
+
+/// Whether a probe of a black-holed path shows it healed: the peer answered and every
+/// size up to the egress MTU crossed, or the size lost drew a frag-needed (the hop's
+/// ICMP now gets through, and PMTUD shrinks the flow's segments itself). A silent peer
+/// shows nothing either way.
+fn healed(check: &PathCheck) -> bool {
+    let peer = &check.peer;
+    peer.answered() && (peer.smallest_lost.is_none() || peer.frag_needed.is_some())
+}
+
 /// A stalled full-size segment with nothing on this node saying size is the problem.
 fn full_size_without_evidence(e: &StallEvidence) -> bool {
     e.mss > 0
@@ -97,6 +112,10 @@ pub(crate) enum PathVerdict {
     Replace(Finding),
     /// The original verdict stands; the probe's result joins its evidence.
     Annotate(Finding),
+    /// A path black hole probed again whose path now carries the large size (or answers
+    /// it with a frag-needed, so PMTUD works again): the original resolves, with this
+    /// probe in its evidence.
+    Healed(Finding),
 }
 
 /// Judges `original` (a finding [`question`] asked about) on `check`. Pure.
@@ -105,6 +124,23 @@ pub(crate) fn judge(original: &Finding, check: &PathCheck, now: SystemTime) -> P
     match question(original) {
         Some(Question::Size) => judge_size(original, check, probe, now),
         Some(Question::Tunnel) => judge_tunnel(original, check, probe, now),
+        None if reprobed(original) => {
+            let healed = healed(check);
+            probe.path_probe = Some(if healed {
+                PathProbeResult::Passed
+            } else if check.peer.answered() {
+                PathProbeResult::Blackhole
+            } else {
+                PathProbeResult::NoReply
+            });
+            probe.path_mtu = check.peer.largest_ok.filter(|_| !healed);
+            let f = annotated(original, probe);
+            if healed {
+                PathVerdict::Healed(f)
+            } else {
+                PathVerdict::Annotate(f)
+            }
+        }
         None => {
             probe.path_probe = None;
             PathVerdict::Annotate(annotated(original, probe))
@@ -534,6 +570,57 @@ mod tests {
         later.sport = Some(40001);
         assert!(withdraws(&original, &later));
         assert!(!withdraws(&original, &f), "not the black hole itself");
+    }
+
+    #[test]
+    fn a_path_black_hole_probed_again_heals_only_when_the_large_size_crosses() {
+        let found = PathCheck {
+            peer: leg(POD_B, Some(1350), Some(1351)),
+            underlay: None,
+        };
+        let PathVerdict::Replace(hole) = judge(&stall(1398, watched()), &found, SystemTime::now())
+        else {
+            panic!("black hole");
+        };
+        assert!(reprobed(&hole));
+        let PathVerdict::Annotate(still) = judge(&hole, &found, SystemTime::now()) else {
+            panic!("the same sizes lost: still a black hole");
+        };
+        assert_eq!(
+            (still.kind, still.layer),
+            (Kind::PmtudBlackhole, Layer::Path)
+        );
+        assert_eq!(still.evidence.to_map()["path_probe"], "blackhole");
+        assert_eq!(still.count, 0);
+        let silent = PathCheck {
+            peer: leg(POD_B, None, None),
+            underlay: None,
+        };
+        let PathVerdict::Annotate(dead) = judge(&hole, &silent, SystemTime::now()) else {
+            panic!("a silent peer heals nothing");
+        };
+        assert_eq!(dead.evidence.to_map()["path_probe"], "no_reply");
+        for check in [
+            PathCheck {
+                peer: leg(POD_B, Some(1450), None),
+                underlay: None,
+            },
+            PathCheck {
+                peer: Leg {
+                    frag_needed: Some((ROUTER, Some(1400))),
+                    ..leg(POD_B, Some(1400), Some(1401))
+                },
+                underlay: None,
+            },
+        ] {
+            let PathVerdict::Healed(f) = judge(&hole, &check, SystemTime::now()) else {
+                panic!("healed: {check:?}");
+            };
+            let m = f.evidence.to_map();
+            assert_eq!(m["path_probe"], "passed");
+            assert_eq!(m["fullsize_retransmits"], 3, "the black hole's keys stay");
+            assert!(withdraws(&hole, &f));
+        }
     }
 
     #[test]

@@ -1,15 +1,18 @@
 //! The MTU family: DF packets dropped as too big, flows stalled on full-size segments
 //! with MTU evidence (PMTUD black holes), and stalls without it (a silent peer).
 
-use node_diag_common::{AF_INET, Event, WINDOW_ALL, icmp, icmpv6};
+use node_diag_common::{AF_INET, Event, WINDOW_ALL, icmp, icmpv6, stall};
 
 use super::{Context, addr, with_flow};
-use crate::findings::{
-    Finding, Kind, Layer, Severity,
-    evidence::{
-        BlackholeEvidence, Evidence, FragEvidence, IcmpWatch, NetfilterHook, OversizeEvidence,
-        RecoveredEvidence, Recovery, StallEvidence,
+use crate::{
+    findings::{
+        Finding, Kind, Layer, Severity,
+        evidence::{
+            BlackholeEvidence, Evidence, FragEvidence, IcmpWatch, NetfilterHook, OversizeEvidence,
+            RecoveredEvidence, Recovery, StallEvidence,
+        },
     },
+    host_network::SenderPath,
 };
 
 /// MSS clamping, the stop-gap for every MTU fault.
@@ -199,6 +202,32 @@ pub(super) fn pmtud_stall(ev: &Event, ctx: &Context<'_>) -> Finding {
     f
 }
 
+/// What sent a stalled segment again smaller, as the flow's namespace tells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ShrunkBy {
+    /// The kernel's MTU probing: on in the namespace, and nothing else explains it.
+    MtuProbing,
+    /// The route or its device now carries an MTU (`mtu`) the segment exceeded: a
+    /// route or link MTU changed, by hand or by a frag-needed the kernel learned from.
+    /// PMTUD worked, or someone worked around the path: no black hole is shown.
+    MtuChange(u32),
+    /// MTU probing is off there and no MTU explains it (a change since undone): no
+    /// cause can be named, and no black hole is claimed.
+    Unexplained,
+}
+
+/// Why the `MSS_SHRUNK` event `ev` (its `len` the segment before) happened, judged on
+/// `sender` (read after the event, from the flow's namespace). Unknown probing (the
+/// sysctl unreadable) is taken as on: the kernel's own rule still saw the shrink.
+pub(crate) fn shrunk_by(ev: &Event, sender: &SenderPath) -> ShrunkBy {
+    let before = stall::smallest_packet(ev.flow.family, ev.len);
+    match (sender.path_mtu, sender.tcp_mtu_probing) {
+        (Some(mtu), _) if mtu > 0 && stall::exceeds(before, mtu) => ShrunkBy::MtuChange(mtu),
+        (_, Some(0)) => ShrunkBy::Unexplained,
+        _ => ShrunkBy::MtuProbing,
+    }
+}
+
 /// A stall with no MTU evidence that ended with the segment sent smaller: the kernel's
 /// MTU probing found the black hole the path never reported (its frag-needed filtered
 /// or never sent). Recovered, but every such flow pays the seconds it stalled: a
@@ -304,6 +333,37 @@ mod tests {
 
     use super::super::testkit::*;
     use crate::findings::{Kind, Layer, Severity};
+
+    #[test]
+    fn a_shrink_is_mtu_probing_only_when_probing_is_on_and_no_mtu_explains_it() {
+        use super::{ShrunkBy, shrunk_by};
+        use crate::host_network::SenderPath;
+        let mut ev = event(event_kind::MSS_SHRUNK, 0);
+        ev.len = 1410;
+        ev.mtu = 1024;
+        let sender = |probing, mtu| SenderPath {
+            tcp_mtu_probing: probing,
+            path_mtu: mtu,
+        };
+        assert_eq!(
+            shrunk_by(&ev, &sender(Some(1), Some(1450))),
+            ShrunkBy::MtuProbing
+        );
+        assert_eq!(shrunk_by(&ev, &sender(None, None)), ShrunkBy::MtuProbing);
+        // 1410 + 40 = 1450 fits a 1450 route; not a 1300 one, set by hand mid-stall.
+        assert_eq!(
+            shrunk_by(&ev, &sender(Some(1), Some(1300))),
+            ShrunkBy::MtuChange(1300)
+        );
+        assert_eq!(
+            shrunk_by(&ev, &sender(Some(0), Some(1300))),
+            ShrunkBy::MtuChange(1300)
+        );
+        assert_eq!(
+            shrunk_by(&ev, &sender(Some(0), Some(1450))),
+            ShrunkBy::Unexplained
+        );
+    }
 
     #[test]
     fn oversize_drop_without_frag_needed_is_a_warning() {
