@@ -343,6 +343,8 @@ fn try_err_report(ctx: &BtfTracePointContext) -> Option<()> {
             }
             return None;
         }
+        // Before this verdict's own bit: a timeout given only now is no earlier one.
+        let timed_out = (*connect).reported & (1 << event_kind::CONNECT_TIMEOUT) != 0;
         (*connect).reported |= bit;
         if key.sport == 0 {
             key.sport = (*connect).sport;
@@ -351,7 +353,7 @@ fn try_err_report(ctx: &BtfTracePointContext) -> Option<()> {
             (*connect).netns,
             (*connect).syn_retrans,
             (*connect).evidence_gen,
-            (*connect).reported & (1 << event_kind::CONNECT_TIMEOUT) != 0,
+            timed_out,
         )
     };
     // An attempt reported as timing out was counted then: one attempt, one count.

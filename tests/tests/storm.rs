@@ -294,12 +294,18 @@ fn refusals_to_twenty_thousand_distinct_ports_are_accounted_exactly() {
     let refused: u64 = storm(&topo, &ports, 1).iter().sum();
     assert_eq!(refused, ports.len() as u64, "every connect is refused");
 
-    // Thousands of findings to make: give the agent longer than a storm on one key.
+    // 20,000 findings to make, each printed: an emulated guest takes minutes. What is
+    // asserted is the accounting, not the speed (that is the bench's): wait while the
+    // count still moves.
     let accounted =
         || (agent.counter(FINDINGS) - found0) as u64 + (agent.counter(LOST) - lost0) as u64;
-    let deadline = Instant::now() + SETTLE * 6;
-    while accounted() < refused && Instant::now() < deadline {
+    let (mut last, mut moved) = (0, Instant::now());
+    while last < refused && moved.elapsed() < SETTLE {
         thread::sleep(Duration::from_millis(500));
+        let now = accounted();
+        if now != last {
+            (last, moved) = (now, Instant::now());
+        }
     }
     // A map read after the settle must not add more.
     thread::sleep(Duration::from_millis(1200));
