@@ -3,7 +3,8 @@
 //! towards the destination when it is a `blackhole`, `unreachable` or `prohibit` route
 //! (Calico's blackhole routes for its IPAM blocks), or the VXLAN it leaves by when that
 //! has no forwarding entry for the next hop (flannel's and Calico's per-peer FDB
-//! entries). Read from the main table, as the forwarding path looks it up without
+//! entries), or the next hop's neighbour entry when resolving it failed (the packets
+//! queued on it are freed without a reason). Read from the main table, as the forwarding path looks it up without
 //! policy rules.
 
 use std::net::IpAddr;
@@ -11,7 +12,7 @@ use std::net::IpAddr;
 use netlink_packet_core::NLM_F_DUMP;
 use netlink_packet_route::{
     AddressFamily, RouteNetlinkMessage,
-    neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourMessage},
+    neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState},
     route::{RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteType},
 };
 use netlink_sys::Socket;
@@ -39,6 +40,10 @@ pub(crate) struct DropSite {
     /// the device has none.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) missing_fdb_entry: Option<String>,
+    /// The next hop whose link-layer address could not be resolved, with its state
+    /// ("fd00:200::9 dev ul0 failed").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) neighbour: Option<String>,
 }
 
 /// Where the calling thread's namespace discards packets for `dst` (see [`DropSite`]).
@@ -79,7 +84,26 @@ pub(crate) fn drop_site(dst: IpAddr) -> Result<DropSite, NetlinkError> {
         RouteAttribute::Gateway(g) => ip_of(g),
         _ => None,
     });
-    let Some(link) = links()?.into_iter().find(|l| {
+    let next_hop = gateway.unwrap_or(dst);
+    let mut msg = NeighbourMessage::default();
+    msg.header.family = family;
+    let entries = neighbours(&sock, msg)?;
+    let entry = entries
+        .iter()
+        .find(|n| n.header.ifindex == oif && neighbour_dst(n) == Some(next_hop));
+    let all_links = links()?;
+    if let Some(n) = entry.filter(|n| unresolved(n.header.state)) {
+        let dev = all_links
+            .iter()
+            .find(|l| l.index == oif)
+            .map_or_else(|| format!("if{oif}"), |l| l.name.clone());
+        return Ok(DropSite {
+            route: Some(prefix),
+            neighbour: Some(format!("{next_hop} dev {dev} {}", n.header.state)),
+            ..DropSite::default()
+        });
+    }
+    let Some(link) = all_links.into_iter().find(|l| {
         l.index == oif
             && l.kind.as_deref() == Some("vxlan")
             && l.tunnel
@@ -88,19 +112,12 @@ pub(crate) fn drop_site(dst: IpAddr) -> Result<DropSite, NetlinkError> {
     }) else {
         return Ok(DropSite::default());
     };
-    let next_hop = gateway.unwrap_or(dst);
     let mut route = prefix;
     if let Some(gw) = gateway {
         route.push_str(&format!(" via {gw}"));
     }
     route.push_str(&format!(" dev {}", link.name));
-    let mut msg = NeighbourMessage::default();
-    msg.header.family = family;
-    let mac = neighbours(&sock, msg)?.into_iter().find_map(|n| {
-        (n.header.ifindex == oif && neighbour_dst(&n) == Some(next_hop))
-            .then(|| lladdr(&n))
-            .flatten()
-    });
+    let mac = entry.and_then(lladdr);
     let mut msg = NeighbourMessage::default();
     msg.header.family = AddressFamily::Bridge;
     let fdb: Vec<Vec<u8>> = neighbours(&sock, msg)?
@@ -114,6 +131,7 @@ pub(crate) fn drop_site(dst: IpAddr) -> Result<DropSite, NetlinkError> {
         route_type: None,
         tunnel: missing.as_ref().map(|_| link.name.clone()),
         missing_fdb_entry: missing,
+        neighbour: None,
     })
 }
 
@@ -217,6 +235,12 @@ fn best_route(routes: &[RouteMessage], dst: IpAddr) -> Option<&RouteMessage> {
                 std::cmp::Reverse(metric),
             )
         })
+}
+
+/// A neighbour entry whose resolution failed or is still under way: what it holds
+/// queued is dropped when it fails.
+fn unresolved(state: NeighbourState) -> bool {
+    matches!(state, NeighbourState::Failed | NeighbourState::Incomplete)
 }
 
 fn neighbour_dst(n: &NeighbourMessage) -> Option<IpAddr> {

@@ -74,6 +74,7 @@ fn drop_cause(
     let route = site.and_then(|s| s.route.as_deref());
     let discarding = site.and_then(|s| s.route_type.and(s.route.as_deref()));
     let missing = site.and_then(|s| Some((s.tunnel.as_deref()?, s.missing_fdb_entry.as_deref()?)));
+    let neighbour = site.and_then(|s| s.neighbour.as_deref());
     Some(match family? {
         DropFamily::Firewall => Cause::Firewall(format!(
             "a netfilter/eBPF filter on this node dropped {dropped} ({reason})"
@@ -91,6 +92,10 @@ fn drop_cause(
                 "the tunnel {tunnel} has no forwarding (FDB) entry for the next hop ({entry}), so the kernel dropped {dropped} ({reason})"
             ))
         }
+        _ if neighbour.is_some() => Cause::Routing(format!(
+            "this node could not resolve the next hop ({}) and the kernel dropped {dropped} queued on it ({reason})",
+            neighbour.unwrap_or_default()
+        )),
         DropFamily::Neighbour => Cause::Routing(format!(
             "this node could not resolve the next hop's link-layer address and the kernel dropped {dropped}{on} ({reason})"
         )),
