@@ -111,6 +111,11 @@ pub(super) const KERNEL_SUBSET: &[&str] = &[
     "ipv6_black_hole_beyond_the_node_is_found_by_probing",
     "ipv6_dead_peer_behind_the_tunnel_is_still_a_stall",
     "a_black_hole_masked_by_mtu_probing_is_reported_recovered",
+    "mtu_probing_on_a_clean_path_reports_nothing",
+    "a_route_mtu_lowered_mid_stall_is_not_mtu_probing",
+    "ipv6_black_hole_masked_by_mtu_probing_is_reported_recovered",
+    "ipv6_clean_path_with_mtu_probing_reports_nothing",
+    "a_path_black_hole_resolves_once_the_hop_heals",
     // nat
     "service_rejected_on_this_node_is_the_firewall_not_the_listener",
     "service_rejected_by_icmp_beyond_this_node_is_a_firewall_not_the_service",
