@@ -411,9 +411,14 @@ impl Agent {
         };
         let mut finding = correlate(kind, &ev, &ctx);
         if kind == EventKind::MssShrunk {
-            // The stall it ends was the path's, and the flow moves again.
+            // The stall it ends was the path's, and the flow moves again: the stall, and a
+            // black hole the path probe found for it first, give way to the recovered one.
             let stalled = self.shared.store().resolve(
-                |f| f.kind == Kind::TcpStall && flow_matches(f, &ev.flow),
+                |f| {
+                    (f.kind == Kind::TcpStall
+                        || (f.kind == Kind::PmtudBlackhole && f.layer == Layer::Path))
+                        && flow_matches(f, &ev.flow)
+                },
                 SystemTime::now(),
             );
             for f in stalled {
