@@ -377,9 +377,18 @@ fn tunnel_dropped_under_a_learned_neighbour_is_the_overlay() {
         matches!(outcome, ConnectOutcome::Unreachable(113)),
         "the connect must find no neighbour: {outcome:?}"
     );
-    // Its SYNs waited for the neighbour long enough to be a timeout first.
-    overlay_lost(&agent, &topo, "tcp_timeout", flow);
     let g = overlay_lost(&agent, &topo, "tcp_unreachable", flow);
+    // Its SYNs waited for the neighbour long enough to be a timeout first: one attempt,
+    // one verdict, so that timeout is superseded by the unreachable, not judged apart.
+    let timeout = agent.wait_finding(
+        |f| {
+            field(f, "kind") == "tcp_timeout"
+                && flow_is(f, flow.src, flow.dst, flow.dport)
+                && field(f, "status") == "superseded"
+        },
+        Duration::from_secs(1),
+    );
+    assert_eq!(field(&timeout, "layer"), "unknown", "{timeout:#}");
     assert_eq!(g["evidence"]["drop_reason"], "NEIGH_FAILED", "{g:#}");
     let served = agent.findings_endpoint();
     assert!(
