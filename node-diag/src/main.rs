@@ -103,8 +103,8 @@ enum Command {
 
 #[derive(clap::Args)]
 struct FindingsArgs {
-    /// URL of the agent's HTTP endpoint.
-    #[arg(long, default_value = "http://127.0.0.1:9464", value_name = "URL")]
+    /// URL of the agent's findings listener (its --findings-listen).
+    #[arg(long, default_value = "http://127.0.0.1:9465", value_name = "URL")]
     server: String,
     /// Keep polling and print findings as they appear or grow.
     #[arg(short, long)]

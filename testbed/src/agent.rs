@@ -1,7 +1,8 @@
 //! The real `node-diag run` process inside node A, as a guard.
 //!
 //! Started as `ip netns exec <node A> <binary> run --format json --listen <addr>
-//! --ready-file <tmp> [extra...]`. Background threads capture its stdout (one JSON
+//! --findings-listen <addr> --ready-file <tmp> [extra...]` (the findings listener on a
+//! free port of `127.0.0.1` unless `extra` names one). Background threads capture its stdout (one JSON
 //! finding per line, kept in order; other lines are kept apart as garbage) and its
 //! stderr (the last [`STDERR_KEEP`] bytes). Its HTTP endpoints are read from inside
 //! node A. Dropping the guard kills the process if it still runs, and prints what it
@@ -84,6 +85,8 @@ pub struct Agent<'t> {
     _topology: PhantomData<&'t ()>,
     child: Child,
     listen: String,
+    /// The findings listener's address, `None` when `extra` said `--findings-listen none`.
+    findings_listen: Option<String>,
     ready_file: PathBuf,
     shared: Arc<Shared>,
     readers: Vec<JoinHandle<()>>,
@@ -116,9 +119,25 @@ impl<'t> Agent<'t> {
     ) -> Result<Agent<'t>> {
         crate::require_root()?;
         let netns = host.agent_netns().to_owned();
+        let [port, findings_port] = free_ports(&netns)?;
         let listen = match listen {
             Some(listen) => listen.to_owned(),
-            None => format!("127.0.0.1:{}", free_port(&netns)?),
+            None => format!("127.0.0.1:{port}"),
+        };
+        let given = extra
+            .iter()
+            .position(|a| *a == "--findings-listen")
+            .and_then(|i| extra.get(i + 1));
+        let (findings_listen, findings_args) = match given {
+            Some(addr) if addr.eq_ignore_ascii_case("none") => (None, Vec::new()),
+            Some(addr) => (Some((*addr).to_owned()), Vec::new()),
+            None => {
+                let addr = format!("127.0.0.1:{findings_port}");
+                (
+                    Some(addr.clone()),
+                    vec!["--findings-listen".to_owned(), addr],
+                )
+            }
         };
         let ready_file = std::env::temp_dir().join(format!("{}.ready", crate::unique_name()));
         let _ = std::fs::remove_file(&ready_file);
@@ -136,6 +155,7 @@ impl<'t> Agent<'t> {
                 "--ready-file",
             ])
             .arg(&ready_file)
+            .args(&findings_args)
             .args(extra)
             .env("RUST_BACKTRACE", "1")
             .stdin(Stdio::null())
@@ -160,6 +180,7 @@ impl<'t> Agent<'t> {
             _topology: PhantomData,
             child,
             listen,
+            findings_listen,
             ready_file,
             shared,
             readers,
@@ -176,6 +197,11 @@ impl<'t> Agent<'t> {
     /// The `--listen` address (valid inside node A).
     pub fn listen_addr(&self) -> &str {
         &self.listen
+    }
+
+    /// The `--findings-listen` address (valid inside node A), `None` when disabled.
+    pub fn findings_addr(&self) -> Option<&str> {
+        self.findings_listen.as_deref()
     }
 
     /// Waits for the ready file; fails, with the agent's output, when the agent exits
@@ -290,9 +316,14 @@ impl<'t> Agent<'t> {
         self.get_ok("/metrics")
     }
 
-    /// `GET /findings`: the agent's current findings (a JSON array).
+    /// `GET /findings` on the findings listener: the agent's current findings (a JSON
+    /// array).
     pub fn findings_endpoint(&self) -> Result<Vec<Value>> {
-        let body = self.get_ok("/findings")?;
+        let Some(addr) = &self.findings_listen else {
+            return Err(self.error("GET /findings: the agent runs with --findings-listen none"));
+        };
+        let body =
+            http::get_ok(&self.netns, addr, "/findings").map_err(|e| self.error(e.to_string()))?;
         serde_json::from_str(&body).map_err(|source| Error::Json {
             what: format!("GET /findings (a JSON array expected): {body}"),
             source,
@@ -399,6 +430,17 @@ impl Drop for Agent<'_> {
             eprintln!("{}", self.diagnostics());
         }
     }
+}
+
+/// Two distinct free TCP ports on `127.0.0.1` inside `netns` (both held while the
+/// second is picked).
+pub fn free_ports(netns: &str) -> Result<[u16; 2]> {
+    in_netns(netns, || -> std::io::Result<[u16; 2]> {
+        let a = TcpListener::bind("127.0.0.1:0")?;
+        let b = TcpListener::bind("127.0.0.1:0")?;
+        Ok([a.local_addr()?.port(), b.local_addr()?.port()])
+    })?
+    .map_err(|e| Error::io(format!("no free port in {netns}"), e))
 }
 
 /// A free TCP port on `127.0.0.1` inside `netns`.
