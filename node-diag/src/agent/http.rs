@@ -5,7 +5,7 @@
 //! Two routers, one per listener (served by `serve`): the scrape listener's
 //! ([`scrape_router`]: `/metrics`, `/healthz`, `/readyz`, and `/findings` only where
 //! clients are authenticated by certificate) and the findings listener's
-//! ([`findings_router`]: `/findings`, `/healthz`).
+//! ([`findings_router`]: `/findings`, `/healthz`, `/readyz`).
 
 use std::sync::Arc;
 
@@ -38,11 +38,13 @@ pub(crate) fn scrape_router(shared: Arc<Shared>, findings: bool) -> Router {
     router.with_state(shared)
 }
 
-/// The findings listener's routes.
+/// The findings listener's routes; the probes too, as on loopback nothing off the node
+/// can exhaust its connections.
 pub(crate) fn findings_router(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/findings", get(findings))
         .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
         .with_state(shared)
 }
 

@@ -391,3 +391,171 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for Tracked<I> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read as _, Write as _};
+
+    use super::*;
+    use crate::agent::{http, metrics::Metrics, state::Shared};
+    use crate::findings::Store;
+
+    /// A scrape listener on a free loopback port, served with `limits` and no web
+    /// config; its address and metrics.
+    async fn scrape(limits: Limits) -> (SocketAddr, HttpMetrics, JoinHandle<()>) {
+        let mut metrics = Metrics::new();
+        let http_metrics = metrics.register_http(&["scrape"]);
+        let shared = Arc::new(Shared::new(metrics, Store::new(Duration::from_secs(1), 16)));
+        let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = tcp.local_addr().unwrap();
+        let listener = Listener {
+            name: "scrape",
+            tcp,
+            routes: Routes::Scrape {
+                plain: http::scrape_router(shared.clone(), false),
+                with_findings: http::scrape_router(shared, true),
+            },
+        };
+        let (_tx, rx) = watch::channel(Arc::new(Active::default()));
+        let task = spawn(vec![listener], limits, rx, http_metrics.clone());
+        (addr, http_metrics, task)
+    }
+
+    /// `GET path` on a fresh connection: the whole answer.
+    fn get(addr: SocketAddr, path: &str) -> String {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).unwrap();
+        answer
+    }
+
+    /// Whether the peer closed `s` within `within` (EOF or reset).
+    fn closed_within(s: &mut std::net::TcpStream, within: Duration) -> bool {
+        s.set_read_timeout(Some(within)).unwrap();
+        let mut buf = [0u8; 256];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) => return true,
+                Ok(_) => continue,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return false;
+                }
+                Err(_) => return true,
+            }
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn over_the_cap_a_connection_is_closed_at_once_and_counted() {
+        let limits = Limits {
+            header_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(30),
+            max_connections: 2,
+        };
+        let (addr, metrics, task) = scrape(limits).await;
+        let rejected = tokio::task::spawn_blocking(move || {
+            let held: Vec<_> = (0..2)
+                .map(|_| std::net::TcpStream::connect(addr).unwrap())
+                .collect();
+            // Let the loop take both before the third arrives.
+            std::thread::sleep(Duration::from_millis(200));
+            let mut third = std::net::TcpStream::connect(addr).unwrap();
+            let closed = closed_within(&mut third, Duration::from_secs(2));
+            drop(held);
+            closed
+        })
+        .await
+        .unwrap();
+        assert!(rejected, "the connection over the cap was not closed");
+        let label = ListenerLabel {
+            listener: "scrape".into(),
+        };
+        assert_eq!(metrics.rejected.get_or_create(&label).get(), 1);
+        task.abort();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn silent_and_idle_connections_are_closed_after_the_header_timeout() {
+        let limits = Limits {
+            header_timeout: Duration::from_millis(300),
+            idle_timeout: Duration::from_secs(30),
+            max_connections: 8,
+        };
+        let (addr, _, task) = scrape(limits).await;
+        tokio::task::spawn_blocking(move || {
+            let mut silent = std::net::TcpStream::connect(addr).unwrap();
+            assert!(!closed_within(&mut silent, Duration::from_millis(100)));
+            assert!(closed_within(&mut silent, Duration::from_secs(2)));
+            let mut kept = std::net::TcpStream::connect(addr).unwrap();
+            kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: a\r\n\r\n")
+                .unwrap();
+            let mut buf = [0u8; 512];
+            let n = kept.read(&mut buf).unwrap();
+            assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+            let start = Instant::now();
+            assert!(closed_within(&mut kept, Duration::from_secs(2)));
+            assert!(start.elapsed() >= Duration::from_millis(200));
+        })
+        .await
+        .unwrap();
+        task.abort();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_connection_moving_no_byte_is_closed_after_the_idle_timeout() {
+        let limits = Limits {
+            header_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_millis(300),
+            max_connections: 8,
+        };
+        let (addr, _, task) = scrape(limits).await;
+        tokio::task::spawn_blocking(move || {
+            let mut slow = std::net::TcpStream::connect(addr).unwrap();
+            slow.write_all(b"GET /metrics HTTP/1.1\r\n").unwrap();
+            assert!(!closed_within(&mut slow, Duration::from_millis(150)));
+            // A byte now and then keeps it open past the idle timeout...
+            for _ in 0..3 {
+                slow.write_all(b"X-A: b\r\n").unwrap();
+                assert!(!closed_within(&mut slow, Duration::from_millis(150)));
+            }
+            // ...silence closes it.
+            assert!(closed_within(&mut slow, Duration::from_secs(2)));
+        })
+        .await
+        .unwrap();
+        task.abort();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_scrape_listener_says_where_the_findings_are() {
+        let limits = Limits {
+            header_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(5),
+            max_connections: 8,
+        };
+        let (addr, _, task) = scrape(limits).await;
+        let (findings, metrics) =
+            tokio::task::spawn_blocking(move || (get(addr, "/findings"), get(addr, "/metrics")))
+                .await
+                .unwrap();
+        assert!(findings.starts_with("HTTP/1.1 404"), "{findings}");
+        assert!(findings.contains("--findings-listen"), "{findings}");
+        assert!(metrics.starts_with("HTTP/1.1 200"), "{metrics}");
+        assert!(
+            metrics.contains("node_diag_http_connections_rejected_total{listener=\"scrape\"} 0"),
+            "{metrics}"
+        );
+        task.abort();
+    }
+}
