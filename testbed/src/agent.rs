@@ -2,11 +2,11 @@
 //!
 //! Started as `ip netns exec <node A> <binary> run --format json --listen <addr>
 //! --findings-listen <addr> --ready-file <tmp> [extra...]` (the findings listener on a
-//! free port of `127.0.0.1` unless `extra` names one). Background threads capture its stdout (one JSON
-//! finding per line, kept in order; other lines are kept apart as garbage) and its
-//! stderr (the last [`STDERR_KEEP`] bytes). Its HTTP endpoints are read from inside
-//! node A. Dropping the guard kills the process if it still runs, and prints what it
-//! captured when the thread is unwinding from a panic.
+//! free port of `127.0.0.1` unless `extra` names one). Background threads capture its
+//! stdout (one JSON finding per line, kept in order; other lines are kept apart as
+//! garbage) and its stderr (the last [`STDERR_KEEP`] bytes). Its HTTP endpoints are read
+//! from inside node A. Dropping the guard kills the process if it still runs, and prints
+//! what it captured when the thread is unwinding from a panic.
 
 use std::{
     cell::Cell,

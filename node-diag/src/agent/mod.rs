@@ -130,9 +130,9 @@ pub(crate) struct RunOptions {
     /// over TLS with client certificates verified, see --web-config-file).
     #[arg(long, default_value = "127.0.0.1:9464", value_name = "ADDR")]
     listen: SocketAddr,
-    /// Address of the findings listener (/findings, /healthz, /readyz), loopback by default: the
-    /// findings name pods, Services and their addresses. `none` serves no findings
-    /// listener.
+    /// Address of the findings listener (/findings, /healthz, /readyz), loopback by
+    /// default: the findings name pods, Services and their addresses. `none` serves no
+    /// findings listener.
     #[arg(long, default_value = "127.0.0.1:9465", value_name = "ADDR|none", value_parser = parse_findings_listen)]
     findings_listen: FindingsListen,
     /// Web config in Prometheus exporter-toolkit's format (tls_server_config,
