@@ -241,13 +241,15 @@ pub(crate) fn wide_lines(f: &Finding, node: Option<&str>, color: bool) -> String
         Some(at) => format!("{} at {at}", f.status),
         None => f.status.to_string(),
     };
-    field(
-        "status",
-        &format!(
-            "{status}, seen {} times from {} to {}",
+    let seen = if f.count == 1 && f.first_seen == f.last_seen {
+        format!("seen once at {}", f.last_seen)
+    } else {
+        format!(
+            "seen {} times from {} to {}",
             f.count, f.first_seen, f.last_seen
-        ),
-    );
+        )
+    };
+    field("status", &format!("{status}, {seen}"));
     out
 }
 
