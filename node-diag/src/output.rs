@@ -169,8 +169,12 @@ pub(crate) fn compact_line(f: &Finding, color: bool) -> String {
         _ => clock(f.resolved_at.as_deref().unwrap_or(&f.last_seen)),
     };
     let (sev, sev_color) = severity_tag(f.severity);
-    let what = pad(&format!("{}/{}", f.kind, f.layer), WHAT_WIDTH);
-    let place = pad(&ends(f), WHERE_WIDTH);
+    let what = format!("{}/{}", f.kind, f.layer);
+    // A long kind/layer borrows from the padding of the next column, so the count and
+    // summary stay aligned when it can.
+    let borrowed = what.chars().count().saturating_sub(WHAT_WIDTH);
+    let what = pad(&what, WHAT_WIDTH);
+    let place = pad(&ends(f), WHERE_WIDTH.saturating_sub(borrowed));
     let count = format!("{:>COUNT_WIDTH$}", format!("×{}", f.count));
     let head_len = [time, sev, &what, &place, &count]
         .iter()
@@ -396,8 +400,19 @@ mod tests {
         mtu.pod = Some(pod("shop", "cart"));
         mtu.interface = Some("eth0".into());
         mtu.summary = "eth0 MTU 1500 is above the overlay's 1450".into();
+        (mtu.kind, mtu.layer) = (
+            crate::findings::Kind::OverlayMtuMismatch,
+            crate::findings::Layer::OverlayMtu,
+        );
         let line = compact_line(&mtu, false);
         assert!(line.contains(" shop/cart dev eth0 "), "{line}");
+        // The long kind/layer takes from the next column's padding: counts stay aligned.
+        let column = |l: &str| l.chars().position(|c| c == '×');
+        assert_eq!(
+            column(&line),
+            column(&compact_line(&worded(), false)),
+            "{line}"
+        );
         assert!(
             line.ends_with("eth0 MTU 1500 is above the overlay's 1450"),
             "{line}"
