@@ -80,7 +80,7 @@ enum Command {
             Without --follow every matching finding is printed (up to 10,000, the most \
             recent; stderr says when more matched); with it, the last --last ones (default \
             10), then each new finding, each repeat and each status change (resolved, \
-            superseded, active again) once a second.",
+            superseded, active again) once a second, riding out an agent restart.",
         after_help = "Examples:\n  node-diag findings --follow\n  node-diag findings --severity warning --namespace shop --since 10m\n  node-diag findings --kind tcp_timeout,tcp_refused --pod shop/cart-7d9f -o wide\n  node-diag findings -o json | jq -r 'select(.status == \"active\") | .summary'"
     )]
     Findings(FindingsArgs),

@@ -343,23 +343,64 @@ impl Session {
 /// Prints the agent's findings; with `follow`, keeps polling and prints each finding
 /// again whenever it grows or its status changes, until interrupted.
 pub(crate) fn run(opts: Options) -> Result<(), ClientError> {
-    let (follow, poll) = (opts.follow, opts.poll);
+    let poll = opts.poll;
+    run_with(opts, &mut io::stdout(), &mut io::stderr(), |_| {
+        std::thread::sleep(poll);
+        true
+    })
+}
+
+/// [`run`] writing to `out` and `err`; between two polls of `--follow`, `between(polls
+/// made)` waits and says whether to go on.
+///
+/// Once the agent has answered, `--follow` outlives its restarts: a failed poll is said
+/// once on `err`, and polling goes on until it answers again (its findings after a
+/// restart are new entries, printed as such).
+fn run_with(
+    opts: Options,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+    mut between: impl FnMut(u64) -> bool,
+) -> Result<(), ClientError> {
+    let follow = opts.follow;
     let mut session = Session::new(opts);
-    let mut stdout = io::stdout();
-    let mut stderr = io::stderr();
+    let mut answered = false;
+    let mut failing = false;
     loop {
-        match session.poll(&mut stdout, &mut stderr) {
+        match session.poll(out, err) {
+            Ok(()) => {
+                if failing {
+                    let _ = writeln!(err, "node-diag: the agent answers again");
+                }
+                (answered, failing) = (true, false);
+            }
             // A reader that went away (`| head`) ends the run quietly.
             Err(ClientError::Write(e)) if e.kind() == io::ErrorKind::BrokenPipe => {
                 return Ok(());
             }
-            other => other?,
+            Err(e) if follow && answered => {
+                if !failing {
+                    let _ = writeln!(err, "node-diag: {}; polling on", describe(&e));
+                    failing = true;
+                }
+            }
+            Err(e) => return Err(e),
         }
-        if !follow {
+        if !follow || !between(session.polls) {
             return Ok(());
         }
-        std::thread::sleep(poll);
     }
+}
+
+/// An error and its causes, `: `-separated.
+fn describe(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    text
 }
 
 #[cfg(test)]

@@ -229,6 +229,48 @@ fn follow_prints_a_condition_turning_resolved() {
 }
 
 #[test]
+fn follow_outlives_an_agent_restart() {
+    let (url, fixture) = serve(json(&[refused(4000)]));
+    let mut opts = options(&url, FindingsFormat::Text);
+    opts.follow = true;
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    run_with(opts, &mut out, &mut err, |polls| {
+        let mut f = fixture.lock().unwrap();
+        match polls {
+            // Down for two polls: said once.
+            1 => f.status = 503,
+            3 => {
+                f.status = 200;
+                let mut new = refused(4000);
+                new.dport = Some(81);
+                f.body = json(&[refused(4000), new]);
+            }
+            _ => {}
+        }
+        polls < 4
+    })
+    .unwrap();
+    let err = String::from_utf8(err).unwrap();
+    assert_eq!(
+        err,
+        format!(
+            "node-diag: the agent at {url} answered 503; polling on\n\
+             node-diag: the agent answers again\n"
+        )
+    );
+    let out = String::from_utf8(out).unwrap();
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2, "the first, then the new one: {out}");
+    assert!(lines[1].contains("10.0.0.2:81 "), "{out}");
+
+    // An agent never reached is an error at once.
+    let mut opts = options("http://127.0.0.1:1", FindingsFormat::Text);
+    opts.follow = true;
+    let e = run_with(opts, &mut Vec::new(), &mut Vec::new(), |_| true).unwrap_err();
+    assert!(matches!(e, ClientError::Connect { .. }), "{e:?}");
+}
+
+#[test]
 fn follow_starts_with_the_last_n() {
     let many: Vec<Finding> = (0..30)
         .map(|i| {
