@@ -24,6 +24,8 @@
 //!   without evidence on this node asks for, and their verdicts; [`path_findings`]:
 //!   those verdicts recorded.
 //! - [`tc_follow`]: the classifier attached to the node's interfaces as they change.
+//! - [`health`]: the agent's own health as metrics (programs attached, the container
+//!   runtime, failed refreshes, evictions); [`process`]: its process metrics.
 //!
 //! One kernel event travels: ring buffer (`kernel::ring`, its kind decoded there) →
 //! [`Agent::on_event`] → `correlate` → metrics + findings store (served on `/findings`)
@@ -34,12 +36,14 @@
 mod blackholes;
 mod conntrack_watch;
 mod drop_sites;
+mod health;
 mod http;
 pub(crate) mod icmp_watch;
 pub(crate) mod metrics;
 mod mtu_refresh;
 mod path_findings;
 mod path_probe;
+mod process;
 mod rule_watch;
 mod state;
 mod tc_follow;
@@ -314,6 +318,7 @@ impl Agent {
             Store::new(Duration::from_secs(opts.repeat_interval), MAX_FINDINGS),
         ));
         let names = Names::for_this_node(loaded.drop_reasons.clone());
+        let service_failures = shared.metrics().service_rules_failures();
         let mut agent = Self {
             loaded,
             maps,
@@ -322,7 +327,7 @@ impl Agent {
             watch,
             shared,
             pods: crate::pods::watch(opts.cri_socket.clone()).await,
-            translator: Translator::start(),
+            translator: Translator::start(service_failures),
             drop_sites: drop_sites::DropSites::default(),
             names,
             ephemeral_ports: crate::host_network::local_port_range(),
@@ -340,6 +345,7 @@ impl Agent {
         };
         let node = agent.refresh_namespaces();
         agent.start_tc(node.as_ref(), loaded_ns);
+        agent.check_health();
         // Stale from here on: the loop takes a fresh look every refresh.
         drop(node);
 
@@ -557,6 +563,7 @@ impl Agent {
     fn on_refresh(&mut self) {
         let node = self.refresh_namespaces();
         self.follow_kept(node.as_ref());
+        self.check_health();
     }
 
     /// Judges again the full-size stalls reported without MTU evidence, now that their
@@ -620,7 +627,10 @@ impl Agent {
             self.conntrack.refresh(None);
             return None;
         }
-        let node = refresh_scope(&mut self.maps)?;
+        let Some(node) = refresh_scope(&mut self.maps) else {
+            self.shared.metrics().scope_refresh_failed();
+            return None;
+        };
         self.conntrack.refresh(Some(&node.scope));
         Some(node)
     }

@@ -33,10 +33,12 @@ pub(crate) async fn refresh_mtu(
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
             warn!(error = %e, "cannot read this node's interfaces; MTU model unchanged");
+            shared.metrics().mtu_refresh_failed();
             return;
         }
         Err(e) => {
             warn!(error = %e, "MTU snapshot task failed");
+            shared.metrics().mtu_refresh_failed();
             return;
         }
     };

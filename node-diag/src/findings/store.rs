@@ -65,6 +65,8 @@ pub(crate) struct Store {
     base: u64,
     repeat_interval: Duration,
     max_entries: usize,
+    /// Findings pushed out, or not kept, because the store was full.
+    evicted: u64,
 }
 
 impl Store {
@@ -75,7 +77,13 @@ impl Store {
             base: 0,
             repeat_interval,
             max_entries,
+            evicted: 0,
         }
+    }
+
+    /// How many findings were pushed out, or not kept, because the store was full.
+    pub(crate) fn evicted(&self) -> u64 {
+        self.evicted
     }
 
     /// Records an occurrence. Returns the aggregated finding when it should be printed:
@@ -116,6 +124,7 @@ impl Store {
                 .iter()
                 .position(evictable)
                 .or_else(|| finding.kind.is_condition().then_some(0));
+            self.evicted += 1;
             let Some(victim) = victim else {
                 return Some(finding);
             };
@@ -343,10 +352,12 @@ mod tests {
         }
         let ports: Vec<_> = store.all().iter().map(|f| f.dport.unwrap()).collect();
         assert_eq!(ports, vec![2, 3]);
+        assert_eq!(store.evicted(), 1, "port 1 pushed out");
         let mut f = refused(5);
         f.dport = Some(2);
         store.record(f, now);
         assert_eq!(store.all()[0].count, 2);
+        assert_eq!(store.evicted(), 1, "a repeat evicts nothing");
     }
 
     fn mismatch(iface: &str) -> Finding {
@@ -472,6 +483,7 @@ mod tests {
             .filter_map(|f| f.interface)
             .collect();
         assert_eq!(names, ["a", "b"], "the event is not kept");
+        assert_eq!(store.evicted(), 1, "not kept counts as evicted");
         // A new condition takes the oldest condition's place.
         store.record(mismatch("c"), now);
         let names: Vec<_> = store
