@@ -7,11 +7,14 @@
 //! a [`Snapshot`] (a pointer copy while nothing changed); filtering and encoding run
 //! on the blocking pool, outside it. Each entry's JSON is encoded once per version
 //! and shared by every request (see `crate::findings::store::Held`), so a poll of a
-//! full store costs a copy of its bytes, not their encoding.
+//! full store costs a copy of its bytes, not their encoding; and the copy is made
+//! [`CHUNK`] bytes at a time as the connection takes them, so eight clients polling
+//! a store of megabytes do not each hold a copy of it.
 
-use std::{sync::Arc, time::SystemTime};
+use std::{convert::Infallible, sync::Arc, time::SystemTime};
 
 use axum::{
+    body::{Body, Bytes},
     extract::Query as RawParams,
     http::{HeaderName, HeaderValue, StatusCode, Uri, header},
     response::{IntoResponse, Response},
@@ -20,8 +23,11 @@ use axum::{
 use super::state::Shared;
 use crate::findings::{
     query::{Query, QueryError},
-    store::Snapshot,
+    store::{Held, Snapshot},
 };
+
+/// Bytes of the body handed to the connection at a time.
+const CHUNK: usize = 64 * 1024;
 
 pub(crate) const TOTAL: HeaderName = HeaderName::from_static("x-node-diag-total");
 pub(crate) const TRUNCATED: HeaderName = HeaderName::from_static("x-node-diag-truncated");
@@ -60,38 +66,76 @@ fn bad_request(message: &str) -> Response {
         .into_response()
 }
 
-/// The selected findings' JSON, joined into one array, and the headers.
+/// The selected findings, their JSON encoded, and the headers.
 struct Answer {
-    body: String,
+    body: Chunks,
     total: usize,
     truncated: bool,
 }
 
 fn encode(snapshot: &Snapshot, query: &Query) -> Answer {
     let selection = query.select(&snapshot[..], |held| held.finding());
-    let len: usize = selection.picked.iter().map(|h| h.json().len() + 1).sum();
-    let mut body = String::with_capacity(len + 2);
-    body.push('[');
-    for (i, held) in selection.picked.iter().enumerate() {
-        if i > 0 {
-            body.push(',');
-        }
-        body.push_str(held.json());
+    for held in &selection.picked {
+        // Here, on the blocking pool, rather than as the body is sent.
+        held.json();
     }
-    body.push(']');
+    let (total, truncated) = (selection.total, selection.truncated());
     Answer {
-        body,
-        total: selection.total,
-        truncated: selection.truncated(),
+        body: Chunks {
+            picked: selection.picked.into_iter().cloned().collect(),
+            next: 0,
+            opened: false,
+            closed: false,
+        },
+        total,
+        truncated,
+    }
+}
+
+/// The JSON array of `picked`, [`CHUNK`] bytes (or one finding) at a time.
+struct Chunks {
+    picked: Vec<Arc<Held>>,
+    next: usize,
+    opened: bool,
+    closed: bool,
+}
+
+impl Iterator for Chunks {
+    type Item = Bytes;
+
+    fn next(&mut self) -> Option<Bytes> {
+        if self.closed {
+            return None;
+        }
+        let mut buf = Vec::with_capacity(CHUNK + 1024);
+        if !self.opened {
+            buf.push(b'[');
+            self.opened = true;
+        }
+        while self.next < self.picked.len() && buf.len() < CHUNK {
+            if self.next > 0 {
+                buf.push(b',');
+            }
+            buf.extend_from_slice(self.picked[self.next].json().as_bytes());
+            self.next += 1;
+        }
+        if self.next == self.picked.len() {
+            buf.push(b']');
+            self.closed = true;
+        }
+        Some(Bytes::from(buf))
     }
 }
 
 impl IntoResponse for Answer {
     fn into_response(self) -> Response {
+        let body = Body::from_stream(futures_util::stream::iter(
+            self.body.map(Ok::<_, Infallible>),
+        ));
         let mut response = (
             StatusCode::OK,
             [(header::CONTENT_TYPE, "application/json")],
-            self.body,
+            body,
         )
             .into_response();
         let headers = response.headers_mut();
@@ -173,6 +217,34 @@ mod tests {
         let (_, headers, body) = get(&s, "/findings?kind=tcp_reset").await;
         assert_eq!(headers, [("x-node-diag-total".into(), "0".into())]);
         assert_eq!(body, "[]");
+    }
+
+    #[test]
+    fn the_body_is_one_array_in_chunks() {
+        let many: Vec<Finding> = (1..=400)
+            .map(|p| refused(p, "2026-01-01T10:00:00.000Z"))
+            .collect();
+        let mut store = Store::new(Duration::from_secs(10), 1000);
+        for f in many {
+            store.record(f, Instant::now());
+        }
+        let snapshot = store.snapshot();
+        let answer = encode(&snapshot, &Query::default());
+        assert_eq!(answer.total, 400);
+        let chunks: Vec<Bytes> = answer.body.collect();
+        assert!(chunks.len() > 1, "a store this size takes several chunks");
+        assert!(chunks.iter().all(|c| c.len() <= CHUNK + 2048));
+        let body: Vec<u8> = chunks.concat();
+        let back: Vec<Finding> = serde_json::from_slice(&body).unwrap();
+        assert_eq!(back.len(), 400);
+        let empty: Vec<Bytes> = encode(&snapshot, &parse_query("kind=tcp_reset"))
+            .body
+            .collect();
+        assert_eq!(empty.concat(), b"[]");
+    }
+
+    fn parse_query(q: &str) -> Query {
+        parse(&format!("/findings?{q}").parse().unwrap()).unwrap()
     }
 
     #[tokio::test]
