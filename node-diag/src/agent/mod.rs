@@ -709,3 +709,19 @@ static LIST_NAMESPACES: Failing = Failing::new(
     "list this node's network namespaces",
     "the previous scope stays",
 );
+
+#[cfg(test)]
+mod tests {
+    use super::node_name;
+
+    #[test]
+    fn the_node_name_is_the_flag_else_the_hostname() {
+        assert_eq!(node_name(Some(" worker-1 ")), "worker-1");
+        let host = rustix::system::uname()
+            .nodename()
+            .to_string_lossy()
+            .into_owned();
+        assert_eq!(node_name(None), host);
+        assert_eq!(node_name(Some("  ")), host, "blank is not a name");
+    }
+}
