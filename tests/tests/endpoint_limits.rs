@@ -153,7 +153,10 @@ fn with_a_hard_limit_of_1024_the_agent_keeps_reporting_and_recovers() {
 
     // A failing refresh warned once, not every tick.
     let stderr = agent.stderr();
-    for line in stderr.lines().filter(|l| l.contains("WARN") || l.contains("again")) {
+    for line in stderr
+        .lines()
+        .filter(|l| l.contains("WARN") || l.contains("again"))
+    {
         eprintln!("agent: {line}");
     }
     for what in [
