@@ -24,7 +24,7 @@ use serde_json::Value;
 use crate::{
     Error, Result, Topology, cmd, http, metrics,
     netns::in_netns,
-    process::{die_with_parent, send_signal, wait_timeout},
+    process::{die_with_parent, limit_open_files, send_signal, wait_timeout},
 };
 
 /// How much of the agent's stderr is kept (its tail).
@@ -114,6 +114,28 @@ impl<'t> Agent<'t> {
         listen: Option<&str>,
         extra: &[&str],
     ) -> Result<Agent<'t>> {
+        Agent::launch(host, binary, listen, extra, None)
+    }
+
+    /// [`Agent::start_in`] with open-files limits `(soft, hard)`, as a container
+    /// runtime sets them (containerd 2.0: a soft limit of 1,024).
+    pub fn start_with_nofile<H: AgentHost>(
+        host: &'t H,
+        binary: &Path,
+        listen: Option<&str>,
+        extra: &[&str],
+        nofile: (u64, u64),
+    ) -> Result<Agent<'t>> {
+        Agent::launch(host, binary, listen, extra, Some(nofile))
+    }
+
+    fn launch<H: AgentHost>(
+        host: &'t H,
+        binary: &Path,
+        listen: Option<&str>,
+        extra: &[&str],
+        nofile: Option<(u64, u64)>,
+    ) -> Result<Agent<'t>> {
         crate::require_root()?;
         let netns = host.agent_netns().to_owned();
         let listen = match listen {
@@ -142,6 +164,9 @@ impl<'t> Agent<'t> {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         die_with_parent(&mut command);
+        if let Some((soft, hard)) = nofile {
+            limit_open_files(&mut command, soft, hard);
+        }
         let mut child = command.spawn().map_err(|source| Error::Spawn {
             command: cmd::display(&command),
             source,
@@ -290,9 +315,10 @@ impl<'t> Agent<'t> {
         self.get_ok("/metrics")
     }
 
-    /// `GET /findings`: the agent's current findings (a JSON array).
+    /// `GET /findings`: every finding the agent holds (a JSON array, oldest first; the
+    /// endpoint's largest limit is above the store's size).
     pub fn findings_endpoint(&self) -> Result<Vec<Value>> {
-        let body = self.get_ok("/findings")?;
+        let body = self.get_ok("/findings?limit=10000")?;
         serde_json::from_str(&body).map_err(|source| Error::Json {
             what: format!("GET /findings (a JSON array expected): {body}"),
             source,

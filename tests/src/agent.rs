@@ -105,6 +105,23 @@ impl<'t> Agent<'t> {
         agent
     }
 
+    /// [`Agent::start_ready`] with open-files limits `(soft, hard)` as a container
+    /// runtime sets them, and `extra` flags.
+    pub fn start_ready_with_nofile(
+        topo: &'t Topology,
+        extra: &[&str],
+        nofile: (u64, u64),
+    ) -> Agent<'t> {
+        crate::require_root();
+        let bin = node_diag_bin();
+        let host: &'t node_diag_testbed::Topology = topo;
+        let mut agent = Agent(crate::ok(node_diag_testbed::Agent::start_with_nofile(
+            host, &bin, None, extra, nofile,
+        )));
+        agent.wait_ready(READY);
+        agent
+    }
+
     /// Starts the agent in node A with the standard flags.
     pub fn start(topo: &'t Topology) -> Agent<'t> {
         Agent::start_with_args(topo, &[])

@@ -7,7 +7,10 @@
 //! [`Agent`] holds what the loop owns, with one method per event source: a kernel
 //! event, the counters' tick, a link notification, the scope refresh, the MTU refresh.
 //!
-//! - [`state`]: what the loop shares with the HTTP handlers ([`http`]).
+//! - [`state`]: what the loop shares with the HTTP handlers ([`http`]);
+//!   [`findings_api`]: `/findings`, filtered and encoded from a snapshot of the store.
+//! - [`fds`]: the open-files limit raised at start, and the share HTTP may take;
+//!   [`failing`]: work retried every tick warns once while it fails.
 //! - [`metrics`]: the Prometheus registry, fed kernel totals and findings.
 //! - [`blackholes`]: which reported PMTUD black holes are still open, by their sockets.
 //! - [`conntrack_watch`]: each namespace's conntrack counters, the evidence of
@@ -37,6 +40,9 @@ mod blackholes;
 mod conntrack_watch;
 mod drop_sites;
 mod health;
+mod failing;
+mod fds;
+mod findings_api;
 mod http;
 pub(crate) mod icmp_watch;
 pub(crate) mod metrics;
@@ -72,6 +78,7 @@ use tracing::{info, warn};
 use self::{
     blackholes::BlackholeWatch,
     conntrack_watch::ConntrackWatch,
+    failing::Failing,
     icmp_watch::IcmpWatch,
     metrics::{KernelTotals, Metrics},
     mtu_refresh::refresh_mtu,
@@ -177,6 +184,23 @@ pub(crate) struct RunOptions {
     /// production; tests shorten it to see a healed path resolve within their time.
     #[arg(long, hide = true, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600), value_name = "SECONDS")]
     path_probe_window: u64,
+    /// This node's name, carried by every finding (`node`). The DaemonSet sets NODE_NAME
+    /// from the downward API (`spec.nodeName`); without either, the hostname.
+    #[arg(long, env = "NODE_NAME", value_name = "NAME")]
+    node_name: Option<String>,
+}
+
+/// `--node-name` when given (and not blank), else the hostname.
+fn node_name(given: Option<&str>) -> String {
+    given.map(str::trim).filter(|n| !n.is_empty()).map_or_else(
+        || {
+            rustix::system::uname()
+                .nodename()
+                .to_string_lossy()
+                .into_owned()
+        },
+        str::to_owned,
+    )
 }
 
 const MAX_FINDINGS: usize = 4096;
@@ -191,6 +215,16 @@ pub(crate) async fn run(opts: RunOptions) -> Result<(), AgentError> {
     if !missing.is_empty() {
         return Err(AgentError::Privileges(missing.join(", ")));
     }
+    // Before anything opens files: a runtime's default soft limit (1,024) is a port
+    // scan's worth of idle connections.
+    let limits = fds::raise_limit();
+    info!(
+        soft = limits.soft,
+        hard = limits.hard,
+        http_connection_budget = fds::connection_budget(),
+        reserve = fds::RESERVE,
+        "open-files limit"
+    );
     let (mut agent, mut events) = Agent::start(opts).await?;
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
@@ -315,7 +349,8 @@ impl Agent {
         );
         let shared = Arc::new(Shared::new(
             Metrics::new(),
-            Store::new(Duration::from_secs(opts.repeat_interval), MAX_FINDINGS),
+            Store::new(Duration::from_secs(opts.repeat_interval), MAX_FINDINGS)
+                .on_node(node_name(opts.node_name.as_deref())),
         ));
         let names = Names::for_this_node(loaded.drop_reasons.clone());
         let service_failures = shared.metrics().service_rules_failures();
@@ -675,14 +710,28 @@ fn flow_matches(f: &Finding, key: &FlowKey) -> bool {
 /// returns the look at the node it came from; on a netlink failure the previous scope
 /// stays (`None`).
 fn refresh_scope(maps: &mut KernelMaps) -> Option<LocalNode> {
-    match crate::host_network::local_node() {
-        Ok(node) => {
-            maps.set_scope(&node.scope);
-            Some(node)
-        }
-        Err(e) => {
-            warn!(error = %e, "cannot list this node's network namespaces; keeping the previous scope");
-            None
-        }
+    let node = LIST_NAMESPACES.check(crate::host_network::local_node())?;
+    maps.set_scope(&node.scope);
+    Some(node)
+}
+
+static LIST_NAMESPACES: Failing = Failing::new(
+    "list this node's network namespaces",
+    "the previous scope stays",
+);
+
+#[cfg(test)]
+mod tests {
+    use super::node_name;
+
+    #[test]
+    fn the_node_name_is_the_flag_else_the_hostname() {
+        assert_eq!(node_name(Some(" worker-1 ")), "worker-1");
+        let host = rustix::system::uname()
+            .nodename()
+            .to_string_lossy()
+            .into_owned();
+        assert_eq!(node_name(None), host);
+        assert_eq!(node_name(Some("  ")), host, "blank is not a name");
     }
 }
