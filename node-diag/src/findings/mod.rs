@@ -43,6 +43,8 @@ pub(crate) enum Kind {
     DfOversizeDrop,
     PmtudBlackhole,
     PmtudDisabled,
+    /// A client elsewhere's SYNs to a pod of this node, dropped or rejected here.
+    TcpSynDropped,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -123,6 +125,7 @@ names!(Kind {
     DfOversizeDrop => "df_oversize_drop",
     PmtudBlackhole => "pmtud_blackhole",
     PmtudDisabled => "pmtud_disabled",
+    TcpSynDropped => "tcp_syn_dropped",
 });
 names!(Layer {
     Listener => "listener",
