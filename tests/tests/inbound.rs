@@ -397,3 +397,64 @@ fn a_syn_forwarded_elsewhere_is_no_inbound_drop() {
     agent.wait_counter_at_least(NETFILTER_DROPS, before + 1.0, Duration::from_secs(2));
     agent.expect_no_finding(any_inbound, WATCH);
 }
+
+/// A second pod on node A connecting to pod A, its SYN dropped by pod A's ingress
+/// policy on node A: the client pod's own verdict (`tcp_timeout` / `firewall`) says it,
+/// and no inbound one doubles it.
+#[test]
+fn a_connect_from_a_pod_of_this_node_is_its_own_verdict_not_an_inbound_one() {
+    let topo = Topology::new();
+    let agent = Agent::start_ready(&topo);
+    let port = 9419;
+    let _server = TcpServer::start(&topo.pod_a, topo.pod_a_addr(port), ServerMode::Echo);
+    // Declared after the topology: deleted first, its veth with it.
+    let second = node_diag_tests::ok(node_diag_testbed::Netns::create(&format!(
+        "{}2",
+        topo.pod_a
+    )));
+    let second_ip = Ipv4Addr::new(10, 244, 1, 8);
+    let gateway = format!("{}/32", topo.pod_gateway);
+    let via = topo.pod_gateway.to_string();
+    let node = |args: &[&str]| {
+        let mut argv = vec!["ip"];
+        argv.extend_from_slice(args);
+        cmd::run_in(&topo.node_a, &argv);
+    };
+    let pod = |args: &[&str]| {
+        let mut argv = vec!["ip"];
+        argv.extend_from_slice(args);
+        cmd::run_in(second.name(), &argv);
+    };
+    node(&[
+        "link",
+        "add",
+        "vpod1",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "eth0",
+        "netns",
+        second.name(),
+    ]);
+    node(&["addr", "add", &gateway, "dev", "vpod1"]);
+    node(&["link", "set", "vpod1", "up"]);
+    pod(&["addr", "add", &format!("{second_ip}/32"), "dev", "eth0"]);
+    pod(&["link", "set", "eth0", "up"]);
+    pod(&[
+        "route", "add", "default", "via", &via, "dev", "eth0", "onlink",
+    ]);
+    node(&["route", "add", &format!("{second_ip}/32"), "dev", "vpod1"]);
+    ingress_policy(&topo, port, &["DROP"]);
+    // The new pod's namespace enters the scope with its veth's notification.
+    thread::sleep(Duration::from_secs(1));
+
+    let outcome = tcp_connect(second.name(), topo.pod_a_addr(port), TIMING_OUT);
+    assert!(matches!(outcome, ConnectOutcome::TimedOut), "{outcome:?}");
+    let f = agent.wait_finding(
+        |f| field(f, "kind") == "tcp_timeout" && flow_is(f, second_ip, topo.pod_a_ip, port),
+        Duration::from_secs(4),
+    );
+    assert_eq!(field(&f, "layer"), "firewall", "{f:#}");
+    agent.expect_no_finding(any_inbound, Duration::from_secs(2));
+}
