@@ -46,9 +46,14 @@ fn inbound_on(flow: (Ipv4Addr, Ipv4Addr, u16)) -> impl Fn(&Value) -> bool {
 /// veth through `cali-tw-vpod0`, whose rule ends TCP to `port` with `target` (`DROP`,
 /// `REJECT`, plus its options).
 fn ingress_policy(topo: &Topology, port: u16, target: &[&str]) {
+    ingress_policy_with("iptables-nft", topo, port, target);
+}
+
+/// [`ingress_policy`] through `tool` (`ip6tables-nft` for IPv6).
+fn ingress_policy_with(tool: &'static str, topo: &Topology, port: u16, target: &[&str]) {
     let port = port.to_string();
     let ipt = |args: &[&str]| {
-        let mut argv = vec!["iptables-nft"];
+        let mut argv = vec![tool];
         argv.extend_from_slice(args);
         cmd::run_in(&topo.node_a, &argv);
     };
@@ -457,4 +462,33 @@ fn a_connect_from_a_pod_of_this_node_is_its_own_verdict_not_an_inbound_one() {
     );
     assert_eq!(field(&f, "layer"), "firewall", "{f:#}");
     agent.expect_no_finding(any_inbound, Duration::from_secs(2));
+}
+
+/// The same policy over IPv6: pod B's SYNs to pod A's IPv6 address, dropped by
+/// ip6tables on node A, are the same inbound finding with IPv6 addresses.
+#[test]
+fn ipv6_syn_dropped_by_an_ingress_policy_is_an_inbound_firewall_finding() {
+    use node_diag_testbed::pod_ipv6::{POD_A_V6, POD_B_V6};
+    let topo = Topology::new();
+    topo.add_pod_ipv6();
+    let agent = Agent::start_ready(&topo);
+    let port = 9420;
+    let addr = SocketAddr::new(POD_A_V6.into(), port);
+    let server = TcpServer::start(&topo.pod_a, addr, ServerMode::Echo);
+    ingress_policy_with("ip6tables-nft", &topo, port, &["DROP"]);
+
+    let outcome = tcp_connect(&topo.pod_b, addr, TIMING_OUT);
+    assert!(matches!(outcome, ConnectOutcome::TimedOut), "{outcome:?}");
+    let f = agent.wait_served(
+        |f| {
+            any_inbound(f) && flow_is(f, POD_B_V6, POD_A_V6, port) && f["count"].as_u64() >= Some(2)
+        },
+        Duration::from_secs(4),
+    );
+    assert_eq!(field(&f, "layer"), "firewall", "{f:#}");
+    let e = &f["evidence"];
+    assert_eq!(e["drop_reason"], "NETFILTER_DROP", "{f:#}");
+    assert_eq!(e["pod_interface"], "vpod0", "{f:#}");
+    assert_eq!(served_inbound(&agent).len(), 1, "{f:#}");
+    assert_eq!(server.accepted(), 0, "the SYN must never reach the server");
 }
