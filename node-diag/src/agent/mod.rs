@@ -488,7 +488,14 @@ impl Agent {
             }
             return;
         }
-        let finding = self.inbound_finding(&key, &agg, ev);
+        // Read now: the counters around the first drop tell a full table from a rule.
+        let window = self.conntrack.window(ev, &self.names);
+        let finding = self.inbound_finding(&key, &agg, ev, window.as_ref());
+        if let Some(cause) = finding.evidence.conntrack_cause() {
+            self.shared
+                .metrics()
+                .conntrack_drops(cause.as_str(), u32::try_from(agg.count).unwrap_or(u32::MAX));
+        }
         self.rules.verdict(&finding, ev, &reason);
         self.inbound.start(key, &agg, &finding);
         self.record(finding);
@@ -500,8 +507,10 @@ impl Agent {
         key: &node_diag_common::InboundKey,
         agg: &node_diag_common::InboundAgg,
         ev: &Event,
+        window: Option<&crate::findings::conntrack::Window>,
     ) -> Finding {
-        let mut f = inbound_verdict::finding(key, agg, agg.count, &self.names, SystemTime::now());
+        let mut f =
+            inbound_verdict::finding(key, agg, agg.count, &self.names, SystemTime::now(), window);
         let (client, pod) = (inbound_verdict::client(key), inbound_verdict::pod_addr(key));
         let pods = self.pods.current();
         // The local side is the pod the SYN was going to; the client's pod is named only
@@ -532,11 +541,18 @@ impl Agent {
             ev.drop.last_ns = agg.last_ns;
             let reason = self.names.drop_reason(key.reason);
             self.rules.verdict(&finding, &ev, &reason);
+            if let Some(cause) = finding.evidence.conntrack_cause() {
+                self.shared.metrics().conntrack_drops(
+                    cause.as_str(),
+                    u32::try_from(finding.count).unwrap_or(u32::MAX),
+                );
+            }
             self.record(finding);
         }
         for (key, agg) in read.new {
             let ev = inbound_verdict::event_of(&key, &agg);
-            let finding = self.inbound_finding(&key, &agg, &ev);
+            let window = self.conntrack.window(&ev, &self.names);
+            let finding = self.inbound_finding(&key, &agg, &ev, window.as_ref());
             let reason = self.names.drop_reason(key.reason);
             self.rules.verdict(&finding, &ev, &reason);
             self.inbound.start(key, &agg, &finding);

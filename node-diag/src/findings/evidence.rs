@@ -102,6 +102,7 @@ impl Evidence {
     pub(crate) fn conntrack_cause(&self) -> Option<ConntrackCause> {
         match self {
             Self::Connect(e) => e.conntrack_cause,
+            Self::Inbound(e) => e.conntrack_cause,
             Self::Path(e) => e.base.conntrack_cause(),
             _ => None,
         }
@@ -278,6 +279,12 @@ pub(crate) struct InboundEvidence {
     pub(crate) pod_interface: Option<String>,
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub(crate) icmp_sent: Option<IcmpSent>,
+    /// The drop namespace's conntrack counters around the first drop.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub(crate) conntrack: Option<ConntrackEvidence>,
+    /// `table_full`: conntrack, not a rule, dropped the SYNs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) conntrack_cause: Option<ConntrackCause>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) rule: Option<Rule>,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -3,7 +3,9 @@
 //! client's node sees a timeout (or a refusal) it cannot explain; this node saw the drop.
 //! One finding per client address, pod address and port (`tcp_syn_dropped`, layer
 //! `firewall`), built from the kernel's aggregate entry ([`InboundKey`], [`InboundAgg`]),
-//! whether its event or a map read brought it.
+//! whether its event or a map read brought it. A `NETFILTER_DROP` that the drop
+//! namespace's conntrack counters show to be a full table's is layer `conntrack`
+//! instead, as for a connect's own SYN ([`super::conntrack`]).
 
 use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
@@ -12,9 +14,13 @@ use std::{
 
 use node_diag_common::{AF_INET, Event, InboundAgg, InboundKey, icmp};
 
+use super::conntrack;
 use crate::findings::{
     Evidence, Finding, Kind, Layer, Severity,
-    evidence::{DropEvidence, IcmpSent, InboundAction, InboundEvidence},
+    conntrack::Window,
+    evidence::{
+        ConntrackCause, ConntrackEvidence, DropEvidence, IcmpSent, InboundAction, InboundEvidence,
+    },
     names::Names,
 };
 
@@ -115,17 +121,23 @@ fn rejected(agg: &InboundAgg) -> bool {
     u32::from(agg.icmp_type) == icmp::DEST_UNREACH && u32::from(agg.icmp_code) != icmp::FRAG_NEEDED
 }
 
-/// The finding of `count` drops of `key`'s SYNs (`agg` its kernel entry).
+/// The finding of `count` drops of `key`'s SYNs (`agg` its kernel entry); `window`: the
+/// drop namespace's conntrack counters around the first drop, when read.
 pub(crate) fn finding(
     key: &InboundKey,
     agg: &InboundAgg,
     count: u64,
     names: &Names,
     now: SystemTime,
+    window: Option<&Window>,
 ) -> Finding {
     let (src, dst) = (client(key), pod_addr(key));
     let reason = names.drop_reason(key.reason);
     let reject = rejected(agg);
+    let first = event_of(key, agg);
+    let cause = window
+        .and_then(|w| conntrack::cause(&first.drop, &reason, w))
+        .filter(|c| *c == ConntrackCause::TableFull);
     let evidence = InboundEvidence {
         action: reject.then_some(InboundAction::Reject),
         drop: DropEvidence {
@@ -146,8 +158,25 @@ pub(crate) fn finding(
             icmp_sent_code: agg.icmp_code.into(),
             icmp_sent_netns: (agg.drop_netns != 0).then_some(agg.drop_netns),
         }),
+        conntrack: window.map(ConntrackEvidence::from),
+        conntrack_cause: cause,
         ..InboundEvidence::default()
     };
+    let target = format!("{dst}:{}", key.dport);
+    if let (Some(cause), Some(w)) = (cause, window) {
+        let dropped = format!("SYNs from {src} to {target} (a pod of this node)");
+        let (summary, remediation) = conntrack::text(cause, w, &first, &dropped, &target);
+        let mut f = Finding::new(
+            Kind::TcpSynDropped,
+            Layer::Conntrack,
+            Severity::Warning,
+            summary,
+            remediation,
+            now,
+        );
+        f.evidence = Evidence::Inbound(Box::new(evidence));
+        return place(f, key, src, dst, count);
+    }
     let (did, client_sees) = if reject {
         ("rejected", "refused or unreachable")
     } else {
@@ -171,6 +200,11 @@ pub(crate) fn finding(
         now,
     );
     f.evidence = Evidence::Inbound(Box::new(evidence));
+    place(f, key, src, dst, count)
+}
+
+/// `f` about `key`'s client, pod and port, `count` times.
+fn place(mut f: Finding, key: &InboundKey, src: IpAddr, dst: IpAddr, count: u64) -> Finding {
     f.src = Some(src);
     f.dst = Some(dst);
     f.dport = Some(key.dport);
@@ -184,7 +218,7 @@ mod tests {
     use node_diag_common::{DropInfo, FlowKey, IcmpInfo, event_kind};
 
     use super::*;
-    use crate::findings::correlate::testkit::reasons;
+    use crate::findings::correlate::testkit::{reasons, window};
 
     fn names() -> Names {
         Names::new(reasons(), |netns, ifindex| match (netns, ifindex) {
@@ -239,7 +273,7 @@ mod tests {
         assert_eq!((key.netns, key.dport, agg.first_ns), (7, 8080, 100));
         // A map entry read before its event makes the same entry back.
         assert_eq!(entry_of(&event_of(&key, &agg)), (key, agg));
-        let f = finding(&key, &agg, 1, &names(), SystemTime::now());
+        let f = finding(&key, &agg, 1, &names(), SystemTime::now(), None);
         assert_eq!(
             (f.kind, f.layer, f.severity),
             (Kind::TcpSynDropped, Layer::Firewall, Severity::Warning)
@@ -259,7 +293,7 @@ mod tests {
     #[test]
     fn an_icmp_answer_sent_here_is_a_reject_and_a_named_rule_says_what_it_did() {
         let (key, agg) = entry_of(&event(Some((3, 13))));
-        let f = finding(&key, &agg, 1, &names(), SystemTime::now());
+        let f = finding(&key, &agg, 1, &names(), SystemTime::now(), None);
         let e = f.evidence.to_map();
         assert_eq!(e["action"], "reject");
         assert_eq!(
@@ -270,7 +304,29 @@ mod tests {
 
         // Frag-needed is no filter's answer.
         let (key, agg) = entry_of(&event(Some((3, 4))));
-        let f = finding(&key, &agg, 1, &names(), SystemTime::now());
+        let f = finding(&key, &agg, 1, &names(), SystemTime::now(), None);
         assert!(f.evidence.to_map().get("action").is_none());
+    }
+
+    #[test]
+    fn a_full_conntrack_table_is_conntrack_and_a_rule_with_room_stays_the_firewall() {
+        let mut ev = event(None);
+        ev.drop.netns = 77;
+        let (key, agg) = entry_of(&ev);
+        // Netns 77 at its limit, conntrack's own drops rising: the table dropped them.
+        let full = window(100, 100, 3, 0);
+        let f = finding(&key, &agg, 1, &names(), SystemTime::now(), Some(&full));
+        assert_eq!((f.kind, f.layer), (Kind::TcpSynDropped, Layer::Conntrack));
+        let e = f.evidence.to_map();
+        assert_eq!(e["conntrack_cause"], "table_full");
+        assert_eq!(e["conntrack_count"], 100);
+        assert_eq!(f.dst, Some("10.244.1.7".parse().unwrap()));
+        // Room in the table: the rule's drop, with the counters as evidence.
+        let room = window(10, 100, 0, 0);
+        let f = finding(&key, &agg, 1, &names(), SystemTime::now(), Some(&room));
+        assert_eq!(f.layer, Layer::Firewall);
+        let e = f.evidence.to_map();
+        assert!(e.get("conntrack_cause").is_none(), "{e:?}");
+        assert_eq!(e["conntrack_max"], 100);
     }
 }
