@@ -513,8 +513,9 @@ impl Agent {
             inbound_verdict::finding(key, agg, agg.count, &self.names, SystemTime::now(), window);
         let (client, pod) = (inbound_verdict::client(key), inbound_verdict::pod_addr(key));
         let pods = self.pods.current();
-        // The local side is the pod the SYN was going to; the client's pod is named only
-        // when it runs here too (a host-network client's address, say).
+        // The local side is the pod the SYN was going to. A client pod of this node is
+        // rare here (its own SYN from its veth is left to its connect's verdict): one
+        // whose SYN came back in from elsewhere, routed through another node unSNATed.
         f.pod = pods
             .by_netns
             .get(&key.netns)
@@ -553,6 +554,12 @@ impl Agent {
             let ev = inbound_verdict::event_of(&key, &agg);
             let window = self.conntrack.window(&ev, &self.names);
             let finding = self.inbound_finding(&key, &agg, &ev, window.as_ref());
+            if let Some(cause) = finding.evidence.conntrack_cause() {
+                self.shared.metrics().conntrack_drops(
+                    cause.as_str(),
+                    u32::try_from(finding.count).unwrap_or(u32::MAX),
+                );
+            }
             let reason = self.names.drop_reason(key.reason);
             self.rules.verdict(&finding, &ev, &reason);
             self.inbound.start(key, &agg, &finding);
