@@ -467,7 +467,7 @@ fn a_connect_from_a_pod_of_this_node_is_its_own_verdict_not_an_inbound_one() {
 /// The same policy over IPv6: pod B's SYNs to pod A's IPv6 address, dropped by
 /// ip6tables on node A, are the same inbound finding with IPv6 addresses.
 #[test]
-fn ipv6_syn_dropped_by_an_ingress_policy_is_an_inbound_firewall_finding() {
+fn an_ipv6_ingress_policy_drop_is_the_same_inbound_finding() {
     use node_diag_testbed::pod_ipv6::{POD_A_V6, POD_B_V6};
     let topo = Topology::new();
     topo.add_pod_ipv6();
