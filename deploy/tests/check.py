@@ -9,7 +9,8 @@ exit status is non-zero when any check failed.
 
 Kustomize: Debian 12 packages neither kubectl nor kustomize, so the manifests are
 rendered by `render()` below, which implements the subset of kustomize these
-kustomizations use (resources, components, namespace) and refuses anything else. When
+kustomizations use (resources, components, namespace, and inline JSON 6902 `patches`
+aimed at a kind and name) and refuses anything else. When
 `kubectl` is on PATH its `kubectl kustomize` output is rendered too, must equal ours, and
 is the one validated. The rendered objects are validated against the Kubernetes OpenAPI
 schemas bundled in kubernetes-validate (strict: unknown fields fail), for the oldest and
@@ -33,6 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 COMPONENT = DEPLOY / "components" / "prometheus-operator"
+CRIO_COMPONENT = DEPLOY / "components" / "cri-o"
+WEB_CONFIG_COMPONENT = DEPLOY / "components" / "web-config"
 RULES = DEPLOY / "prometheus" / "rules.yaml"
 RULES_TEST = DEPLOY / "prometheus" / "rules.test.yaml"
 PROMETHEUS_RULE = COMPONENT / "prometheusrule.yaml"
@@ -52,6 +55,10 @@ REQUIRED_ALERTS = {
     "NodeDiagEventsLost",
     "NodeDiagAgentDown",
 }
+# The host paths the agent reads, and nothing else (each justified in daemonset.yaml).
+HOST_MOUNTS = {"/sys/kernel/tracing", "/sys/kernel/btf", "/run/netns", "/var/run/netns"}
+CONTAINERD_SOCKET = "/run/containerd/containerd.sock"
+CRIO_SOCKET = "/var/run/crio/crio.sock"
 # The capabilities the DaemonSet grants, each justified in daemonset.yaml.
 CAPABILITIES = {"BPF", "PERFMON", "NET_ADMIN", "NET_RAW", "SYS_ADMIN"}
 # Kinds that have no namespace (the subset kustomize's namespace transformer skips).
@@ -80,7 +87,7 @@ class CheckError(Exception):
 
 
 # --------------------------------------------------------------------------------------
-# A kustomize subset: resources, components, namespace.
+# A kustomize subset: resources, components, namespace, inline JSON 6902 patches.
 
 
 def _kustomization_file(directory: Path) -> Path:
@@ -98,8 +105,79 @@ def _load_docs(path: Path) -> list[dict]:
     return docs
 
 
-def render(directory: Path, *, expect_kind: str = "Kustomization", _seen=None) -> list[dict]:
-    """The objects `kubectl kustomize directory` prints, for the supported subset."""
+def _pointer(path: str) -> list[str]:
+    if not path.startswith("/"):
+        raise CheckError(f"JSON pointer {path!r} must start with /")
+    return [t.replace("~1", "/").replace("~0", "~") for t in path[1:].split("/")]
+
+
+def _step(node, token: str, where: str):
+    if isinstance(node, list):
+        try:
+            return node[int(token)]
+        except (ValueError, IndexError) as e:
+            raise CheckError(f"{where}: no index {token}") from e
+    if isinstance(node, dict) and token in node:
+        return node[token]
+    raise CheckError(f"{where}: no {token!r}")
+
+
+def apply_json6902(obj: dict, ops: list[dict], where: str) -> None:
+    """RFC 6902 add, replace, remove and test, as kustomize applies them."""
+    for op in ops:
+        kind, tokens = op.get("op"), _pointer(op.get("path", ""))
+        parent = obj
+        for t in tokens[:-1]:
+            parent = _step(parent, t, f"{where}: {op['path']}")
+        last = tokens[-1]
+        if kind == "test":
+            if _step(parent, last, f"{where}: {op['path']}") != op.get("value"):
+                raise CheckError(f"{where}: test {op['path']} == {op.get('value')!r} failed")
+        elif kind == "add":
+            if isinstance(parent, list):
+                index = len(parent) if last == "-" else int(last)
+                parent.insert(index, copy.deepcopy(op["value"]))
+            else:
+                parent[last] = copy.deepcopy(op["value"])
+        elif kind == "replace":
+            _step(parent, last, f"{where}: {op['path']}")
+            parent[int(last) if isinstance(parent, list) else last] = copy.deepcopy(op["value"])
+        elif kind == "remove":
+            _step(parent, last, f"{where}: {op['path']}")
+            del parent[int(last) if isinstance(parent, list) else last]
+        else:
+            raise CheckError(f"{where}: JSON patch op {kind!r} is beyond the test renderer")
+
+
+def apply_patches(kfile: Path, patches: list[dict], objects: list[dict]) -> None:
+    for i, entry in enumerate(patches):
+        if set(entry) != {"target", "patch"} or not set(entry["target"]) <= {"kind", "name"}:
+            raise CheckError(
+                f"{kfile}: patch {i}: only inline `patch` with a `target` of kind and name "
+                "is supported by the test renderer"
+            )
+        ops = yaml.safe_load(entry["patch"])
+        if not isinstance(ops, list):
+            raise CheckError(f"{kfile}: patch {i}: only JSON 6902 (a list of operations)")
+        target = entry["target"]
+        hits = [
+            o
+            for o in objects
+            if o["kind"] == target.get("kind", o["kind"])
+            and o["metadata"]["name"] == target.get("name", o["metadata"]["name"])
+        ]
+        if not hits:
+            raise CheckError(f"{kfile}: patch {i} matches no object")
+        for obj in hits:
+            apply_json6902(obj, ops, f"{kfile}: patch {i}")
+
+
+def render(
+    directory: Path, *, expect_kind: str = "Kustomization", _seen=None, _base=None
+) -> list[dict]:
+    """The objects `kubectl kustomize directory` prints, for the supported subset. A
+    component is rendered over `_base`, the objects of the kustomization using it, which
+    its patches may change."""
     seen = set() if _seen is None else _seen
     directory = directory.resolve()
     if directory in seen:
@@ -107,7 +185,7 @@ def render(directory: Path, *, expect_kind: str = "Kustomization", _seen=None) -
     seen.add(directory)
     kfile = _kustomization_file(directory)
     k = yaml.safe_load(kfile.read_text()) or {}
-    supported = {"apiVersion", "kind", "namespace", "resources", "components"}
+    supported = {"apiVersion", "kind", "namespace", "resources", "components", "patches"}
     unsupported = set(k) - supported
     if unsupported:
         raise CheckError(
@@ -117,7 +195,7 @@ def render(directory: Path, *, expect_kind: str = "Kustomization", _seen=None) -
     kind = k.get("kind", "Kustomization")
     if kind != expect_kind:
         raise CheckError(f"{kfile}: kind {kind}, expected {expect_kind}")
-    objects: list[dict] = []
+    objects: list[dict] = copy.deepcopy(_base) if _base is not None else []
     for entry in k.get("resources", []):
         path = (directory / entry).resolve()
         if path.is_dir():
@@ -130,7 +208,8 @@ def render(directory: Path, *, expect_kind: str = "Kustomization", _seen=None) -
         path = (directory / entry).resolve()
         if not path.is_dir():
             raise CheckError(f"{kfile}: component {entry} is not a directory")
-        objects.extend(render(path, expect_kind="Component", _seen=seen))
+        objects = render(path, expect_kind="Component", _seen=seen, _base=objects)
+    apply_patches(kfile, k.get("patches", []), objects)
     namespace = k.get("namespace")
     if namespace:
         for obj in objects:
@@ -158,13 +237,13 @@ def object_id(obj: dict) -> tuple[str, str, str, str]:
     return (obj["apiVersion"], obj["kind"], meta.get("namespace", ""), meta["name"])
 
 
-def overlay_with_component(tmp: Path) -> Path:
+def overlay_with_component(tmp: Path, component: Path = COMPONENT) -> Path:
     """A user's overlay (outside deploy/: kustomize refuses one inside its base): the base
-    plus the prometheus-operator component."""
-    overlay = tmp / "overlay"
+    plus `component` (the prometheus-operator one by default)."""
+    overlay = tmp / f"overlay-{component.name}"
     overlay.mkdir()
     base = os.path.relpath(DEPLOY, overlay)
-    component = os.path.relpath(COMPONENT, overlay)
+    component = os.path.relpath(component, overlay)
     (overlay / "kustomization.yaml").write_text(
         "apiVersion: kustomize.config.k8s.io/v1beta1\n"
         "kind: Kustomization\n"
@@ -227,11 +306,15 @@ def _run(argv: list[str], what: str) -> str:
 RENDERED: dict[str, list[dict]] = {}
 
 
-@check("kustomize render (deploy/ and deploy/ + components/prometheus-operator)")
+@check("kustomize render (deploy/, and with each of components/)")
 def check_render(tmp: Path):
-    overlay = overlay_with_component(tmp)
     notes = []
-    for name, directory in (("base", DEPLOY), ("with-operator", overlay)):
+    for name, directory in (
+        ("base", DEPLOY),
+        ("with-operator", overlay_with_component(tmp)),
+        ("with-cri-o", overlay_with_component(tmp, CRIO_COMPONENT)),
+        ("with-web-config", overlay_with_component(tmp, WEB_CONFIG_COMPONENT)),
+    ):
         ours = render(directory)
         theirs = kubectl_kustomize(directory)
         if theirs is None:
@@ -265,6 +348,9 @@ def check_schemas():
     objects = RENDERED.get("with-operator")
     if not objects:
         raise CheckError("nothing rendered")
+    # The other components change the DaemonSet only.
+    for variant in ("with-cri-o", "with-web-config"):
+        objects = objects + [o for o in RENDERED.get(variant, []) if o["kind"] == "DaemonSet"]
     validated = 0
     for obj in objects:
         if obj["apiVersion"].startswith("monitoring.coreos.com/"):
@@ -323,6 +409,30 @@ def check_crd_schemas():
 QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$")
 
 
+def check_probes(container: dict) -> None:
+    """The probes GET /readyz and /healthz over plain HTTP on the findings listener's
+    loopback port: whatever TLS or authentication the scrape port requires (a client
+    certificate the kubelet cannot present, a password it does not have), they work, and
+    nothing off the node can use up that listener's connections."""
+    args = container["args"]
+    findings = args[args.index("--findings-listen") + 1]
+    findings_port = int(findings.rsplit(":", 1)[1])
+    if "--findings-web-config-file" in args:
+        raise CheckError("--findings-web-config-file would take plain HTTP from the probes")
+    for probe, path in (
+        ("startupProbe", "/readyz"),
+        ("readinessProbe", "/readyz"),
+        ("livenessProbe", "/healthz"),
+    ):
+        get = container.get(probe, {}).get("httpGet", {})
+        if get.get("path") != path or get.get("port") != findings_port:
+            raise CheckError(f"{probe} must GET {path} on the findings port {findings_port}: {get}")
+        if get.get("host") != "127.0.0.1":
+            raise CheckError(f"{probe} must use loopback (host: 127.0.0.1): {get}")
+        if get.get("scheme", "HTTP") != "HTTP":
+            raise CheckError(f"{probe} must use plain HTTP (the findings listener's): {get}")
+
+
 @check("DaemonSet contract (security context, mounts, probes, resources, placement)")
 def check_daemonset():
     objs = {(o["kind"], o["metadata"]["name"]): o for o in RENDERED.get("base", [])}
@@ -357,6 +467,17 @@ def check_daemonset():
         raise CheckError(f"args must be `run --listen ADDR ...`: {args}")
     listen = args[args.index("--listen") + 1]
     port = int(listen.rsplit(":", 1)[1])
+    # /findings (flow data) stays on the node's loopback.
+    if "--findings-listen" not in args:
+        raise CheckError(f"args lack --findings-listen (loopback): {args}")
+    findings = args[args.index("--findings-listen") + 1]
+    if not findings.startswith(("127.0.0.1:", "[::1]:")):
+        raise CheckError(f"--findings-listen must be a loopback address, is {findings}")
+    env = {e["name"]: e for e in container.get("env", [])}
+    if env.get("NODE_NAME", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") != "spec.nodeName":
+        raise CheckError("env NODE_NAME must come from the downward API's spec.nodeName")
+    if pod.get("priorityClassName") != "system-node-critical":
+        raise CheckError("priorityClassName must be system-node-critical")
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     if ports.get("metrics") != port:
         raise CheckError(f"containerPort metrics {ports.get('metrics')} != --listen port {port}")
@@ -365,24 +486,23 @@ def check_daemonset():
         raise CheckError(f"Service port must target the container port named metrics: {sport}")
     if not svc["spec"]["selector"].items() <= ds["spec"]["template"]["metadata"]["labels"].items():
         raise CheckError("Service selector does not match the DaemonSet's pods")
-    for probe, path in (
-        ("startupProbe", "/readyz"),
-        ("readinessProbe", "/readyz"),
-        ("livenessProbe", "/healthz"),
-    ):
-        get = container.get(probe, {}).get("httpGet", {})
-        if get.get("path") != path or get.get("port") not in ("metrics", port):
-            raise CheckError(f"{probe} must GET {path} on the metrics port: {get}")
+    check_probes(container)
     res = container.get("resources", {})
     for section, keys in (("requests", ("cpu", "memory")), ("limits", ("memory",))):
         for key in keys:
             value = str(res.get(section, {}).get(key, ""))
             if not QUANTITY.match(value):
                 raise CheckError(f"resources.{section}.{key} is not a quantity: {value!r}")
-    # Host mounts the agent needs.
+    # Host mounts the agent needs, and no other.
     volumes = {v["name"]: v for v in pod["volumes"]}
     mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
-    for path in ("/sys/kernel/tracing", "/sys/kernel/btf", "/sys/fs/bpf", "/run/netns", "/var/run/netns"):
+    host_paths = {v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    if host_paths != HOST_MOUNTS | {CONTAINERD_SOCKET}:
+        raise CheckError(
+            f"host mounts must be exactly {sorted(HOST_MOUNTS | {CONTAINERD_SOCKET})}: "
+            f"{sorted(host_paths)}"
+        )
+    for path in sorted(HOST_MOUNTS):
         m = mounts.get(path)
         if m is None:
             raise CheckError(f"no volumeMount at {path}")
@@ -392,14 +512,7 @@ def check_daemonset():
     for path in ("/run/netns", "/var/run/netns", "/sys/kernel/tracing"):
         if mounts[path].get("mountPropagation") != "HostToContainer":
             raise CheckError(f"{path} needs mountPropagation: HostToContainer (new mounts)")
-    # The runtimes' CRI sockets, read-only, neither required (hostPath type unset).
-    for path in ("/run/containerd/containerd.sock", "/var/run/crio/crio.sock"):
-        m = mounts.get(path)
-        if m is None or not m.get("readOnly"):
-            raise CheckError(f"no read-only volumeMount of the CRI socket {path}")
-        hp = volumes[m["name"]].get("hostPath", {})
-        if hp.get("path") != path or hp.get("type", "") != "":
-            raise CheckError(f"{path} must be the host's {path} with hostPath type unset: {hp}")
+    check_cri_socket(pod, CONTAINERD_SOCKET)
     if not pod.get("hostPID"):
         raise CheckError("hostPID must be true: the agent reads /proc/<pid>/ns/net")
     # Placement: Linux amd64 and arm64, control-plane nodes too.
@@ -417,10 +530,58 @@ def check_daemonset():
     }
     if archs != {"amd64", "arm64"}:
         raise CheckError(f"node affinity must allow amd64 and arm64, got {sorted(archs)}")
-    tolerated = {t.get("key") for t in pod.get("tolerations", [])}
-    if "node-role.kubernetes.io/control-plane" not in tolerated:
-        raise CheckError("no toleration for node-role.kubernetes.io/control-plane")
-    return f"caps {'+'.join(sorted(CAPABILITIES))}, listen {listen}"
+    if {"operator": "Exists"} not in pod.get("tolerations", []):
+        raise CheckError("tolerations must include `- operator: Exists` (every taint)")
+    return f"caps {'+'.join(sorted(CAPABILITIES))}, listen {listen}, findings {findings}"
+
+
+def check_cri_socket(pod: dict, path: str) -> None:
+    """The runtime's CRI socket mounted read-only where the agent looks, `type: Socket`."""
+    (container,) = pod["containers"]
+    m = {m["mountPath"]: m for m in container["volumeMounts"]}.get(path)
+    if m is None or not m.get("readOnly"):
+        raise CheckError(f"no read-only volumeMount of the CRI socket {path}")
+    hp = {v["name"]: v for v in pod["volumes"]}[m["name"]].get("hostPath", {})
+    if hp.get("path") != path or hp.get("type") != "Socket":
+        raise CheckError(f"{path} must be the host's {path} with hostPath type Socket: {hp}")
+
+
+def _daemonset(variant: str) -> dict:
+    for o in RENDERED.get(variant, []):
+        if o["kind"] == "DaemonSet":
+            return o["spec"]["template"]["spec"]
+    raise CheckError(f"{variant}: no DaemonSet rendered")
+
+
+@check("components/cri-o: CRI-O's socket instead of containerd's")
+def check_crio_component():
+    pod = _daemonset("with-cri-o")
+    check_cri_socket(pod, CRIO_SOCKET)
+    host_paths = {v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    if CONTAINERD_SOCKET in host_paths:
+        raise CheckError("containerd's socket still mounted")
+
+
+@check("components/web-config: --web-config-file from the Secret, probes unchanged")
+def check_web_config_component():
+    pod = _daemonset("with-web-config")
+    (container,) = pod["containers"]
+    args = container["args"]
+    if "--web-config-file" not in args:
+        raise CheckError(f"args lack --web-config-file: {args}")
+    path = Path(args[args.index("--web-config-file") + 1])
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    holders = [
+        n for n, m in mounts.items() if path.parent == Path(m["mountPath"]) and "secret" in volumes[n]
+    ]
+    if not holders:
+        raise CheckError(f"{path} is not in a Secret volume's mount")
+    if "subPath" in mounts[holders[0]]:
+        raise CheckError("no subPath: a Secret mounted by subPath is never updated")
+    # The scrape port may now require a client certificate: the probes must not use it.
+    check_probes(container)
+    return f"{path} from Secret {volumes[holders[0]]['secret']['secretName']}"
 
 
 @check("yamllint deploy/")
@@ -622,6 +783,8 @@ def main() -> int:
         check_schemas()
         check_crd_schemas()
         check_daemonset()
+        check_crio_component()
+        check_web_config_component()
         check_yamllint()
         check_promtool_rules()
         check_promtool_tests()

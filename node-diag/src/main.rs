@@ -34,7 +34,7 @@ use std::{net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
 
 use clap::{Parser, Subcommand};
 use node_diag_common::ipproto;
-use output::OutputFormat;
+use output::{ColorChoice, FindingsFormat, OutputFormat};
 
 #[derive(Parser)]
 #[command(
@@ -49,7 +49,14 @@ use output::OutputFormat;
 )]
 struct Cli {
     /// Log filter for stderr logs (e.g. info, debug, node_diag=trace).
-    #[arg(long, global = true, env = "NODE_DIAG_LOG", default_value = "info")]
+    #[arg(
+        long,
+        global = true,
+        env = "NODE_DIAG_LOG",
+        default_value = "info",
+        value_parser = parse_log_filter,
+        value_name = "FILTER"
+    )]
     log_level: String,
     #[command(subcommand)]
     command: Command,
@@ -59,12 +66,29 @@ struct Cli {
 enum Command {
     /// Run the agent: load the eBPF programs, print findings, serve /metrics and /findings.
     Run(agent::RunOptions),
-    /// Print the findings of a running agent.
+    /// Print the findings of a running agent: compact lines, filtered, or followed.
+    #[command(
+        long_about = "Print the findings of a running agent (its /findings endpoint).\n\n\
+            Each finding is one line of about 120 columns: the time of its last occurrence \
+            (HH:MM:SS, UTC), its severity, kind/layer, its pods (namespace/name) or flow \
+            (src → dst:port) with the interface or listener it is about, how many times it \
+            was seen and a short summary. A resolved or superseded finding shows when it \
+            ended and RESOLVED or SUPERSEDED. -o wide adds the full summary, the evidence, \
+            the fix, the node and the status under it; -o json prints each finding as the \
+            agent sent it, one JSON object per line.\n\n\
+            The filters are applied by the agent (query parameters) and again here. \
+            Without --follow every matching finding is printed (up to 10,000, the most \
+            recent; stderr says when more matched); with it, the last --last ones (default \
+            10), then each new finding, each repeat and each status change (resolved, \
+            superseded, active again) once a second, riding out an agent restart.",
+        after_help = "Examples:\n  node-diag findings --follow\n  node-diag findings --severity warning --namespace shop --since 10m\n  node-diag findings --kind tcp_timeout,tcp_refused --pod shop/cart-7d9f -o wide\n  node-diag findings -o json | jq -r 'select(.status == \"active\") | .summary'"
+    )]
     Findings(FindingsArgs),
     /// Check which kernel features the agent can use on this node.
     Doctor(DoctorArgs),
     /// Find the path MTU to DST by a DF binary search (ICMP echo, like `ping -M do -s N`),
     /// tell a working PMTUD from a black hole, and optionally check a TCP port.
+    #[command(after_help = probe::EXIT_HELP)]
     Probe(ProbeArgs),
     /// Print this node's MTU model (no eBPF needed): each interface, its overlay and
     /// underlay, the encapsulation overhead, expected MTU, headroom and verdict.
@@ -103,15 +127,94 @@ enum Command {
 
 #[derive(clap::Args)]
 struct FindingsArgs {
-    /// URL of the agent's findings listener (its --findings-listen).
-    #[arg(long, default_value = "http://127.0.0.1:9465", value_name = "URL")]
-    server: String,
-    /// Keep polling and print findings as they appear or grow.
+    /// URL of the agent's findings endpoint [default: http://127.0.0.1:9465, else
+    /// http://127.0.0.1:9464 for an agent serving findings beside its metrics].
+    #[arg(long, value_name = "URL")]
+    server: Option<String>,
+    /// Keep polling and print findings as they appear, grow or change status.
     #[arg(short, long)]
     follow: bool,
-    /// Output format.
+    /// Print only the N most recent findings first (default with --follow: 10; 0 prints
+    /// only what comes next).
+    #[arg(long, value_name = "N")]
+    last: Option<usize>,
+    /// Only these kinds (repeat, or separate with commas), e.g. tcp_timeout,tcp_refused.
+    #[arg(long, value_name = "KIND", value_delimiter = ',', value_parser = parse_kind)]
+    kind: Vec<findings::Kind>,
+    /// Only findings at least this severe.
+    #[arg(long, value_name = "info|warning|critical", value_parser = parse_severity)]
+    severity: Option<findings::Severity>,
+    /// Only findings whose pod or peer pod is in this Kubernetes namespace.
+    #[arg(long, value_name = "NS")]
+    namespace: Option<String>,
+    /// Only findings whose pod or peer pod is POD (NAME or NAMESPACE/NAME).
+    #[arg(long, value_name = "POD")]
+    pod: Option<String>,
+    /// Only findings seen since: a duration back (10m, 2h) or an RFC 3339 time.
+    #[arg(long, value_name = "WHEN", value_parser = client::query::parse_since)]
+    since: Option<client::query::Since>,
+    /// Only findings in these states (repeat, or separate with commas): active,
+    /// resolved, superseded.
+    #[arg(long, value_name = "STATUS", value_delimiter = ',', value_parser = parse_status)]
+    status: Vec<findings::Status>,
+    /// Output format: compact lines, those with detail under each, or JSON lines.
     #[arg(short = 'o', long = "format", value_enum, default_value = "text")]
-    format: OutputFormat,
+    format: FindingsFormat,
+    /// Colour by severity: on a terminal unless NO_COLOR is set (auto), or always, or
+    /// never.
+    #[arg(long, value_enum, default_value = "auto", value_name = "WHEN")]
+    color: ColorChoice,
+}
+
+impl FindingsArgs {
+    fn options(self) -> client::Options {
+        let no_color = std::env::var("NO_COLOR").ok();
+        let color = output::use_color(
+            self.color,
+            std::io::IsTerminal::is_terminal(&std::io::stdout()),
+            no_color.as_deref(),
+        );
+        client::Options {
+            server: self.server,
+            follow: self.follow,
+            last: self.last,
+            filters: client::query::Filters {
+                kinds: self.kind,
+                severity: self.severity,
+                namespace: self.namespace,
+                pod: self.pod,
+                since: self.since,
+                statuses: self.status,
+            },
+            format: self.format,
+            color,
+            poll: Duration::from_secs(1),
+        }
+    }
+}
+
+fn parse_kind(s: &str) -> Result<findings::Kind, String> {
+    client::query::parse_name(
+        "kind",
+        "a finding kind such as tcp_refused, tcp_timeout, pmtud_blackhole",
+        s,
+    )
+}
+
+fn parse_severity(s: &str) -> Result<findings::Severity, String> {
+    client::query::parse_name("severity", "info, warning or critical", s)
+}
+
+fn parse_status(s: &str) -> Result<findings::Status, String> {
+    client::query::parse_name("status", "active, resolved or superseded", s)
+}
+
+/// `--log-level`: a tracing filter, refused when it does not parse rather than quietly
+/// replaced by `info`.
+fn parse_log_filter(s: &str) -> Result<String, String> {
+    tracing_subscriber::EnvFilter::try_new(s)
+        .map(|_| s.to_string())
+        .map_err(|e| format!("{e} (expected a level such as info or debug, or target=level)"))
 }
 
 #[derive(clap::Args)]
@@ -172,7 +275,11 @@ impl ServiceProto {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(&e),
+    };
+    // Checked by clap already.
     let mut filter = tracing_subscriber::EnvFilter::try_new(&cli.log_level)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     if let Command::Run(args) = &cli.command
@@ -188,10 +295,57 @@ fn main() -> ExitCode {
     match dispatch(cli.command) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("node-diag: {e:#}");
+            eprintln!("node-diag: {}", error_chain(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// Prints a command-line error as clap does; `probe` exits 1 for it, since its 2 means
+/// "refused".
+fn usage_error(e: &clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    let _ = e.print();
+    if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+        return ExitCode::SUCCESS;
+    }
+    if subcommand_of(std::env::args().skip(1)).as_deref() == Some("probe") {
+        return ExitCode::from(probe::Exit::Error as u8);
+    }
+    ExitCode::from(e.exit_code().clamp(0, 255) as u8)
+}
+
+/// The subcommand named in `args`: the first word that is neither a flag nor the value
+/// of `--log-level`.
+fn subcommand_of(args: impl Iterator<Item = String>) -> Option<String> {
+    let mut skip_value = false;
+    for a in args {
+        if skip_value {
+            skip_value = false;
+        } else if a == "--log-level" {
+            skip_value = true;
+        } else if !a.starts_with('-') {
+            return Some(a);
+        }
+    }
+    None
+}
+
+/// An error and its causes, `: `-separated, each once: a cause whose text the message
+/// before it already carries is left out.
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
 }
 
 fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
@@ -207,12 +361,7 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Findings(args) => {
-            client::run(
-                &args.server,
-                args.follow,
-                args.format,
-                Duration::from_secs(1),
-            )?;
+            client::run(args.options())?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Doctor(args) => {
@@ -233,7 +382,7 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
                 OutputFormat::Text => print!("{}", report.text()),
                 OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
             }
-            Ok(ExitCode::SUCCESS)
+            Ok(ExitCode::from(report.exit() as u8))
         }
         Command::Mtu(args) => {
             let snapshot = host_network::snapshot()
@@ -259,5 +408,108 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn findings_args(args: &[&str]) -> FindingsArgs {
+        let argv = ["node-diag", "findings"].iter().chain(args).copied();
+        match Cli::try_parse_from(argv).unwrap().command {
+            Command::Findings(a) => a,
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn findings_flags_become_the_query() {
+        let opts = findings_args(&[
+            "--kind",
+            "tcp_refused,tcp_timeout",
+            "--kind",
+            "pmtud_blackhole",
+            "--severity",
+            "warning",
+            "--namespace",
+            "shop",
+            "--pod",
+            "shop/cart",
+            "--since",
+            "10m",
+            "--status",
+            "active",
+            "--status",
+            "resolved",
+            "--color",
+            "never",
+        ])
+        .options();
+        assert_eq!(
+            opts.filters.query(10_000),
+            "kind=tcp_refused,tcp_timeout,pmtud_blackhole&severity=warning&namespace=shop\
+             &pod=shop/cart&since=10m&status=active,resolved&limit=10000"
+        );
+        assert!(!opts.color);
+        assert_eq!(opts.server, None, "the default servers are tried in turn");
+        assert_eq!(findings_args(&["-o", "wide"]).format, FindingsFormat::Wide);
+        assert_eq!(findings_args(&["--follow", "--last", "0"]).last, Some(0));
+    }
+
+    #[test]
+    fn invalid_values_are_errors() {
+        for args in [
+            &["node-diag", "--log-level", "info,=bogus[", "doctor"][..],
+            &["node-diag", "findings", "--kind", "tcp_refsued"],
+            &["node-diag", "findings", "--severity", "high"],
+            &["node-diag", "findings", "--status", "gone"],
+            &["node-diag", "findings", "--since", "yesterday"],
+            &["node-diag", "findings", "--color", "sometimes"],
+        ] {
+            let err = Cli::try_parse_from(args)
+                .err()
+                .unwrap_or_else(|| panic!("{args:?}"));
+            use clap::error::ErrorKind;
+            assert!(
+                matches!(
+                    err.kind(),
+                    ErrorKind::ValueValidation | ErrorKind::InvalidValue
+                ),
+                "{args:?}: {err}"
+            );
+        }
+        for level in ["info", "debug", "node_diag=trace,warn"] {
+            assert!(
+                Cli::try_parse_from(["node-diag", "--log-level", level, "doctor"]).is_ok(),
+                "{level}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_subcommand_is_found_past_global_flags() {
+        let args = |a: &[&str]| subcommand_of(a.iter().map(|s| s.to_string()));
+        assert_eq!(args(&["probe", "--bogus"]).as_deref(), Some("probe"));
+        assert_eq!(
+            args(&["--log-level", "debug", "probe", "x"]).as_deref(),
+            Some("probe")
+        );
+        assert_eq!(args(&["--log-level=debug", "run"]).as_deref(), Some("run"));
+        assert_eq!(args(&["--help"]), None);
+    }
+
+    #[test]
+    fn each_cause_is_printed_once() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("cannot reach the agent: {0}")]
+        struct Embeds(#[source] std::io::Error);
+        let e = anyhow::Error::from(Embeds(std::io::Error::other("connection refused")));
+        assert_eq!(
+            error_chain(&e),
+            "cannot reach the agent: connection refused"
+        );
+        let e = anyhow::anyhow!("refused").context("outer");
+        assert_eq!(error_chain(&e), "outer: refused");
     }
 }

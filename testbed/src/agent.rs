@@ -25,7 +25,7 @@ use serde_json::Value;
 use crate::{
     Error, Result, Topology, cmd, http, metrics,
     netns::in_netns,
-    process::{die_with_parent, send_signal, wait_timeout},
+    process::{die_with_parent, limit_open_files, send_signal, wait_timeout},
 };
 
 /// How much of the agent's stderr is kept (its tail).
@@ -117,6 +117,28 @@ impl<'t> Agent<'t> {
         listen: Option<&str>,
         extra: &[&str],
     ) -> Result<Agent<'t>> {
+        Agent::launch(host, binary, listen, extra, None)
+    }
+
+    /// [`Agent::start_in`] with open-files limits `(soft, hard)`, as a container
+    /// runtime sets them (containerd 2.0: a soft limit of 1,024).
+    pub fn start_with_nofile<H: AgentHost>(
+        host: &'t H,
+        binary: &Path,
+        listen: Option<&str>,
+        extra: &[&str],
+        nofile: (u64, u64),
+    ) -> Result<Agent<'t>> {
+        Agent::launch(host, binary, listen, extra, Some(nofile))
+    }
+
+    fn launch<H: AgentHost>(
+        host: &'t H,
+        binary: &Path,
+        listen: Option<&str>,
+        extra: &[&str],
+        nofile: Option<(u64, u64)>,
+    ) -> Result<Agent<'t>> {
         crate::require_root()?;
         let netns = host.agent_netns().to_owned();
         let [port, findings_port] = free_ports(&netns)?;
@@ -162,6 +184,9 @@ impl<'t> Agent<'t> {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         die_with_parent(&mut command);
+        if let Some((soft, hard)) = nofile {
+            limit_open_files(&mut command, soft, hard);
+        }
         let mut child = command.spawn().map_err(|source| Error::Spawn {
             command: cmd::display(&command),
             source,
@@ -311,19 +336,34 @@ impl<'t> Agent<'t> {
         http::get(&self.netns, &self.listen, path, accept)
     }
 
+    /// `GET path` on the agent's findings listener from inside node A, whatever the
+    /// status; an error when the agent runs with `--findings-listen none`.
+    pub fn get_findings_listener(
+        &self,
+        path: &str,
+        accept: Option<&str>,
+    ) -> Result<http::Response> {
+        let Some(addr) = &self.findings_listen else {
+            return Err(self.error(format!(
+                "GET {path}: the agent runs with --findings-listen none"
+            )));
+        };
+        http::get(&self.netns, addr, path, accept)
+    }
+
     /// `GET /metrics`: the whole exposition text.
     pub fn metrics_text(&self) -> Result<String> {
         self.get_ok("/metrics")
     }
 
-    /// `GET /findings` on the findings listener: the agent's current findings (a JSON
-    /// array).
+    /// `GET /findings` on the findings listener: every finding the agent holds (a JSON
+    /// array, oldest first; the endpoint's largest limit is above the store's size).
     pub fn findings_endpoint(&self) -> Result<Vec<Value>> {
         let Some(addr) = &self.findings_listen else {
             return Err(self.error("GET /findings: the agent runs with --findings-listen none"));
         };
-        let body =
-            http::get_ok(&self.netns, addr, "/findings").map_err(|e| self.error(e.to_string()))?;
+        let body = http::get_ok(&self.netns, addr, "/findings?limit=10000")
+            .map_err(|e| self.error(e.to_string()))?;
         serde_json::from_str(&body).map_err(|source| Error::Json {
             what: format!("GET /findings (a JSON array expected): {body}"),
             source,

@@ -79,6 +79,8 @@ pub struct Pod {
 
 pub struct Containerd {
     dir: PathBuf,
+    netns: String,
+    pool: PodPool,
     socket: PathBuf,
     child: Option<Child>,
     rt: tokio::runtime::Runtime,
@@ -122,6 +124,8 @@ impl Containerd {
         let mut this = Self {
             client: rt.block_on(lazy_client(&socket)),
             dir,
+            netns: netns.to_owned(),
+            pool,
             socket,
             child: Some(child),
             rt,
@@ -143,7 +147,11 @@ impl Containerd {
             &cni_config(dir, pool),
         )?;
         write(&dir.join("config.toml"), &containerd_config(dir, &socket))?;
-        let log = fs::File::create(dir.join("containerd.log"))
+        // Appended to: a restarted containerd keeps the log of its first run.
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("containerd.log"))
             .map_err(|e| Error::io("create containerd.log", e))?;
         let log2 = log.try_clone().map_err(|e| Error::io("dup log", e))?;
         let mut command = Command::new("nsenter");
@@ -163,6 +171,34 @@ impl Containerd {
             command: cmd::display(&command),
             source,
         })
+    }
+
+    /// Stops containerd (SIGTERM, then SIGKILL after 10 s), leaving its state and pods'
+    /// shims: the runtime is down as after a crash or a `systemctl stop`, its socket
+    /// refusing connections. [`Containerd::restart`] brings it back.
+    pub fn stop(&mut self) -> Result<()> {
+        let Some(mut child) = self.child.take() else {
+            return Ok(());
+        };
+        let _ = send_signal(child.id(), libc::SIGTERM);
+        if !matches!(
+            wait_timeout(&mut child, Duration::from_secs(10)),
+            Ok(Some(_))
+        ) {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        Ok(())
+    }
+
+    /// Starts containerd again on the same state and socket after [`Containerd::stop`],
+    /// and waits for its socket.
+    pub fn restart(&mut self) -> Result<()> {
+        if self.child.is_some() {
+            return Ok(());
+        }
+        self.child = Some(Self::spawn(&self.dir, &self.netns, self.pool)?);
+        self.wait_socket()
     }
 
     /// containerd's CRI socket (for `--cri-socket`).

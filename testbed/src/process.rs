@@ -81,6 +81,25 @@ pub fn die_with_parent(command: &mut Command) {
     }
 }
 
+/// Starts the child with `soft` and `hard` open-files limits (`ulimit -Sn`/`-Hn`), as
+/// a container runtime would. Inherited through `ip netns exec`'s exec.
+pub fn limit_open_files(command: &mut Command, soft: u64, hard: u64) {
+    let limit = libc::rlimit {
+        rlim_cur: soft,
+        rlim_max: hard,
+    };
+    // SAFETY: the closure only calls setrlimit, which is async-signal-safe, on a value
+    // it owns.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
 /// The result of [`run_with_timeout`].
 #[derive(Debug)]
 pub struct CapturedRun {

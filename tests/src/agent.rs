@@ -12,6 +12,9 @@ use serde_json::Value;
 
 use crate::Topology;
 
+/// The gauge of open PMTUD black holes.
+pub const BLACKHOLES: &str = "node_diag_pmtud_blackholes";
+
 /// The agent binary: `$NODE_DIAG_BIN`. Panics with instructions when unset.
 pub fn node_diag_bin() -> PathBuf {
     let Some(bin) = std::env::var_os("NODE_DIAG_BIN") else {
@@ -102,6 +105,23 @@ impl<'t> Agent<'t> {
         agent
     }
 
+    /// [`Agent::start_ready`] with open-files limits `(soft, hard)` as a container
+    /// runtime sets them, and `extra` flags.
+    pub fn start_ready_with_nofile(
+        topo: &'t Topology,
+        extra: &[&str],
+        nofile: (u64, u64),
+    ) -> Agent<'t> {
+        crate::require_root();
+        let bin = node_diag_bin();
+        let host: &'t node_diag_testbed::Topology = topo;
+        let mut agent = Agent(crate::ok(node_diag_testbed::Agent::start_with_nofile(
+            host, &bin, None, extra, nofile,
+        )));
+        agent.wait_ready(READY);
+        agent
+    }
+
     /// Starts the agent in node A with the standard flags.
     pub fn start(topo: &'t Topology) -> Agent<'t> {
         Agent::start_with_args(topo, &[])
@@ -162,6 +182,49 @@ impl<'t> Agent<'t> {
                 self.diagnostics()
             );
         }
+    }
+
+    /// Started about 14 s into a black-holed flow's stall: the flow's next retransmit
+    /// comes about 25 s into it (RTOs doubling from 0.2 s), and the agent reports the
+    /// `pmtud_blackhole` / `icmp_filtered` within 10 s of that, counting the socket's
+    /// own RTOs rather than only the retransmits it saw; the gauge reads 1.
+    pub fn assert_black_hole_found_mid_stall(&self, on_flow: impl Fn(&Value) -> bool) {
+        let started = Instant::now();
+        // Scaled here and again by the wait: a guest under TCG starts the agent slowly
+        // while the stalled socket's timers keep real time.
+        let f = self.wait_finding(on_flow, scaled(Duration::from_secs(24)));
+        crate::finding::assert_shape(&f);
+        assert_eq!(f["layer"], "icmp_filtered", "{f:#}");
+        assert!(
+            f["evidence"]["fullsize_retransmits"].as_u64().unwrap_or(0) >= 3,
+            "the socket's RTO count, not the retransmits this agent saw: {f:#}"
+        );
+        eprintln!("reported {:?} after the agent started", started.elapsed());
+        self.wait_counter_at_least(BLACKHOLES, 1.0, Duration::from_secs(3));
+    }
+
+    /// A black hole masked by MTU probing: waits for the flow's `pmtud_blackhole`
+    /// `recovered_by: tcp_mtu_probing` (its MSS at least `mss_at_least` before the
+    /// shrink), then for it to turn `resolved`, with the black-hole gauge back at 0.
+    pub fn assert_recovered_then_resolved(
+        &self,
+        on_flow: impl Fn(&Value) -> bool,
+        mss_at_least: u64,
+    ) {
+        let recovered =
+            |f: &Value| on_flow(f) && f["evidence"]["recovered_by"] == "tcp_mtu_probing";
+        let f = self.wait_finding(recovered, Duration::from_secs(5));
+        crate::finding::assert_recovered_by_probing(&f, mss_at_least);
+        self.wait_finding(
+            |f| recovered(f) && f["status"] == "resolved",
+            Duration::from_secs(5),
+        );
+        assert_eq!(
+            self.metric(BLACKHOLES),
+            Some(0.0),
+            "{}",
+            self.metrics_text()
+        );
     }
 
     /// `GET /metrics` from inside node A: the whole exposition text.

@@ -687,6 +687,14 @@ fn prometheus_scrapes_over_tls_with_a_client_certificate() {
         &[&format!("http://{}/metrics", agent.listen_addr())],
     );
     assert_ne!(status, 200, "answered plain HTTP: {out:?}");
+    // The kubelet's probes, which present no certificate, go to the findings listener:
+    // plain HTTP on loopback, untouched by the scrape listener's config.
+    let findings = agent.findings_addr().expect("findings listener").to_owned();
+    for (path, want) in [("/healthz", "ok"), ("/readyz", "ready")] {
+        let (status, body, out) = curl_status(&topo.node_a, &[&format!("http://{findings}{path}")]);
+        assert_eq!(status, 200, "probe {path} on {findings}: {body} {out:?}");
+        assert_eq!(body.trim(), want, "probe {path}");
+    }
 
     let target = agent.listen_addr().to_owned();
     let tls = |cert: &str| {
@@ -733,9 +741,10 @@ fn prometheus_scrapes_over_tls_with_a_client_certificate() {
 }
 
 /// Basic auth: curl with the right password is served, a wrong one or none gets 401
-/// with `WWW-Authenticate: Basic` (the probes' `/healthz` needs none); the password
-/// changed in the file, the old one is refused within seconds; a broken file then
-/// leaves the config in force and says so in a metric.
+/// with `WWW-Authenticate: Basic` (the probes' `/healthz` needs none), on the scrape
+/// listener and, given the same file as `--findings-web-config-file`, on the findings
+/// listener; the password changed in the file, the old one is refused within seconds; a
+/// broken file then leaves the config in force and says so in a metric.
 #[test]
 fn basic_auth_and_its_reload() {
     let topo = Topology::new();
@@ -746,7 +755,16 @@ fn basic_auth_and_its_reload() {
     };
     let web = dir.path("web.yml");
     fs::write(&web, config("first")).expect("write web.yml");
-    let mut agent = Agent::start_with_args(&topo, &["--web-config-file", &dir.arg("web.yml")]);
+    let web_arg = dir.arg("web.yml");
+    let mut agent = Agent::start_with_args(
+        &topo,
+        &[
+            "--web-config-file",
+            &web_arg,
+            "--findings-web-config-file",
+            &web_arg,
+        ],
+    );
     agent.wait_ready(READY);
     let url = format!("http://{}/metrics", agent.listen_addr());
     let status = |user: Option<&str>| {
@@ -796,12 +814,14 @@ fn basic_auth_and_its_reload() {
     );
     let text = curl(&topo.node_a, &["-u", "alice:second", &url]);
     let text = String::from_utf8_lossy(&text.stdout).to_string();
-    let ok_gauge = node_diag_testbed::metrics::find_value(
-        &text,
-        "node_diag_web_config_last_reload_successful",
-    )
-    .expect("exposition");
-    assert_eq!(ok_gauge, Some(0.0), "{text}");
+    for listener in ["scrape", "findings"] {
+        let ok_gauge = node_diag_testbed::metrics::find_value(
+            &text,
+            &format!("node_diag_web_config_last_reload_successful{{listener=\"{listener}\"}}"),
+        )
+        .expect("exposition");
+        assert_eq!(ok_gauge, Some(0.0), "{listener}: {text}");
+    }
     let stderr = agent.stderr();
     assert!(
         stderr.contains("not reloaded") && stderr.contains("not a bcrypt hash"),

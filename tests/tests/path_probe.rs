@@ -26,7 +26,7 @@ use node_diag_tests::{
 use serde_json::Value;
 
 /// The black holes open, the gauge the black-hole alert reads.
-const BLACKHOLES: &str = "node_diag_pmtud_blackholes";
+use node_diag_tests::agent::BLACKHOLES;
 
 /// The black hole's verdict must come within this of the first stalled retransmit
 /// (issue 37); measured from the transfer's start, which comes before it.

@@ -15,14 +15,14 @@ use std::time::{Duration, Instant};
 use node_diag_testbed::RoutedTopology;
 use node_diag_testbed::pod_ipv6::{self, POD_A_V6, POD_B_V6, pod_b_v6_addr};
 use node_diag_tests::agent::scaled;
-use node_diag_tests::finding::{assert_recovered_by_probing, assert_shape, field, flow_is};
+use node_diag_tests::finding::{assert_shape, field, flow_is};
 use node_diag_tests::topology::{POD_IF, UNDERLAY_IF};
 use node_diag_tests::{
     Agent, BULK, ServerMode, TcpServer, Topology, cmd, in_netns, ok, tcp_request, unique_name,
 };
 use serde_json::Value;
 
-const BLACKHOLES: &str = "node_diag_pmtud_blackholes";
+use node_diag_tests::agent::BLACKHOLES;
 
 /// A topology whose pods also talk IPv6 through the overlay.
 fn v6_topology() -> Topology {
@@ -99,20 +99,7 @@ fn ipv6_agent_started_during_a_black_hole_reports_it_at_the_next_retransmit() {
     let client = black_hole_held(&topo, port, Duration::from_secs(70));
     thread::sleep(Duration::from_secs(14));
     let agent = Agent::start_ready(&topo);
-    let started = Instant::now();
-    // The retransmit after 14 s comes about 25 s into the stall: within 10 s of it.
-    let f = agent.wait_finding(
-        on_flow("pmtud_blackhole", port),
-        scaled(Duration::from_secs(24)),
-    );
-    assert_shape(&f);
-    assert_eq!(field(&f, "layer"), "icmp_filtered", "{f:#}");
-    assert!(
-        num(&f, "fullsize_retransmits") >= 3,
-        "the socket's RTO count, not the retransmits this agent saw: {f:#}"
-    );
-    eprintln!("reported {:?} after the agent started", started.elapsed());
-    agent.wait_counter_at_least(BLACKHOLES, 1.0, Duration::from_secs(3));
+    agent.assert_black_hole_found_mid_stall(on_flow("pmtud_blackhole", port));
     drop(client);
 }
 
@@ -298,22 +285,8 @@ fn ipv6_black_hole_masked_by_mtu_probing_is_reported_recovered() {
     .expect("MTU probing gets the transfer through");
     assert_eq!(reply.len(), BULK);
 
-    let recovered = |f: &Value| {
-        on_flow("pmtud_blackhole", port)(f) && f["evidence"]["recovered_by"] == "tcp_mtu_probing"
-    };
-    let f = agent.wait_finding(recovered, Duration::from_secs(5));
     // 1450 − 40 of IPv6 − 20 of TCP − 12 of timestamps.
-    assert_recovered_by_probing(&f, 1378);
-    agent.wait_finding(
-        |f| recovered(f) && f["status"] == "resolved",
-        Duration::from_secs(5),
-    );
-    assert_eq!(
-        agent.metric(BLACKHOLES),
-        Some(0.0),
-        "{}",
-        agent.metrics_text()
-    );
+    agent.assert_recovered_then_resolved(on_flow("pmtud_blackhole", port), 1378);
     ok(topo.flush_route_cache(&topo.node_a));
 }
 

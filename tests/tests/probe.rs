@@ -3,7 +3,9 @@
 //! PMTUD black hole made by dropping ICMP frag-needed on node A.
 //!
 //! No agent runs here: `probe` needs no eBPF, only a raw ICMP socket, and is run with
-//! `ip netns exec` in the namespace it probes from.
+//! `ip netns exec` in the namespace it probes from. Every run's exit status is checked
+//! against its report (0 ok, 2 refused, 3 no answer, 4 black hole, 5 unreachable), and
+//! `-v` progress goes to stderr, never into the JSON on stdout.
 //!
 //! `NODE_DIAG_BIN=target/debug/node-diag cargo test -p node-diag-tests --test probe -- --test-threads=1` (root).
 
@@ -18,15 +20,66 @@ use serde_json::Value;
 /// adapt to the round trip, so a black hole costs well under this per vanished size.
 const TIMEOUT_MS: &str = "1000";
 
-/// Runs `node-diag probe DST ARGS -o json` inside `netns` and returns its report.
-fn probe(netns: &str, dst: impl ToString, args: &[&str]) -> Value {
+/// What a probe run gave: its report, exit status and stderr.
+struct Run {
+    report: Value,
+    code: Option<i32>,
+    stderr: String,
+}
+
+/// Runs `node-diag probe DST ARGS -o json` inside `netns`.
+fn probe_run(netns: &str, dst: impl ToString, args: &[&str]) -> Run {
     let bin = node_diag_bin();
     let bin = bin.to_str().expect("NODE_DIAG_BIN is not UTF-8");
     let dst = dst.to_string();
     let mut argv = vec![bin, "probe", &dst, "--timeout-ms", TIMEOUT_MS, "-o", "json"];
     argv.extend_from_slice(args);
-    let out = cmd::run_in(netns, &argv);
-    serde_json::from_str(&out).unwrap_or_else(|e| panic!("probe output is not JSON ({e}):\n{out}"))
+    let out = cmd::try_run_in(netns, &argv);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let report = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("probe output is not JSON ({e}):\n{stdout}\nstderr: {stderr}"));
+    Run {
+        report,
+        code: out.status.code(),
+        stderr,
+    }
+}
+
+/// The exit status the documented mapping gives `report`: a failed TCP check first,
+/// then the path's verdict.
+fn expected_exit(report: &Value) -> i32 {
+    match (report["tcp"]["result"].as_str(), report["verdict"].as_str()) {
+        (Some("refused"), _) => 2,
+        (Some("timed_out"), _) => 3,
+        (Some("unreachable"), _) => 5,
+        (Some("error"), _) => 6,
+        (_, Some("ok" | "pmtu_below_local")) => 0,
+        (_, Some("blackhole")) => 4,
+        (_, Some("no_reply"))
+            if report["summary"]
+                .as_str()
+                .is_some_and(|s| s.contains("unreachable")) =>
+        {
+            5
+        }
+        (_, Some("no_reply")) => 3,
+        other => panic!("unexpected report {other:?}: {report:#}"),
+    }
+}
+
+/// Runs `node-diag probe DST ARGS -o json` inside `netns` and returns its report, after
+/// checking that its exit status is the report's.
+fn probe(netns: &str, dst: impl ToString, args: &[&str]) -> Value {
+    let run = probe_run(netns, dst, args);
+    assert_eq!(
+        run.code,
+        Some(expected_exit(&run.report)),
+        "exit status of {:#}\nstderr: {}",
+        run.report,
+        run.stderr
+    );
+    run.report
 }
 
 /// Runs `node-diag probe ARGS` inside `netns`, expecting it to fail; returns stderr.
@@ -143,7 +196,7 @@ fn frag_needed_dropped_is_a_black_hole() {
     // The same path in text: the verdict in words and the 1450 − 20 − 8 arithmetic.
     let bin = node_diag_bin();
     let dst = topo.pod_b_ip.to_string();
-    let text = cmd::run_in(
+    let out = cmd::try_run_in(
         &topo.pod_a,
         &[
             bin.to_str().unwrap(),
@@ -153,7 +206,9 @@ fn frag_needed_dropped_is_a_black_hole() {
             TIMEOUT_MS,
         ],
     );
+    let text = String::from_utf8_lossy(&out.stdout);
     println!("{text}");
+    assert_eq!(out.status.code(), Some(4), "a black hole exits 4: {text}");
     assert!(
         text.contains("black hole: oversized probes vanished without ICMP frag-needed"),
         "{text}"
@@ -163,6 +218,84 @@ fn frag_needed_dropped_is_a_black_hole() {
         "{text}"
     );
     assert!(text.contains("1500 − 20 − 8 = 1472"), "{text}");
+}
+
+/// The statuses a script tests, each from a real path: 0 for a working path and open
+/// port, 2 refused, 3 timed out, 4 black hole; and `-v` shows the search on stderr.
+#[test]
+fn exit_status_tells_ok_refused_timeout_and_black_hole() {
+    let topo = Topology::new();
+    let _server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(8080), ServerMode::Echo);
+    let dst = topo.pod_b_ip;
+
+    let ok = probe_run(&topo.pod_a, dst, &["--port", "8080", "-v"]);
+    assert_eq!(ok.report["tcp"]["result"], "ok", "{:#}", ok.report);
+    assert_eq!(ok.code, Some(0), "{:#}", ok.report);
+    // Progress on stderr, one line per probe: the smallest size first, then the MTU.
+    assert!(
+        ok.stderr
+            .contains(&format!("probing {dst}: 68 ok\nprobing {dst}: 1450 ok\n")),
+        "{}",
+        ok.stderr
+    );
+    assert!(
+        ok.stderr.contains(&format!("connecting to {dst}:8080")),
+        "{}",
+        ok.stderr
+    );
+    let quiet = probe_run(&topo.pod_a, dst, &[]);
+    assert_eq!(quiet.code, Some(0));
+    assert!(
+        !quiet.stderr.contains("probing"),
+        "no -v, no terminal: {}",
+        quiet.stderr
+    );
+
+    let refused = probe_run(&topo.pod_a, dst, &["--port", "9"]);
+    assert_eq!(
+        refused.report["tcp"]["result"], "refused",
+        "{:#}",
+        refused.report
+    );
+    assert_eq!(refused.code, Some(2), "{:#}", refused.report);
+
+    // Node B's firewall drops the SYNs: the connect times out, while echo still works.
+    topo.drop_forwarded_tcp(&topo.node_b, 8081);
+    let timed_out = probe_run(&topo.pod_a, dst, &["--port", "8081"]);
+    assert_eq!(
+        timed_out.report["tcp"]["result"], "timed_out",
+        "{:#}",
+        timed_out.report
+    );
+    assert_eq!(timed_out.report["verdict"], "ok", "{:#}", timed_out.report);
+    assert_eq!(timed_out.code, Some(3), "{:#}", timed_out.report);
+
+    // The seed's black hole: pod A at 1500 over the 1450 overlay, frag-needed dropped.
+    set_mtu(&topo.pod_a, POD_IF, 1500);
+    set_mtu(&topo.node_a, POD_HOST_IF, 1500);
+    topo.drop_frag_needed(&topo.node_a);
+    let hole = probe_run(&topo.pod_a, dst, &["-v"]);
+    assert_eq!(hole.report["verdict"], "blackhole", "{:#}", hole.report);
+    assert_eq!(hole.code, Some(4), "{:#}", hole.report);
+    assert!(
+        hole.stderr.contains(&format!(
+            "probing {dst}: 1500 lost\nprobing {dst}: 1500 lost\n"
+        )),
+        "each silence is shown, and its retry: {}",
+        hole.stderr
+    );
+
+    // A usage error is 1 (bad input), never 2, which means refused.
+    let bad = cmd::try_run_in(
+        &topo.pod_a,
+        &[
+            node_diag_bin().to_str().unwrap(),
+            "probe",
+            &dst.to_string(),
+            "--bogus",
+        ],
+    );
+    assert_eq!(bad.status.code(), Some(1), "{bad:?}");
 }
 
 #[test]

@@ -506,6 +506,40 @@ fn mtu_mismatch_and_pmtud_black_hole_fire_their_alerts() {
     );
 }
 
+/// An agent whose container runtime does not answer: `NodeDiagAgentDegraded` fires,
+/// naming the node, the socket and what is degraded, and for nothing else (every program
+/// attached, no refresh failing).
+#[test]
+fn an_agent_without_its_runtime_fires_agent_degraded() {
+    let topo = Topology::new();
+    let missing = std::env::temp_dir().join(format!("{}.sock", unique_name()));
+    let missing = missing.display().to_string();
+    let mut agent = Agent::start_with_args(&topo, &["--cri-socket", &missing]);
+    agent.wait_ready(READY);
+    let prometheus = Prometheus::start(&topo, agent.listen_addr());
+    prometheus.wait_target_up(Duration::from_secs(15));
+
+    let alert = prometheus.wait_firing("NodeDiagAgentDegraded", Duration::from_secs(20));
+    assert_eq!(
+        alert["labels"]["degraded"], "container_runtime",
+        "{alert:#}"
+    );
+    assert_eq!(alert["labels"]["socket"], missing.as_str(), "{alert:#}");
+    assert_eq!(alert["labels"]["node"], NODE_LABEL, "{alert:#}");
+    let summary = alert["annotations"]["summary"].as_str().unwrap_or_default();
+    assert!(
+        summary.contains(NODE_LABEL) && summary.contains("container runtime does not answer"),
+        "{summary}"
+    );
+    prometheus.assert_rules_healthy();
+    let degraded: Vec<Value> = prometheus
+        .alerts()
+        .into_iter()
+        .filter(|a| a["labels"]["alertname"] == "NodeDiagAgentDegraded")
+        .collect();
+    assert_eq!(degraded.len(), 1, "only the runtime: {degraded:#?}");
+}
+
 #[test]
 fn test_rules_only_change_for() {
     let rules = fs::read_to_string(repo_path("deploy/prometheus/rules.yaml")).expect("rules");

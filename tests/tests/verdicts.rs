@@ -31,7 +31,7 @@ const STEP: Duration = Duration::from_secs(3);
 
 const REFUSED: &str = r#"node_diag_tcp_connect_failures_total{reason="refused"}"#;
 const TIMEOUT: &str = r#"node_diag_tcp_connect_failures_total{reason="timeout"}"#;
-const BLACKHOLES: &str = "node_diag_pmtud_blackholes";
+use node_diag_tests::agent::BLACKHOLES;
 
 /// The flow pod A -> pod B:`dport`.
 fn pods_flow(topo: &Topology, dport: u16) -> (Ipv4Addr, Ipv4Addr, u16) {

@@ -62,8 +62,8 @@ use self::{
     signal::{catch_signals, check_interrupted, interrupted},
     usage::{Before, empty_runs},
     workload::{
-        CLOSED_PORT, CONN_THREADS, ECHO_PORT, ECHO_THREADS, FLOOD_PORT, FLOOD_THREADS, IPERF_PORT,
-        LOSS_PER_MILLE, STORM_THREADS, Workload,
+        CLOSED_PORT, CONN_THREADS, ECHO_PORT, ECHO_THREADS, FILL_PORTS, FLOOD_PORT, FLOOD_THREADS,
+        IPERF_PORT, LOSS_PER_MILLE, POLL_CLIENTS, POLL_INTERVAL_MS, STORM_THREADS, Workload,
     },
 };
 use crate::{cmd, prereqs, say::bench as say};
@@ -243,6 +243,11 @@ impl<'a> Bench<'a> {
             )?),
             _ => None,
         };
+        // The findings poll's store is filled before the agent's figures start.
+        let held = match (workload, agent.as_ref()) {
+            (Workload::FindingsPoll, Some(agent)) => Some(self.fill_store(agent)?),
+            _ => None,
+        };
         let before = agent.as_ref().map(Before::take).transpose()?;
         let floor_before = profile.as_ref().map(|(_, e)| e.stats()).transpose()?;
         let lead_before = lead.as_ref().map(EmptyPrograms::stats).transpose()?;
@@ -296,6 +301,27 @@ impl<'a> Bench<'a> {
                 sample.value = stats.rate;
                 sample.storm = Some(stats);
             }
+            // Without the agent there is nothing to poll: no figure.
+            Workload::FindingsPoll => {
+                if let Some(findings) = held {
+                    let url = format!("http://{}/findings?limit=10000", agent::FINDINGS_ADDR);
+                    let mut stats = load::poll_findings(
+                        &self.topo.node_a,
+                        &url,
+                        POLL_CLIENTS,
+                        Duration::from_millis(POLL_INTERVAL_MS),
+                        duration,
+                        (
+                            &self.topo.pod_a,
+                            self.topo.pod_b_ip,
+                            FILL_PORTS.start..FILL_PORTS.start + 64,
+                        ),
+                    )?;
+                    stats.findings = findings;
+                    sample.value = stats.rate;
+                    sample.poll = Some(stats);
+                }
+            }
         }
         if let (Some((_, empty)), Some(earlier)) = (&profile, floor_before) {
             (sample.floor, sample.floor_by_tracepoint) = empty_runs(empty, &earlier)?;
@@ -320,6 +346,32 @@ impl<'a> Bench<'a> {
         drop(lead);
         drop(drop_rule);
         Ok(sample)
+    }
+}
+
+impl Bench<'_> {
+    /// Fills the agent's store for the findings poll: a refused connect to each of
+    /// [`FILL_PORTS`], then waits until the store stops growing. Returns the findings held.
+    fn fill_store(&self, agent: &Agent) -> Result<u64> {
+        let refused = load::refuse_each_port(&self.topo.pod_a, self.topo.pod_b_ip, FILL_PORTS, 4)?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let (mut last, mut since) = (0, Instant::now());
+        loop {
+            check_interrupted()?;
+            let held = agent.findings()?.len() as u64;
+            if held != last {
+                (last, since) = (held, Instant::now());
+            }
+            if since.elapsed() >= Duration::from_secs(2) || Instant::now() >= deadline {
+                if held < 4_000 {
+                    bail!(
+                        "the findings store holds {held} findings after {refused} refused connects to distinct ports; expected it full (4,096)"
+                    );
+                }
+                return Ok(held);
+            }
+            thread::sleep(Duration::from_millis(250));
+        }
     }
 }
 

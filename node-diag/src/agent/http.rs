@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use axum::{
-    Json, Router,
+    Router,
     extract::State,
     http::{HeaderMap, StatusCode, header},
     response::IntoResponse,
@@ -18,7 +18,6 @@ use axum::{
 };
 
 use super::state::Shared;
-use crate::findings::Finding;
 
 pub(crate) const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 pub(crate) const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -78,8 +77,9 @@ async fn metrics(State(s): State<Arc<Shared>>, headers: HeaderMap) -> impl IntoR
     }
 }
 
-async fn findings(State(s): State<Arc<Shared>>) -> Json<Vec<Finding>> {
-    Json(s.store().all())
+/// Filtered by the query parameters, from a snapshot: see [`super::findings_api`].
+async fn findings(State(s): State<Arc<Shared>>, uri: axum::http::Uri) -> axum::response::Response {
+    super::findings_api::answer(s, uri).await
 }
 
 async fn readyz(State(s): State<Arc<Shared>>) -> (StatusCode, &'static str) {

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use prometheus_client::{
-    encoding::EncodeLabelSet,
+    encoding::{EncodeLabel, EncodeLabelSet, LabelSetEncoder},
     metrics::{counter::Counter, family::Family, gauge::Gauge, info::Info},
     registry::Registry,
 };
@@ -61,6 +61,31 @@ pub(crate) struct FindingLabels {
     /// container runtime). Namespace only: bounded by the cluster's namespaces, where
     /// pod names would be unbounded.
     pub(crate) namespace: String,
+}
+
+/// One eBPF program's attachment: a tracepoint program's (`interface` none), or the TC
+/// classifier's on one interface.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub(crate) struct ProgramLabels {
+    pub(crate) program: String,
+    pub(crate) interface: Option<String>,
+}
+
+/// By hand: a tracepoint program's series carries no `interface` label at all, rather
+/// than an empty one.
+impl EncodeLabelSet for ProgramLabels {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        ("program", self.program.as_str()).encode(encoder.encode_label())?;
+        if let Some(interface) = &self.interface {
+            ("interface", interface.as_str()).encode(encoder.encode_label())?;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct SocketLabel {
+    pub(crate) socket: String,
 }
 
 /// Kernel-side totals read from the maps, summed over CPUs.
@@ -129,6 +154,14 @@ pub(crate) struct Metrics {
     headroom: Family<InterfaceNetnsLabels, Gauge>,
     path_mtu: Family<EndpointLabel, Gauge>,
     conntrack_drops: Family<ReasonLabel, Counter>,
+    programs: Family<ProgramLabels, Gauge>,
+    runtime_up: Family<SocketLabel, Gauge>,
+    service_rules_failures: Counter,
+    scope_failures: Counter,
+    mtu_failures: Counter,
+    findings_evicted: Counter,
+    /// The store's eviction total at the last [`Metrics::set_findings_evicted`].
+    last_evicted: u64,
     last: KernelTotals,
 }
 
@@ -221,6 +254,43 @@ impl Metrics {
             "SYNs and SYN-ACKs of failed connects dropped on this node because of conntrack: its table full (table_full), or found INVALID and dropped by a rule (invalid)",
             conntrack_drops.clone(),
         );
+        let programs = Family::<ProgramLabels, Gauge>::default();
+        registry.register(
+            "node_diag_program_attached",
+            "1 while the eBPF program is attached, 0 when it failed to load or attach (its feature degraded) or its attachment disappeared; the TC classifier by interface, while the ICMP watch holds it attached",
+            programs.clone(),
+        );
+        let runtime_up = Family::<SocketLabel, Gauge>::default();
+        registry.register(
+            "node_diag_container_runtime_up",
+            "1 when the last read of the container runtime's pods over its CRI socket worked, 0 when it failed (findings then name no pods); no series where no runtime socket was configured or ever found",
+            runtime_up.clone(),
+        );
+        let service_rules_failures = Counter::default();
+        registry.register(
+            "node_diag_service_rules_read_failures",
+            "Reads of kube-proxy's rules (for Service names) that failed; the last Service catalog read is kept",
+            service_rules_failures.clone(),
+        );
+        let scope_failures = Counter::default();
+        registry.register(
+            "node_diag_scope_refresh_failures",
+            "Refreshes of the set of network namespaces reported for (this node's and its pods') that failed; the previous scope is kept",
+            scope_failures.clone(),
+        );
+        let mtu_failures = Counter::default();
+        registry.register(
+            "node_diag_mtu_refresh_failures",
+            "Rebuilds of the MTU model (interfaces of the node and its pods) that failed; the MTU gauges and findings stay as last built",
+            mtu_failures.clone(),
+        );
+        let findings_evicted = Counter::default();
+        registry.register(
+            "node_diag_findings_evicted",
+            "Findings pushed out of the full findings store (or not kept in it) to make room; still printed and counted, no longer on /findings",
+            findings_evicted.clone(),
+        );
+        registry.register_collector(Box::new(super::process::ProcessCollector));
         registry.register(
             "node_diag_build",
             "node-diag build information",
@@ -266,8 +336,60 @@ impl Metrics {
             headroom,
             path_mtu,
             conntrack_drops,
+            programs,
+            runtime_up,
+            service_rules_failures,
+            scope_failures,
+            mtu_failures,
+            findings_evicted,
+            last_evicted: 0,
             last: KernelTotals::default(),
         }
+    }
+
+    /// Replaces the program attachment gauges: `(program, interface, attached)`.
+    pub(crate) fn set_programs(&self, programs: &[(&str, Option<&str>, bool)]) {
+        self.programs.clear();
+        for &(program, interface, attached) in programs {
+            self.programs
+                .get_or_create(&ProgramLabels {
+                    program: program.to_string(),
+                    interface: interface.map(str::to_string),
+                })
+                .set(i64::from(attached));
+        }
+    }
+
+    /// The container runtime's state: `(socket, up)`, none without a runtime.
+    pub(crate) fn set_runtime(&self, runtime: Option<(&str, bool)>) {
+        self.runtime_up.clear();
+        if let Some((socket, up)) = runtime {
+            self.runtime_up
+                .get_or_create(&SocketLabel {
+                    socket: socket.to_string(),
+                })
+                .set(i64::from(up));
+        }
+    }
+
+    /// The failure counter of kube-proxy rule reads, for the thread that reads them.
+    pub(crate) fn service_rules_failures(&self) -> Counter {
+        self.service_rules_failures.clone()
+    }
+
+    pub(crate) fn scope_refresh_failed(&self) {
+        self.scope_failures.inc();
+    }
+
+    pub(crate) fn mtu_refresh_failed(&self) {
+        self.mtu_failures.inc();
+    }
+
+    /// Advances the eviction counter to the store's `total` evictions.
+    pub(crate) fn set_findings_evicted(&mut self, total: u64) {
+        self.findings_evicted
+            .inc_by(total.saturating_sub(self.last_evicted));
+        self.last_evicted = self.last_evicted.max(total);
     }
 
     pub(crate) fn finding(&self, f: &Finding) {
@@ -426,7 +548,8 @@ pub(crate) struct ListenerLabel {
 pub(crate) struct HttpMetrics {
     pub(crate) rejected: Family<ListenerLabel, Counter>,
     pub(crate) open: Family<ListenerLabel, Gauge>,
-    pub(crate) web_config_ok: Gauge,
+    /// By listener: 1 while its web config's last read succeeded (or it has none).
+    pub(crate) web_config_ok: Family<ListenerLabel, Gauge>,
 }
 
 impl Metrics {
@@ -435,7 +558,7 @@ impl Metrics {
         let rejected = Family::<ListenerLabel, Counter>::default();
         self.registry.register(
             "node_diag_http_connections_rejected",
-            "Connections closed as soon as accepted because the listener had --http-max-connections open, by listener (scrape, findings)",
+            "Connections closed as soon as accepted because the listener was at its cap (--http-max-connections, within the open-files budget), by listener (scrape, findings)",
             rejected.clone(),
         );
         let open = Family::<ListenerLabel, Gauge>::default();
@@ -444,19 +567,19 @@ impl Metrics {
             "Connections open on each HTTP listener (scrape, findings)",
             open.clone(),
         );
-        let web_config_ok = Gauge::default();
+        let web_config_ok = Family::<ListenerLabel, Gauge>::default();
         self.registry.register(
             "node_diag_web_config_last_reload_successful",
-            "1 when the last read of --web-config-file succeeded (or none is used), 0 when a changed file was refused and the previous config stays in force",
+            "By listener: 1 when the last read of its web config (--web-config-file for scrape, --findings-web-config-file for findings) succeeded or it has none, 0 when a changed file was refused and the previous config stays in force",
             web_config_ok.clone(),
         );
-        web_config_ok.set(1);
         for listener in listeners {
             let label = ListenerLabel {
                 listener: (*listener).to_owned(),
             };
             let _ = rejected.get_or_create(&label);
             let _ = open.get_or_create(&label);
+            web_config_ok.get_or_create(&label).set(1);
         }
         HttpMetrics {
             rejected,
@@ -540,5 +663,47 @@ mod tests {
         m.set_path_mtus(&[path("fd00:79::2", 1280)]);
         assert!(!m.encode().unwrap().contains("192.168.79.2"));
         assert!(text.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn self_health_series() {
+        let mut m = Metrics::new();
+        m.set_programs(&[
+            ("nd_set_state", None, true),
+            ("nd_icmp_send", None, false),
+            ("nd_tc_ingress", None, true),
+            ("nd_tc_ingress", Some("eth0"), true),
+            ("nd_tc_ingress", Some("vx0"), false),
+        ]);
+        m.set_runtime(Some(("/run/containerd/containerd.sock", true)));
+        m.scope_refresh_failed();
+        m.service_rules_failures().inc();
+        m.set_findings_evicted(3);
+        m.set_findings_evicted(5);
+        let text = m.encode().unwrap();
+        for line in [
+            "node_diag_program_attached{program=\"nd_set_state\"} 1",
+            "node_diag_program_attached{program=\"nd_icmp_send\"} 0",
+            "node_diag_program_attached{program=\"nd_tc_ingress\",interface=\"eth0\"} 1",
+            "node_diag_program_attached{program=\"nd_tc_ingress\",interface=\"vx0\"} 0",
+            "node_diag_container_runtime_up{socket=\"/run/containerd/containerd.sock\"} 1",
+            "node_diag_scope_refresh_failures_total 1",
+            "node_diag_service_rules_read_failures_total 1",
+            "node_diag_mtu_refresh_failures_total 0",
+            "node_diag_findings_evicted_total 5",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line} in {text}");
+        }
+        assert!(text.contains("# TYPE process_open_fds gauge"), "{text}");
+        // The classifier's attachments come and go with the ICMP watch: replaced whole.
+        m.set_programs(&[("nd_set_state", None, true)]);
+        assert!(!m.encode().unwrap().contains("vx0"));
+        // Without a runtime, no series: the agent names no pods by design.
+        m.set_runtime(None);
+        assert!(
+            !m.encode()
+                .unwrap()
+                .contains("node_diag_container_runtime_up{")
+        );
     }
 }

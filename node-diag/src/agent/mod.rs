@@ -8,7 +8,10 @@
 //! event, the counters' tick, a link notification, the scope refresh, the MTU refresh.
 //!
 //! - [`state`]: what the loop shares with the HTTP handlers ([`http`]), which [`serve`]
-//!   serves on the scrape and findings listeners, with bounds, TLS and basic auth.
+//!   serves on the scrape and findings listeners, with bounds, TLS and basic auth;
+//!   [`findings_api`]: `/findings`, filtered and encoded from a snapshot of the store.
+//! - [`fds`]: the open-files limit raised at start, and the share HTTP may take;
+//!   [`failing`]: work retried every tick warns once while it fails.
 //! - [`metrics`]: the Prometheus registry, fed kernel totals and findings.
 //! - [`blackholes`]: which reported PMTUD black holes are still open, by their sockets.
 //! - [`conntrack_watch`]: each namespace's conntrack counters, the evidence of
@@ -17,6 +20,8 @@
 //! - [`translate`]: the Service and NAT behind a verdict's destination (kube-proxy's
 //!   rules on their own thread, conntrack off the loop).
 //! - [`verdicts`]: exact counts for the verdicts the kernel aggregates.
+//! - [`inbound`]: exact counts for the inbound SYN drops the kernel aggregates (a
+//!   client elsewhere's SYNs to a pod of this node, dropped here by a filter).
 //! - [`icmp_watch`]: when the TC classifier is attached (always, or while trouble
 //!   shows), and whether an event's evidence window was watched.
 //! - [`rule_watch`]: the netfilter rule behind a firewall or service verdict, named
@@ -25,6 +30,8 @@
 //!   without evidence on this node asks for, and their verdicts; [`path_findings`]:
 //!   those verdicts recorded.
 //! - [`tc_follow`]: the classifier attached to the node's interfaces as they change.
+//! - [`health`]: the agent's own health as metrics (programs attached, the container
+//!   runtime, failed refreshes, evictions); [`process`]: its process metrics.
 //!
 //! One kernel event travels: ring buffer (`kernel::ring`, its kind decoded there) →
 //! [`Agent::on_event`] → `correlate` → metrics + findings store (served on `/findings`)
@@ -35,12 +42,18 @@
 mod blackholes;
 mod conntrack_watch;
 mod drop_sites;
+mod failing;
+mod fds;
+mod findings_api;
+mod health;
 mod http;
 pub(crate) mod icmp_watch;
+mod inbound;
 pub(crate) mod metrics;
 mod mtu_refresh;
 mod path_findings;
 mod path_probe;
+mod process;
 mod rule_watch;
 mod serve;
 mod state;
@@ -51,7 +64,7 @@ mod verdicts;
 use std::{
     net::SocketAddr,
     ops::RangeInclusive,
-    path::PathBuf,
+    path::{Path, PathBuf},
     sync::{
         Arc,
         atomic::{AtomicU64, Ordering},
@@ -70,8 +83,9 @@ use tracing::{info, warn};
 use self::{
     blackholes::BlackholeWatch,
     conntrack_watch::ConntrackWatch,
+    failing::Failing,
     icmp_watch::IcmpWatch,
-    metrics::{KernelTotals, Metrics},
+    metrics::{HttpMetrics, KernelTotals, ListenerLabel, Metrics},
     mtu_refresh::refresh_mtu,
     state::Shared,
     translate::Translator,
@@ -80,7 +94,8 @@ use crate::{
     findings::{
         Finding, Kind, Layer, Status, Store,
         correlate::{
-            Context, ShrunkBy, Withdrawal, addr, correlate, path::reprobed, superseded, withdrawn,
+            Context, ShrunkBy, Withdrawal, addr, correlate, inbound as inbound_verdict,
+            path::reprobed, superseded, withdrawn,
         },
         names::Names,
     },
@@ -135,11 +150,16 @@ pub(crate) struct RunOptions {
     /// findings listener.
     #[arg(long, default_value = "127.0.0.1:9465", value_name = "ADDR|none", value_parser = parse_findings_listen)]
     findings_listen: FindingsListen,
-    /// Web config in Prometheus exporter-toolkit's format (tls_server_config,
-    /// basic_auth_users, http_server_config.headers), applied to both listeners and
-    /// re-read when it or the files it names change.
+    /// Web config of the scrape listener in Prometheus exporter-toolkit's format
+    /// (tls_server_config, basic_auth_users, http_server_config.headers), re-read when it
+    /// or the files it names change.
     #[arg(long, value_name = "PATH")]
     web_config_file: Option<PathBuf>,
+    /// Web config of the findings listener, same format; without it that listener
+    /// speaks plain HTTP (loopback by default, where the probes and `node-diag findings`
+    /// reach it).
+    #[arg(long, value_name = "PATH")]
+    findings_web_config_file: Option<PathBuf>,
     /// Time a client has to send a request head (from its connection, or from the
     /// previous answer on a kept-alive connection) and to finish a TLS handshake.
     #[arg(long, default_value = "10s", value_parser = parse_timeout, value_name = "DURATION")]
@@ -202,6 +222,53 @@ pub(crate) struct RunOptions {
     /// production; tests shorten it to see a healed path resolve within their time.
     #[arg(long, hide = true, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600), value_name = "SECONDS")]
     path_probe_window: u64,
+    /// This node's name, carried by every finding (`node`). The DaemonSet sets NODE_NAME
+    /// from the downward API (`spec.nodeName`); without either, the hostname.
+    #[arg(long, env = "NODE_NAME", value_name = "NAME")]
+    node_name: Option<String>,
+}
+
+/// `--node-name` when given (and not blank), else the hostname.
+fn node_name(given: Option<&str>) -> String {
+    given.map(str::trim).filter(|n| !n.is_empty()).map_or_else(
+        || {
+            rustix::system::uname()
+                .nodename()
+                .to_string_lossy()
+                .into_owned()
+        },
+        str::to_owned,
+    )
+}
+
+/// The listeners' web configs as read at start.
+struct WebConfigs {
+    scrape: Option<(PathBuf, serve::web_config::Loaded)>,
+    findings: Option<(PathBuf, serve::web_config::Loaded)>,
+}
+
+/// Reads a web config given on the command line; its warnings logged.
+fn load_web_config(
+    path: Option<&Path>,
+) -> Result<Option<(PathBuf, serve::web_config::Loaded)>, AgentError> {
+    let Some(path) = path else {
+        return Ok(None);
+    };
+    let loaded = serve::web_config::load(path)?;
+    for w in &loaded.warnings {
+        warn!(file = %path.display(), "web config: {w}");
+    }
+    Ok(Some((path.to_owned(), loaded)))
+}
+
+/// Each listener's connection cap: `--http-max-connections`, but no more than its
+/// share of the files HTTP may hold ([`fds::connection_budget`]), so that connections
+/// on every listener together never take the files the agent's own work needs.
+fn connection_cap(flag: u32, budget: u64, listeners: usize) -> usize {
+    let share = budget / (listeners.max(1) as u64);
+    usize::try_from(share.min(u64::from(flag)))
+        .unwrap_or(usize::MAX)
+        .max(1)
 }
 
 /// `--findings-listen`: an address, or none.
@@ -237,6 +304,16 @@ pub(crate) async fn run(opts: RunOptions) -> Result<(), AgentError> {
     if !missing.is_empty() {
         return Err(AgentError::Privileges(missing.join(", ")));
     }
+    // Before anything opens files: a runtime's default soft limit (1,024) is a port
+    // scan's worth of idle connections.
+    let limits = fds::raise_limit();
+    info!(
+        soft = limits.soft,
+        hard = limits.hard,
+        http_connection_budget = fds::connection_budget(),
+        reserve = fds::RESERVE,
+        "open-files limit"
+    );
     let (mut agent, mut events) = Agent::start(opts).await?;
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
@@ -303,6 +380,7 @@ struct Agent {
     names: Names,
     ephemeral_ports: RangeInclusive<u16>,
     verdicts: verdicts::VerdictTracker,
+    inbound: inbound::InboundTracker,
     blackholes: BlackholeWatch,
     stalls: blackholes::StallRecheck,
     path_probes: path_probe::PathProbes,
@@ -321,15 +399,9 @@ impl Agent {
         opts: RunOptions,
     ) -> Result<(Self, mpsc::UnboundedReceiver<(EventKind, Event)>), AgentError> {
         // Before anything is loaded: a bad web config is the operator's to fix first.
-        let web = match &opts.web_config_file {
-            Some(path) => {
-                let loaded = serve::web_config::load(path)?;
-                for w in &loaded.warnings {
-                    warn!(file = %path.display(), "web config: {w}");
-                }
-                Some((path.clone(), loaded))
-            }
-            None => None,
+        let web = WebConfigs {
+            scrape: load_web_config(opts.web_config_file.as_deref())?,
+            findings: load_web_config(opts.findings_web_config_file.as_deref())?,
         };
         // The programs' maps are empty before this: evidence begins here.
         let loaded_ns = monotonic_ns();
@@ -388,9 +460,11 @@ impl Agent {
         );
         let shared = Arc::new(Shared::new(
             Metrics::new(),
-            Store::new(Duration::from_secs(opts.repeat_interval), MAX_FINDINGS),
+            Store::new(Duration::from_secs(opts.repeat_interval), MAX_FINDINGS)
+                .on_node(node_name(opts.node_name.as_deref())),
         ));
         let names = Names::for_this_node(loaded.drop_reasons.clone());
+        let service_failures = shared.metrics().service_rules_failures();
         let mut agent = Self {
             loaded,
             maps,
@@ -399,11 +473,12 @@ impl Agent {
             watch,
             shared,
             pods: crate::pods::watch(opts.cri_socket.clone()).await,
-            translator: Translator::start(),
+            translator: Translator::start(service_failures),
             drop_sites: drop_sites::DropSites::default(),
             names,
             ephemeral_ports: crate::host_network::local_port_range(),
             verdicts: verdicts::VerdictTracker::default(),
+            inbound: inbound::InboundTracker::default(),
             blackholes: BlackholeWatch::default(),
             stalls: blackholes::StallRecheck::default(),
             path_probes: path_probe::PathProbes::new(path_probe::Limits {
@@ -417,6 +492,7 @@ impl Agent {
         };
         let node = agent.refresh_namespaces();
         agent.start_tc(node.as_ref(), loaded_ns);
+        agent.check_health();
         // Stale from here on: the loop takes a fresh look every refresh.
         drop(node);
 
@@ -463,9 +539,15 @@ impl Agent {
         &mut self,
         scrape: tokio::net::TcpListener,
         findings: Option<tokio::net::TcpListener>,
-        web: Option<(PathBuf, serve::web_config::Loaded)>,
+        web: WebConfigs,
     ) {
-        let shared = &self.shared;
+        let shared = self.shared.clone();
+        let names: &[&str] = if findings.is_some() {
+            &["scrape", "findings"]
+        } else {
+            &["scrape"]
+        };
+        let metrics = shared.metrics().register_http(names);
         let mut listeners = vec![serve::Listener {
             name: "scrape",
             tcp: scrape,
@@ -473,40 +555,74 @@ impl Agent {
                 plain: http::scrape_router(shared.clone(), false),
                 with_findings: http::scrape_router(shared.clone(), true),
             },
+            web: self.web_config("scrape", web.scrape, &metrics),
         }];
         if let Some(tcp) = findings {
             listeners.push(serve::Listener {
                 name: "findings",
                 tcp,
                 routes: serve::Routes::Findings(http::findings_router(shared.clone())),
+                web: self.web_config("findings", web.findings, &metrics),
             });
         }
-        let names: Vec<&str> = listeners.iter().map(|l| l.name).collect();
-        let metrics = shared.metrics().register_http(&names);
+        let max_connections = connection_cap(
+            self.opts.http_max_connections,
+            fds::connection_budget(),
+            listeners.len(),
+        );
+        if max_connections < self.opts.http_max_connections as usize {
+            warn!(
+                flag = self.opts.http_max_connections,
+                budget = fds::connection_budget(),
+                listeners = listeners.len(),
+                cap = max_connections,
+                "HTTP connection cap lowered to the listeners' share of the open-files budget"
+            );
+        } else {
+            info!(
+                cap = max_connections,
+                budget = fds::connection_budget(),
+                "HTTP connection cap per listener"
+            );
+        }
         let limits = serve::Limits {
             header_timeout: self.opts.http_header_timeout,
             idle_timeout: self.opts.http_idle_timeout,
-            max_connections: self.opts.http_max_connections as usize,
+            max_connections,
         };
-        let (tx, rx) = tokio::sync::watch::channel(Arc::new(serve::web_config::Active::default()));
-        if let Some((path, loaded)) = web {
-            let watch = serve::web_config::Watch::new(&path, &loaded);
-            tx.send_replace(Arc::new(loaded.active));
-            self.tasks.push(serve::spawn_reload(
-                path,
-                watch,
-                tx,
-                metrics.web_config_ok.clone(),
-            ));
-        }
-        self.tasks
-            .push(serve::spawn(listeners, limits, rx, metrics));
+        self.tasks.push(serve::spawn(listeners, limits, metrics));
+    }
+
+    /// One listener's web config, kept in step with its files when it has one.
+    fn web_config(
+        &mut self,
+        listener: &'static str,
+        loaded: Option<(PathBuf, serve::web_config::Loaded)>,
+        metrics: &HttpMetrics,
+    ) -> serve::WebConfig {
+        let Some((path, loaded)) = loaded else {
+            return tokio::sync::watch::channel(Arc::new(serve::web_config::Active::default())).1;
+        };
+        let watch = serve::web_config::Watch::new(&path, &loaded);
+        let (tx, rx) = tokio::sync::watch::channel(Arc::new(loaded.active));
+        let ok = metrics
+            .web_config_ok
+            .get_or_create(&ListenerLabel {
+                listener: listener.to_owned(),
+            })
+            .clone();
+        self.tasks.push(serve::spawn_reload(path, watch, tx, ok));
+        rx
     }
 
     /// A kernel verdict: judged, its pods named, counted and recorded; a late success
     /// resolves the timeout it had been reported as, and a refusal or unreachable ending
     /// that attempt supersedes it.
     async fn on_event(&mut self, kind: EventKind, ev: Event) {
+        if kind == EventKind::InboundSynDropped {
+            self.on_inbound(&ev);
+            return;
+        }
         if kind == EventKind::MssShrunk {
             let by = blackholes::shrunk_by(&ev).await;
             if by != ShrunkBy::MtuProbing {
@@ -593,6 +709,103 @@ impl Agent {
         }
     }
 
+    /// The first drop of an inbound key (a client elsewhere's SYN to a pod of this node,
+    /// dropped here): its finding, unless a map read made it first; either way the
+    /// rule behind it is followed from this SYN.
+    fn on_inbound(&mut self, ev: &Event) {
+        let (key, agg) = inbound_verdict::entry_of(ev);
+        let reason = self.names.drop_reason(ev.drop.reason);
+        if self.inbound.seen(&key, agg.first_ns) {
+            if let Some(template) = self.inbound.template(&key).cloned() {
+                self.rules.verdict(&template, ev, &reason);
+            }
+            return;
+        }
+        // Read now: the counters around the first drop tell a full table from a rule.
+        let window = self.conntrack.window(ev, &self.names);
+        let finding = self.inbound_finding(&key, &agg, ev, window.as_ref());
+        if let Some(cause) = finding.evidence.conntrack_cause() {
+            self.shared
+                .metrics()
+                .conntrack_drops(cause.as_str(), u32::try_from(agg.count).unwrap_or(u32::MAX));
+        }
+        self.rules.verdict(&finding, ev, &reason);
+        self.inbound.start(key, &agg, &finding);
+        self.record(finding);
+    }
+
+    /// The finding of an inbound entry, its pods, Service and program named.
+    fn inbound_finding(
+        &mut self,
+        key: &node_diag_common::InboundKey,
+        agg: &node_diag_common::InboundAgg,
+        ev: &Event,
+        window: Option<&crate::findings::conntrack::Window>,
+    ) -> Finding {
+        let mut f =
+            inbound_verdict::finding(key, agg, agg.count, &self.names, SystemTime::now(), window);
+        let (client, pod) = (inbound_verdict::client(key), inbound_verdict::pod_addr(key));
+        let pods = self.pods.current();
+        // The local side is the pod the SYN was going to. A client pod of this node is
+        // rare here (its own SYN from its veth is left to its connect's verdict): one
+        // whose SYN came back in from elsewhere, routed through another node unSNATed.
+        f.pod = pods
+            .by_netns
+            .get(&key.netns)
+            .or_else(|| pods.by_ip.get(&pod))
+            .cloned();
+        f.peer_pod = pods.by_ip.get(&client).cloned();
+        f.service = self.translator.service_of_backend(pod, key.dport);
+        let reason = self.names.drop_reason(key.reason);
+        if let Some(program) = self.rules.program(ev, &reason) {
+            f.evidence.set_program(program);
+        }
+        f
+    }
+
+    /// Every tick: what the inbound entries counted since the last read, the entries no
+    /// event announced, and the idle ones deleted with their last counts.
+    fn read_inbound(&mut self, stamp: &str) {
+        let (entries, now_ns) = self.maps.inbound_counts();
+        let read = self.inbound.read(&entries, now_ns, stamp);
+        for (key, agg, finding) in read.grown {
+            // A later drop (a retransmit, or the client's next attempt from another
+            // port): the rule read it may call for compares against the baseline.
+            let mut ev = inbound_verdict::event_of(&key, &agg);
+            ev.drop.last_ns = agg.last_ns;
+            let reason = self.names.drop_reason(key.reason);
+            self.rules.verdict(&finding, &ev, &reason);
+            if let Some(cause) = finding.evidence.conntrack_cause() {
+                self.shared.metrics().conntrack_drops(
+                    cause.as_str(),
+                    u32::try_from(finding.count).unwrap_or(u32::MAX),
+                );
+            }
+            self.record(finding);
+        }
+        for (key, agg) in read.new {
+            let ev = inbound_verdict::event_of(&key, &agg);
+            let window = self.conntrack.window(&ev, &self.names);
+            let finding = self.inbound_finding(&key, &agg, &ev, window.as_ref());
+            if let Some(cause) = finding.evidence.conntrack_cause() {
+                self.shared.metrics().conntrack_drops(
+                    cause.as_str(),
+                    u32::try_from(finding.count).unwrap_or(u32::MAX),
+                );
+            }
+            let reason = self.names.drop_reason(key.reason);
+            self.rules.verdict(&finding, &ev, &reason);
+            self.inbound.start(key, &agg, &finding);
+            self.record(finding);
+        }
+        for key in read.idle {
+            let last = self.maps.take_inbound(&key);
+            if let Some(finding) = self.inbound.taken(&key, last, stamp) {
+                self.record(finding);
+            }
+        }
+    }
+
     /// Ends the findings `w` covers with `status` and prints them again.
     fn withdraw(&self, w: Withdrawal, status: Status) {
         let ended = self
@@ -621,6 +834,7 @@ impl Agent {
                 self.record(finding);
             }
         }
+        self.read_inbound(&stamp);
         let counts = self.maps.counts();
         let now = Instant::now();
         if self.watch.counters(&counts, now) {
@@ -668,6 +882,9 @@ impl Agent {
             self.shared
                 .store()
                 .update(|f| key.covers(f), |f| f.evidence.set_rule(&rule));
+            // Later counts of an inbound drop are added from its template: it keeps the rule.
+            self.inbound
+                .update(|f| key.covers(f), |f| f.evidence.set_rule(&rule));
         }
     }
 
@@ -684,6 +901,7 @@ impl Agent {
     fn on_refresh(&mut self) {
         let node = self.refresh_namespaces();
         self.follow_kept(node.as_ref());
+        self.check_health();
     }
 
     /// Judges again the full-size stalls reported without MTU evidence, now that their
@@ -745,9 +963,16 @@ impl Agent {
     fn refresh_namespaces(&mut self) -> Option<LocalNode> {
         if self.opts.all_netns {
             self.conntrack.refresh(None);
+            // No scope to keep, but the pods' veths still tell inbound drops apart.
+            if let Ok(node) = crate::host_network::local_node() {
+                self.maps.set_pod_links(node.own, &node.pod_links);
+            }
             return None;
         }
-        let node = refresh_scope(&mut self.maps)?;
+        let Some(node) = refresh_scope(&mut self.maps) else {
+            self.shared.metrics().scope_refresh_failed();
+            return None;
+        };
         self.conntrack.refresh(Some(&node.scope));
         Some(node)
     }
@@ -792,14 +1017,41 @@ fn flow_matches(f: &Finding, key: &FlowKey) -> bool {
 /// returns the look at the node it came from; on a netlink failure the previous scope
 /// stays (`None`).
 fn refresh_scope(maps: &mut KernelMaps) -> Option<LocalNode> {
-    match crate::host_network::local_node() {
-        Ok(node) => {
-            maps.set_scope(&node.scope);
-            Some(node)
-        }
-        Err(e) => {
-            warn!(error = %e, "cannot list this node's network namespaces; keeping the previous scope");
-            None
-        }
+    let node = LIST_NAMESPACES.check(crate::host_network::local_node())?;
+    maps.set_scope(&node.scope);
+    maps.set_pod_links(node.own, &node.pod_links);
+    Some(node)
+}
+
+static LIST_NAMESPACES: Failing = Failing::new(
+    "list this node's network namespaces",
+    "the previous scope stays",
+);
+
+#[cfg(test)]
+mod tests {
+    use super::{connection_cap, node_name};
+
+    #[test]
+    fn the_connection_cap_stays_within_the_open_files_budget() {
+        // A raised limit: the flag decides.
+        assert_eq!(connection_cap(256, (1 << 20) - 256, 2), 256);
+        // A hard limit of 1,024 (budget 768): each of two listeners gets its half.
+        assert_eq!(connection_cap(1000, 768, 2), 384);
+        assert_eq!(connection_cap(1000, 768, 1), 768);
+        assert_eq!(connection_cap(256, 768, 2), 256);
+        assert_eq!(connection_cap(256, 16, 2), 8);
+        assert_eq!(connection_cap(256, 0, 2), 1, "never none at all");
+    }
+
+    #[test]
+    fn the_node_name_is_the_flag_else_the_hostname() {
+        assert_eq!(node_name(Some(" worker-1 ")), "worker-1");
+        let host = rustix::system::uname()
+            .nodename()
+            .to_string_lossy()
+            .into_owned();
+        assert_eq!(node_name(None), host);
+        assert_eq!(node_name(Some("  ")), host, "blank is not a name");
     }
 }

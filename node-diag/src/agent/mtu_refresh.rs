@@ -12,7 +12,12 @@ use std::{
 
 use tracing::warn;
 
-use super::state::Shared;
+use super::{failing::Failing, state::Shared};
+
+static READ_INTERFACES: Failing = Failing::new(
+    "read this node's interfaces for the MTU model",
+    "the MTU model stays as it was",
+);
 use crate::{
     findings::{Kind, Status},
     output::{OutputFormat, print_finding},
@@ -30,13 +35,18 @@ pub(crate) async fn refresh_mtu(
     format: OutputFormat,
 ) {
     let snapshot = match tokio::task::spawn_blocking(crate::host_network::snapshot).await {
-        Ok(Ok(s)) => s,
+        Ok(Ok(s)) => {
+            READ_INTERFACES.worked();
+            s
+        }
         Ok(Err(e)) => {
-            warn!(error = %e, "cannot read this node's interfaces; MTU model unchanged");
+            READ_INTERFACES.failed(&e);
+            shared.metrics().mtu_refresh_failed();
             return;
         }
         Err(e) => {
             warn!(error = %e, "MTU snapshot task failed");
+            shared.metrics().mtu_refresh_failed();
             return;
         }
     };

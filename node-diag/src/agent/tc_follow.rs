@@ -9,6 +9,7 @@ use tracing::{info, warn};
 
 use super::{
     Agent,
+    failing::Failing,
     icmp_watch::{self, IcmpWatch},
 };
 use crate::{
@@ -113,15 +114,21 @@ fn follow_interfaces(
 fn sync_tc(tc: &mut TcIngress, ebpf: &mut aya::Ebpf) {
     match crate::host_network::links() {
         Ok(links) => {
+            LIST_INTERFACES.worked();
             let pods = crate::host_network::pod_veths(&links).unwrap_or_else(|e| {
                 warn!(error = %e, "cannot tell the pods' veths; TC ingress on them too");
                 Default::default()
             });
             tc.sync(ebpf, &links, &pods);
         }
-        Err(e) => warn!(error = %e, "cannot list interfaces; TC attachments unchanged"),
+        Err(e) => LIST_INTERFACES.failed(&e),
     }
 }
+
+static LIST_INTERFACES: Failing = Failing::new(
+    "list this node's interfaces for TC ingress",
+    "TC attachments stay as they are",
+);
 
 /// [`sync_tc`] from a look at the node just taken for the scope, rather than a second
 /// scan of every namespace; `None` (none was taken, or it failed): its own look.

@@ -11,6 +11,7 @@ use std::{
 };
 
 use node_diag_common::{Event, ipproto};
+use prometheus_client::metrics::counter::Counter;
 use tracing::{debug, info, warn};
 
 use crate::{
@@ -33,9 +34,10 @@ pub(super) struct Translator {
 impl Translator {
     /// Reads kube-proxy's rules once now (so findings from the start can name Services),
     /// then every [`SERVICES_REFRESH`] on a thread of its own.
-    pub(super) fn start() -> Self {
+    /// `failures` counts the reads that failed.
+    pub(super) fn start(failures: Counter) -> Self {
         Self {
-            services: watch_services(),
+            services: watch_services(failures),
             untranslated: Untranslated::default(),
         }
     }
@@ -105,6 +107,17 @@ impl Translator {
     }
 }
 
+impl Translator {
+    /// The Service `ip:port` (a pod's address and port, as a client elsewhere reached
+    /// it) is an endpoint of, as kube-proxy's rules on this node name it.
+    pub(super) fn service_of_backend(&self, ip: std::net::IpAddr, port: u16) -> Option<String> {
+        let services = self.services.read().unwrap_or_else(PoisonError::into_inner);
+        services
+            .by_backend(ip, ipproto::TCP, port)
+            .map(|s| s.name.clone())
+    }
+}
+
 /// Destinations conntrack recently had no translation for: a storm of failures to one
 /// destination asks conntrack once per [`Untranslated::TTL`], not once per connect.
 #[derive(Default)]
@@ -132,7 +145,7 @@ impl Untranslated {
 
 /// The Service catalog from kube-proxy's rules in the agent's namespace, kept current
 /// by a thread of its own.
-fn watch_services() -> Arc<RwLock<ServiceCatalog>> {
+fn watch_services(failures: Counter) -> Arc<RwLock<ServiceCatalog>> {
     let mut watcher = CatalogWatcher::new();
     match watcher.refresh() {
         Ok(_) => {
@@ -144,7 +157,10 @@ fn watch_services() -> Arc<RwLock<ServiceCatalog>> {
                 .collect();
             info!(services = watcher.catalog().len(), from = ?read, "Service names from kube-proxy's rules");
         }
-        Err(e) => warn!(error = %e, "no Service names: kube-proxy's rules cannot be read"),
+        Err(e) => {
+            failures.inc();
+            warn!(error = %e, "no Service names: kube-proxy's rules cannot be read");
+        }
     }
     let catalog = Arc::new(RwLock::new(watcher.catalog().clone()));
     let shared = Arc::clone(&catalog);
@@ -157,6 +173,8 @@ fn watch_services() -> Arc<RwLock<ServiceCatalog>> {
                 if watcher.refresh().is_ok() {
                     *shared.write().unwrap_or_else(PoisonError::into_inner) =
                         watcher.catalog().clone();
+                } else {
+                    failures.inc();
                 }
             }
         });

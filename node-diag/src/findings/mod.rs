@@ -7,6 +7,8 @@
 //!   module per verdict family.
 //! - [`evidence`] types what each finding rests on; serialised flat into `evidence`.
 //! - [`names`] names what the kernel reports by number: drop reasons and interfaces.
+//! - [`query`] parses `/findings`' query parameters and picks the findings they ask for
+//!   (pure).
 //! - [`store`] aggregates repeats (same kind, layer, flow minus the ephemeral source port,
 //!   and netns) and resolves conditions that went away.
 //!
@@ -19,6 +21,7 @@ pub(crate) mod evidence;
 #[cfg(test)]
 pub(crate) mod fixtures;
 pub(crate) mod names;
+pub(crate) mod query;
 pub(crate) mod store;
 
 use std::{
@@ -43,6 +46,8 @@ pub(crate) enum Kind {
     DfOversizeDrop,
     PmtudBlackhole,
     PmtudDisabled,
+    /// A client elsewhere's SYNs to a pod of this node, dropped or rejected here.
+    TcpSynDropped,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -87,6 +92,11 @@ pub(crate) enum Severity {
 macro_rules! names {
     ($ty:ty { $($variant:ident => $name:literal),+ $(,)? }) => {
         impl $ty {
+            /// Every value, in declaration order (for parsing and for error messages that
+            /// list the valid names). Not every type uses it.
+            #[allow(dead_code)]
+            pub(crate) const ALL: &[Self] = &[$(Self::$variant),+];
+
             /// The contract name, identical to the serde form.
             pub(crate) fn as_str(self) -> &'static str {
                 match self {
@@ -123,6 +133,7 @@ names!(Kind {
     DfOversizeDrop => "df_oversize_drop",
     PmtudBlackhole => "pmtud_blackhole",
     PmtudDisabled => "pmtud_disabled",
+    TcpSynDropped => "tcp_syn_dropped",
 });
 names!(Layer {
     Listener => "listener",
@@ -152,6 +163,13 @@ names!(Severity {
 /// One finding as printed, served on `/findings` and read back by `node-diag findings`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct Finding {
+    /// Stable for the life of its store entry, and across nodes: a hash of the node and
+    /// the store's aggregation key. Clients de-duplicate on it. Empty until stored.
+    #[serde(default)]
+    pub(crate) id: String,
+    /// The node whose agent made it (`--node-name`, else the hostname).
+    #[serde(default)]
+    pub(crate) node: String,
     pub(crate) kind: Kind,
     pub(crate) layer: Layer,
     pub(crate) severity: Severity,
@@ -223,6 +241,8 @@ impl Finding {
     ) -> Self {
         let now = rfc3339(now);
         Self {
+            id: String::new(),
+            node: String::new(),
             kind,
             layer,
             severity,
@@ -283,6 +303,8 @@ mod tests {
         let f = fixtures::refused(7);
         let v = serde_json::to_value(&f).unwrap();
         for k in [
+            "id",
+            "node",
             "kind",
             "layer",
             "severity",
@@ -317,5 +339,15 @@ mod tests {
         }
         let back: Finding = serde_json::from_value(v.clone()).unwrap();
         assert_eq!(serde_json::to_value(&back).unwrap(), v);
+    }
+
+    #[test]
+    fn findings_without_id_or_node_still_read() {
+        let mut v = serde_json::to_value(fixtures::refused(7)).unwrap();
+        let obj = v.as_object_mut().unwrap();
+        obj.remove("id");
+        obj.remove("node");
+        let back: Finding = serde_json::from_value(v).unwrap();
+        assert_eq!((back.id.as_str(), back.node.as_str()), ("", ""));
     }
 }

@@ -2,10 +2,18 @@
 //! `last_seen`) and are printed again at most once per repeat interval; conditions that
 //! are re-evaluated as a whole are resolved when they go away. Bounded: the oldest entry
 //! makes room.
+//!
+//! Readers (`/findings`) take a [`Snapshot`]: the entries as shared, immutable
+//! [`Held`] values, copied on write by the store. Taking one under the store's lock
+//! costs a pointer copy while nothing changed and one pointer per entry after a change;
+//! each entry's JSON is encoded at most once per version, by the first reader that
+//! needs it, outside the store's lock.
 
 use std::{
     collections::{HashMap, VecDeque},
+    hash::{DefaultHasher, Hash, Hasher},
     net::{IpAddr, SocketAddr},
+    sync::{Arc, OnceLock},
     time::{Duration, Instant, SystemTime},
 };
 
@@ -31,6 +39,15 @@ impl Finding {
     }
 }
 
+/// The entry's id: the node and the key, hashed. SipHash with fixed keys: the same
+/// for the life of the entry (and of the agent's build), different across nodes.
+fn entry_id(node: &str, key: &Key) -> String {
+    let mut h = DefaultHasher::new();
+    node.hash(&mut h);
+    key.hash(&mut h);
+    format!("{:016x}", h.finish())
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Key {
     kind: Kind,
@@ -46,10 +63,64 @@ struct Key {
     peer_pod: Option<String>,
 }
 
-struct Entry {
+/// One version of a stored finding, shared between the store and the snapshots
+/// readers hold, with its JSON once a reader asked for it.
+#[derive(Debug)]
+pub(crate) struct Held {
     finding: Finding,
+    json: OnceLock<Box<str>>,
+}
+
+/// A copy starts without JSON: it is about to be changed.
+impl Clone for Held {
+    fn clone(&self) -> Self {
+        Self::new(self.finding.clone())
+    }
+}
+
+impl Held {
+    fn new(finding: Finding) -> Self {
+        Self {
+            finding,
+            json: OnceLock::new(),
+        }
+    }
+
+    pub(crate) fn finding(&self) -> &Finding {
+        &self.finding
+    }
+
+    /// The finding as JSON, encoded on the first call.
+    pub(crate) fn json(&self) -> &str {
+        self.json.get_or_init(|| {
+            // Plain fields and string-keyed maps: encoding cannot fail.
+            serde_json::to_string(&self.finding)
+                .unwrap_or_else(|_| "null".into())
+                .into()
+        })
+    }
+}
+
+/// The store's entries as they were when it was taken, in first-seen order.
+pub(crate) type Snapshot = Arc<[Arc<Held>]>;
+
+struct Entry {
+    held: Arc<Held>,
     printed_at: Instant,
     printed_count: u64,
+}
+
+impl Entry {
+    fn finding(&self) -> &Finding {
+        &self.held.finding
+    }
+
+    /// The finding to change: copied first when a snapshot still holds it.
+    fn finding_mut(&mut self) -> &mut Finding {
+        let held = Arc::make_mut(&mut self.held);
+        held.json.take();
+        &mut held.finding
+    }
 }
 
 /// Aggregated findings, in first-seen order.
@@ -65,6 +136,12 @@ pub(crate) struct Store {
     base: u64,
     repeat_interval: Duration,
     max_entries: usize,
+    /// Findings pushed out, or not kept, because the store was full.
+    evicted: u64,
+    /// Stamped on every finding, and part of its id.
+    node: String,
+    /// The last snapshot taken, until the entries change.
+    snapshot: Option<Snapshot>,
 }
 
 impl Store {
@@ -75,17 +152,42 @@ impl Store {
             base: 0,
             repeat_interval,
             max_entries,
+            evicted: 0,
+            node: String::new(),
+            snapshot: None,
         }
+    }
+
+    /// How many findings were pushed out, or not kept, because the store was full.
+    pub(crate) fn evicted(&self) -> u64 {
+        self.evicted
+    }
+
+    /// The store of node `node`, whose name its findings carry.
+    pub(crate) fn on_node(mut self, node: String) -> Self {
+        self.node = node;
+        self
+    }
+
+    /// The entries now; cheap while nothing changed since the last call.
+    pub(crate) fn snapshot(&mut self) -> Snapshot {
+        if let Some(s) = &self.snapshot {
+            return s.clone();
+        }
+        let s: Snapshot = self.list.iter().map(|e| e.held.clone()).collect();
+        self.snapshot = Some(s.clone());
+        s
     }
 
     /// Records an occurrence. Returns the aggregated finding when it should be printed:
     /// the first time, and then at most once per repeat interval while it keeps recurring.
     pub(crate) fn record(&mut self, mut finding: Finding, now: Instant) -> Option<Finding> {
         let key = finding.key();
+        self.snapshot = None;
         if let Some(&pos) = self.entries.get(&key) {
             let idx = self.index(pos);
             let entry = &mut self.list[idx];
-            let agg = &mut entry.finding;
+            let agg = entry.finding_mut();
             agg.count += finding.count;
             agg.last_seen = finding.last_seen;
             agg.sport = finding.sport.or(agg.sport);
@@ -95,32 +197,37 @@ impl Store {
             let reopened = agg.status != Status::Active;
             agg.status = Status::Active;
             agg.resolved_at = None;
+            let count = agg.count;
             if reopened || now.duration_since(entry.printed_at) >= self.repeat_interval {
                 entry.printed_at = now;
-                entry.printed_count = agg.count;
-                return Some(agg.clone());
+                entry.printed_count = count;
+                return Some(entry.finding().clone());
             }
             return None;
         }
         finding.count = finding.count.max(1);
+        finding.id = entry_id(&self.node, &key);
+        finding.node.clone_from(&self.node);
         if self.list.len() >= self.max_entries {
             // Bounded memory: the oldest event finding makes room. An active condition
             // (an MTU mismatch, a black hole) is never pushed out by a storm of events,
             // or its resolution could never be reported; when only active conditions
             // are left, a new event is printed and counted but not kept, and a new
             // condition replaces the oldest one.
-            let evictable =
-                |e: &Entry| !(e.finding.kind.is_condition() && e.finding.status == Status::Active);
+            let evictable = |e: &Entry| {
+                !(e.finding().kind.is_condition() && e.finding().status == Status::Active)
+            };
             let victim = self
                 .list
                 .iter()
                 .position(evictable)
                 .or_else(|| finding.kind.is_condition().then_some(0));
+            self.evicted += 1;
             let Some(victim) = victim else {
                 return Some(finding);
             };
             if let Some(old) = self.list.remove(victim) {
-                self.entries.remove(&old.finding.key());
+                self.entries.remove(&old.finding().key());
             }
             if victim == 0 {
                 self.base += 1;
@@ -136,7 +243,7 @@ impl Store {
         }
         self.entries.insert(key, self.base + self.list.len() as u64);
         self.list.push_back(Entry {
-            finding: finding.clone(),
+            held: Arc::new(Held::new(finding.clone())),
             printed_at: now,
             printed_count: finding.count,
         });
@@ -157,7 +264,7 @@ impl Store {
     pub(crate) fn is_resolved(&self, finding: &Finding) -> bool {
         self.entries
             .get(&finding.key())
-            .is_some_and(|&pos| self.list[self.index(pos)].finding.status == Status::Resolved)
+            .is_some_and(|&pos| self.list[self.index(pos)].finding().status == Status::Resolved)
     }
 
     /// Makes the active findings of `kinds` equal to `current`, for conditions that are
@@ -175,8 +282,9 @@ impl Store {
         let keys: Vec<Key> = current.iter().map(Finding::key).collect();
         for finding in current {
             match self.entries.get(&finding.key()).map(|&pos| self.index(pos)) {
-                Some(idx) if self.list[idx].finding.status == Status::Active => {
-                    let agg = &mut self.list[idx].finding;
+                Some(idx) if self.list[idx].finding().status == Status::Active => {
+                    self.snapshot = None;
+                    let agg = self.list[idx].finding_mut();
                     agg.last_seen = finding.last_seen;
                     agg.summary = finding.summary;
                     agg.evidence = finding.evidence;
@@ -209,15 +317,20 @@ impl Store {
         now: SystemTime,
     ) -> Vec<Finding> {
         let stamp = rfc3339(now);
-        self.list
+        let out: Vec<Finding> = self
+            .list
             .iter_mut()
-            .filter(|e| e.finding.status == Status::Active && ended(&e.finding))
+            .filter(|e| e.finding().status == Status::Active && ended(e.finding()))
             .map(|e| {
-                e.finding.status = status;
-                e.finding.resolved_at = Some(stamp.clone());
-                e.finding.clone()
+                // Dropped first, so an entry no reader holds is changed in place.
+                self.snapshot = None;
+                let f = e.finding_mut();
+                f.status = status;
+                f.resolved_at = Some(stamp.clone());
+                f.clone()
             })
-            .collect()
+            .collect();
+        out
     }
 
     /// Changes the active findings matching `pick` in place, as evidence that came after
@@ -228,8 +341,9 @@ impl Store {
         change: impl Fn(&mut Finding),
     ) {
         for e in &mut self.list {
-            if e.finding.status == Status::Active && pick(&e.finding) {
-                change(&mut e.finding);
+            if e.finding().status == Status::Active && pick(e.finding()) {
+                self.snapshot = None;
+                change(e.finding_mut());
             }
         }
     }
@@ -238,10 +352,10 @@ impl Store {
     pub(crate) fn unprinted(&mut self) -> Vec<Finding> {
         self.list
             .iter_mut()
-            .filter(|e| e.finding.count > e.printed_count)
+            .filter(|e| e.finding().count > e.printed_count)
             .map(|e| {
-                e.printed_count = e.finding.count;
-                e.finding.clone()
+                e.printed_count = e.finding().count;
+                e.finding().clone()
             })
             .collect()
     }
@@ -250,13 +364,13 @@ impl Store {
     pub(crate) fn active(&self, which: impl Fn(&Finding) -> bool) -> Vec<Finding> {
         self.list
             .iter()
-            .filter(|e| e.finding.status == Status::Active && which(&e.finding))
-            .map(|e| e.finding.clone())
+            .filter(|e| e.finding().status == Status::Active && which(e.finding()))
+            .map(|e| e.finding().clone())
             .collect()
     }
 
     pub(crate) fn all(&self) -> Vec<Finding> {
-        self.list.iter().map(|e| e.finding.clone()).collect()
+        self.list.iter().map(|e| e.finding().clone()).collect()
     }
 }
 
@@ -302,6 +416,76 @@ mod tests {
     }
 
     #[test]
+    fn an_entry_keeps_its_id_and_node_and_ids_differ_by_key_and_node() {
+        let mut store = Store::new(Duration::from_secs(10), 16).on_node("node-a".into());
+        let now = Instant::now();
+        let first = store.record(refused(1), now).unwrap();
+        assert_eq!(first.node, "node-a");
+        assert_eq!(first.id.len(), 16);
+        assert!(first.id.bytes().all(|b| b.is_ascii_hexdigit()));
+        store.record(refused(2), now);
+        store.resolve(|_| true, SystemTime::UNIX_EPOCH);
+        let again = store.record(refused(3), now).unwrap();
+        assert_eq!(
+            (again.count, &again.id),
+            (3, &first.id),
+            "same entry, same id"
+        );
+        let mut other = refused(1);
+        other.dport = Some(81);
+        let other = store.record(other, now).unwrap();
+        assert_ne!(other.id, first.id);
+        let mut elsewhere = Store::new(Duration::from_secs(10), 16).on_node("node-b".into());
+        let there = elsewhere.record(refused(1), now).unwrap();
+        assert_ne!(there.id, first.id, "the same finding on another node");
+        // The id is the store's: what the finding arrived with does not count.
+        let mut stamped = refused(1);
+        stamped.id = "forged".into();
+        stamped.node = "elsewhere".into();
+        let mut fresh = Store::new(Duration::from_secs(10), 16).on_node("node-a".into());
+        let kept = fresh.record(stamped, now).unwrap();
+        assert_eq!(
+            (kept.id.as_str(), kept.node.as_str()),
+            (first.id.as_str(), "node-a")
+        );
+    }
+
+    #[test]
+    fn a_snapshot_is_shared_until_a_change_and_never_changes() {
+        let mut store = Store::new(Duration::from_secs(10), 16);
+        let now = Instant::now();
+        store.record(refused(1), now);
+        let mut other = refused(1);
+        other.dport = Some(81);
+        store.record(other, now);
+        let a = store.snapshot();
+        let b = store.snapshot();
+        assert!(Arc::ptr_eq(&a, &b), "no change, the same snapshot");
+        let json = a[0].json().to_owned();
+        assert!(json.contains("\"count\":1"));
+        store.record(refused(2), now);
+        let c = store.snapshot();
+        assert!(!Arc::ptr_eq(&a, &c));
+        assert_eq!(a[0].finding().count, 1, "the old snapshot is untouched");
+        assert_eq!(a[0].json(), json);
+        assert_eq!(c[0].finding().count, 2);
+        assert!(c[0].json().contains("\"count\":2"));
+        assert!(Arc::ptr_eq(&a[1], &c[1]), "the unchanged entry is shared");
+        // Nothing ended, nothing changed: still the same snapshot.
+        assert!(store.resolve(|_| false, SystemTime::UNIX_EPOCH).is_empty());
+        assert!(Arc::ptr_eq(&c, &store.snapshot()));
+        store.resolve(|_| true, SystemTime::UNIX_EPOCH);
+        let d = store.snapshot();
+        assert!(d.iter().all(|h| h.finding().status == Status::Resolved));
+        assert!(c.iter().all(|h| h.finding().status == Status::Active));
+        store.update(|_| true, |f| f.summary = "changed".into());
+        assert!(
+            Arc::ptr_eq(&d, &store.snapshot()),
+            "update touches active ones only"
+        );
+    }
+
+    #[test]
     fn a_resolved_entry_is_known_as_such() {
         let mut store = Store::new(Duration::from_secs(10), 16);
         let f = refused(1000);
@@ -343,10 +527,12 @@ mod tests {
         }
         let ports: Vec<_> = store.all().iter().map(|f| f.dport.unwrap()).collect();
         assert_eq!(ports, vec![2, 3]);
+        assert_eq!(store.evicted(), 1, "port 1 pushed out");
         let mut f = refused(5);
         f.dport = Some(2);
         store.record(f, now);
         assert_eq!(store.all()[0].count, 2);
+        assert_eq!(store.evicted(), 1, "a repeat evicts nothing");
     }
 
     fn mismatch(iface: &str) -> Finding {
@@ -472,6 +658,7 @@ mod tests {
             .filter_map(|f| f.interface)
             .collect();
         assert_eq!(names, ["a", "b"], "the event is not kept");
+        assert_eq!(store.evicted(), 1, "not kept counts as evicted");
         // A new condition takes the oldest condition's place.
         store.record(mismatch("c"), now);
         let names: Vec<_> = store

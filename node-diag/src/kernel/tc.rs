@@ -95,6 +95,7 @@ impl Via {
 struct Attached {
     name: String,
     link: SchedClassifierLinkId,
+    via: Via,
 }
 
 pub(crate) struct TcIngress {
@@ -211,6 +212,7 @@ impl TcIngress {
                         Attached {
                             name: link.name.clone(),
                             link: id,
+                            via,
                         },
                     );
                 }
@@ -226,6 +228,65 @@ impl TcIngress {
     /// Whether the classifier is attached to some interface.
     pub(crate) fn attached_any(&self) -> bool {
         !self.attached.is_empty()
+    }
+
+    /// Checks that each attachment the agent holds is still in the kernel: TCX's
+    /// program list of the interface (`bpftool link detach` or another tool's
+    /// `BPF_LINK_DETACH` empties the link), or our netlink filter among the interface's
+    /// (`tc filter del`, a deleted `clsact`). One that is gone is moved to the failed
+    /// interfaces, so it reads 0 and is not attached again behind the back of whoever
+    /// removed it (an agent restart attaches it again). Returns the interfaces lost.
+    /// An interface that cannot be asked (gone meanwhile) is left to the next sync.
+    pub(crate) fn verify(&mut self, ebpf: &mut Ebpf) -> Vec<String> {
+        let Ok(prog) = program(ebpf) else {
+            return Vec::new();
+        };
+        let ours = prog.info().map(|i| i.id()).ok();
+        let mut lost = Vec::new();
+        for (&index, attached) in &self.attached {
+            let present = match attached.via {
+                Via::Tcx => SchedClassifier::query_tcx(&attached.name, TcAttachType::Ingress)
+                    .map(|(_, programs)| {
+                        ours.is_none_or(|id| programs.iter().any(|p| p.id() == id))
+                    })
+                    .map_err(|e| e.to_string()),
+                Via::Netlink => clsact_filters(index, ClsactSide::Ingress)
+                    .map(|filters| filters.iter().any(is_ours))
+                    .map_err(|e| e.to_string()),
+            };
+            match present {
+                Ok(true) => {}
+                Ok(false) => lost.push(index),
+                Err(e) => {
+                    debug!(interface = %attached.name, error = %e, "cannot check the TC attachment")
+                }
+            }
+        }
+        let mut names = Vec::new();
+        for index in lost {
+            let Some(gone) = self.attached.remove(&index) else {
+                continue;
+            };
+            // Forgets aya's record of it; the kernel has nothing left to detach.
+            let _ = prog.detach(gone.link);
+            warn!(interface = %gone.name, via = gone.via.as_str(), "TC ingress attachment removed from outside the agent; frag-needed received there is not seen until the agent restarts");
+            self.failed.insert(index, gone.name.clone());
+            names.push(gone.name);
+        }
+        names
+    }
+
+    /// Each interface the classifier is attached to (`true`) or failed to attach to or
+    /// lost (`false`), by name.
+    pub(crate) fn attachments(&self) -> Vec<(&str, bool)> {
+        let mut all: Vec<(&str, bool)> = self
+            .attached
+            .values()
+            .map(|a| (a.name.as_str(), true))
+            .chain(self.failed.values().map(|name| (name.as_str(), false)))
+            .collect();
+        all.sort_unstable();
+        all
     }
 
     /// Deletes the filters of ours a killed agent left on `links` (and the `clsact` it

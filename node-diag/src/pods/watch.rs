@@ -21,11 +21,32 @@ use super::{
 /// next read; its first findings may carry its netns only.
 pub(crate) const REFRESH: Duration = Duration::from_secs(5);
 
-/// The current index, shared with the agent's loop.
+/// The current index, shared with the agent's loop, and the runtime's state.
 #[derive(Clone, Default)]
-pub(crate) struct PodsHandle(Arc<RwLock<Arc<PodIndex>>>);
+pub(crate) struct PodsHandle(Arc<RwLock<Arc<PodIndex>>>, Arc<RwLock<Option<Runtime>>>);
+
+/// The runtime the pods are read from: its socket, and whether its last read worked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Runtime {
+    pub(crate) socket: PathBuf,
+    pub(crate) up: bool,
+}
 
 impl PodsHandle {
+    /// The runtime's state, once a socket is known (configured, or found once at a
+    /// default path); `None` on a host where no runtime was ever found, where the agent
+    /// runs without pod names by design.
+    pub(crate) fn runtime(&self) -> Option<Runtime> {
+        self.1
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn set_runtime(&self, runtime: Option<Runtime>) {
+        *self.1.write().unwrap_or_else(PoisonError::into_inner) = runtime;
+    }
+
     pub(crate) fn current(&self) -> Arc<PodIndex> {
         self.0
             .read()
@@ -45,6 +66,7 @@ pub(crate) async fn watch(configured: Option<PathBuf>) -> PodsHandle {
     let mut poller = Poller {
         configured,
         cri: None,
+        socket: None,
         healthy: None,
     };
     poller.refresh(&handle).await;
@@ -65,6 +87,9 @@ pub(crate) async fn watch(configured: Option<PathBuf>) -> PodsHandle {
 struct Poller {
     configured: Option<PathBuf>,
     cri: Option<Cri>,
+    /// The socket last read from or tried: a runtime that goes away (its socket
+    /// removed) is down, not unknown.
+    socket: Option<PathBuf>,
     /// Whether the last read worked; `None` before the first.
     healthy: Option<bool>,
 }
@@ -92,6 +117,11 @@ impl Poller {
                 debug!(pods = index.len(), "pods refreshed");
                 self.healthy = Some(true);
                 handle.set(index);
+                handle.set_runtime(
+                    self.socket
+                        .clone()
+                        .map(|socket| Runtime { socket, up: true }),
+                );
             }
             Err(e) => {
                 // A broken connection is retried from scratch next time.
@@ -106,6 +136,11 @@ impl Poller {
                     debug!(error = %e, "container runtime still unavailable");
                 }
                 self.healthy = Some(false);
+                handle.set_runtime(
+                    self.socket
+                        .clone()
+                        .map(|socket| Runtime { socket, up: false }),
+                );
             }
         }
     }
@@ -113,6 +148,7 @@ impl Poller {
     async fn read(&mut self) -> Result<PodIndex, ReadError> {
         if self.cri.is_none() {
             let path = socket_path(self.configured.as_deref()).ok_or(ReadError::NoSocket)?;
+            self.socket = Some(path.clone());
             self.cri = Some(Cri::connect(&path).await?);
         }
         let cri = self.cri.as_mut().ok_or(ReadError::NoSocket)?;

@@ -17,7 +17,9 @@
 //!   ([`tcp`]).
 //! - [`path`] is the agent's bounded probe of one flow's path (a packet budget, a pace),
 //!   whose result the path verdicts read.
-//! - [`report`] turns the search into a verdict and the text or JSON `run` returns.
+//! - [`report`] turns the search into a verdict, the text or JSON `run` returns, and
+//!   the exit status ([`Exit`]) a script tests.
+//! - [`progress`] says on stderr what the search is doing while it waits.
 //!
 //! Sizes are IP packet sizes throughout (ICMP payload + 28 for IPv4, + 48 for IPv6), the
 //! unit MTUs are given in. Every wait is bounded by `--timeout-ms`.
@@ -26,6 +28,7 @@ mod egress;
 mod icmp;
 mod packets;
 pub(crate) mod path;
+mod progress;
 mod report;
 mod search;
 mod tcp;
@@ -38,10 +41,12 @@ use std::{
 
 use crate::host_network::NetlinkError;
 
+pub(crate) use self::report::{EXIT_HELP, Exit};
 use self::{
     egress::egress,
     icmp::IcmpProber,
     packets::Family,
+    progress::{Mode, Progress},
     report::{Ceiling, Report},
     search::search,
     tcp::tcp_check,
@@ -104,6 +109,10 @@ pub(crate) struct ProbeOptions {
     /// Largest IP packet size to try (default: the outgoing interface's MTU).
     #[arg(long, value_parser = clap::value_parser!(u32).range(68..=65_535), value_name = "N")]
     pub(crate) max_mtu: Option<u32>,
+    /// Print each probe and its fate on stderr as it goes (on a terminal, one line
+    /// is rewritten in place without it).
+    #[arg(short, long)]
+    pub(crate) verbose: bool,
 }
 
 impl ProbeOptions {
@@ -160,9 +169,22 @@ pub(crate) fn run(opts: &ProbeOptions) -> Result<Report, ProbeError> {
     let ceiling = Ceiling::new(egress.mtu, opts.max_mtu, family);
     tracing::debug!(%dst, interface = %egress.interface, mtu = egress.mtu, ceiling = ceiling.size, "probing");
     let mut prober = IcmpProber::open(dst, opts.timeout())?;
-    let found = search(family.min_mtu(), ceiling.size, |size| prober.probe(size))?;
-    let tcp = opts.port.map(|p| tcp_check(dst, p, opts.timeout()));
-    Ok(Report::new(dst, egress, ceiling, found, tcp))
+    let stderr = io::stderr();
+    let mode = Mode::new(opts.verbose, io::IsTerminal::is_terminal(&stderr));
+    let mut progress = Progress::new(mode, stderr, dst);
+    let found = search(family.min_mtu(), ceiling.size, |size| {
+        let outcome = prober.probe(size);
+        if let Ok(o) = &outcome {
+            progress.probed(size, o);
+        }
+        outcome
+    });
+    let tcp = found.as_ref().ok().and(opts.port).map(|p| {
+        progress.connecting(p);
+        tcp_check(dst, p, opts.timeout())
+    });
+    progress.finish();
+    Ok(Report::new(dst, egress, ceiling, found?, tcp))
 }
 
 #[cfg(test)]

@@ -251,6 +251,53 @@ impl Report {
     }
 }
 
+/// `node-diag probe`'s exit status: 0 only for a working path and, with `--port`, an
+/// open port. A failed TCP check decides it first (it is what `--port` asked), then the
+/// path's verdict. A path narrower than the interface whose routers say so
+/// (`pmtu_below_local`) works: PMTUD finds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Exit {
+    Ok = 0,
+    /// Bad input, or the probe could not run (no route, no raw socket).
+    Error = 1,
+    /// The TCP connect was refused.
+    Refused = 2,
+    /// The TCP connect timed out, or no echo size was answered.
+    NoAnswer = 3,
+    /// A PMTUD black hole: oversized probes vanished without frag-needed.
+    Blackhole = 4,
+    /// An ICMP destination unreachable (or a local routing error) answered.
+    Unreachable = 5,
+    /// The TCP connect failed with another error (its errno is in the report).
+    ConnectFailed = 6,
+}
+
+/// The exit statuses, for `--help` and the README.
+pub(crate) const EXIT_HELP: &str = "Exit status:\n  \
+    0  the path works (whole MTU, or PMTUD works) and, with --port, the port is open\n  \
+    1  bad input, or the probe could not run (no route, no CAP_NET_RAW)\n  \
+    2  the TCP connect was refused\n  \
+    3  no answer: the TCP connect timed out, or no echo was answered at any size\n  \
+    4  PMTUD black hole: oversized probes vanished without ICMP frag-needed\n  \
+    5  unreachable: an ICMP destination unreachable (or no route on the way)\n  \
+    6  the TCP connect failed otherwise (errno in the report)";
+
+impl Report {
+    pub(crate) fn exit(&self) -> Exit {
+        let tcp = self.tcp.as_ref().map(|t| t.result);
+        match (tcp, self.verdict) {
+            (Some(TcpResult::Refused), _) => Exit::Refused,
+            (Some(TcpResult::TimedOut), _) => Exit::NoAnswer,
+            (Some(TcpResult::Unreachable), _) => Exit::Unreachable,
+            (Some(TcpResult::Error), _) => Exit::ConnectFailed,
+            (_, Verdict::Ok | Verdict::PmtuBelowLocal) => Exit::Ok,
+            (_, Verdict::Blackhole) => Exit::Blackhole,
+            (_, Verdict::NoReply) if self.unreachable.is_some() => Exit::Unreachable,
+            (_, Verdict::NoReply) => Exit::NoAnswer,
+        }
+    }
+}
+
 fn verdict_name(v: Verdict) -> &'static str {
     match v {
         Verdict::Ok => "ok",
@@ -327,6 +374,61 @@ mod tests {
         let none = report(search(68, 1500, |_| Ok::<_, ()>(Outcome::Lost)).unwrap());
         assert_eq!(none.verdict, Verdict::NoReply);
         assert_eq!(none.max_icmp_payload, None);
+    }
+
+    #[test]
+    fn exit_codes() {
+        let with_tcp = |s: Search, result: Option<TcpResult>| {
+            let mut r = report(s);
+            r.tcp = result.map(|result| TcpReport {
+                port: 80,
+                result,
+                errno: None,
+            });
+            r.exit()
+        };
+        let ok = || search(68, 1500, path(1500, 1500, false)).unwrap();
+        let pmtud = || search(68, 1500, path(1500, 1450, false)).unwrap();
+        let hole = || search(68, 1500, path(1500, 1450, true)).unwrap();
+        let silent = || search(68, 1500, |_| Ok::<_, ()>(Outcome::Lost)).unwrap();
+        let unreachable = || {
+            search(68, 1500, |_| {
+                Ok::<_, ()>(Outcome::Unreachable {
+                    code: 1,
+                    from: ROUTER,
+                })
+            })
+            .unwrap()
+        };
+        assert_eq!(with_tcp(ok(), None), Exit::Ok);
+        assert_eq!(with_tcp(ok(), Some(TcpResult::Ok)), Exit::Ok);
+        assert_eq!(with_tcp(pmtud(), None), Exit::Ok, "PMTUD works");
+        assert_eq!(with_tcp(hole(), None), Exit::Blackhole);
+        assert_eq!(with_tcp(hole(), Some(TcpResult::Ok)), Exit::Blackhole);
+        assert_eq!(with_tcp(silent(), None), Exit::NoAnswer);
+        assert_eq!(with_tcp(silent(), Some(TcpResult::Ok)), Exit::NoAnswer);
+        assert_eq!(with_tcp(unreachable(), None), Exit::Unreachable);
+        assert_eq!(with_tcp(ok(), Some(TcpResult::Refused)), Exit::Refused);
+        assert_eq!(with_tcp(hole(), Some(TcpResult::Refused)), Exit::Refused);
+        assert_eq!(with_tcp(ok(), Some(TcpResult::TimedOut)), Exit::NoAnswer);
+        assert_eq!(
+            with_tcp(silent(), Some(TcpResult::Unreachable)),
+            Exit::Unreachable
+        );
+        assert_eq!(with_tcp(ok(), Some(TcpResult::Error)), Exit::ConnectFailed);
+        let codes = [
+            Exit::Ok,
+            Exit::Error,
+            Exit::Refused,
+            Exit::NoAnswer,
+            Exit::Blackhole,
+            Exit::Unreachable,
+            Exit::ConnectFailed,
+        ];
+        for (n, e) in codes.into_iter().enumerate() {
+            assert_eq!(e as usize, n);
+            assert!(EXIT_HELP.contains(&format!("\n  {n}  ")), "{n} documented");
+        }
     }
 
     #[test]

@@ -14,6 +14,9 @@ use crate::cmd;
 
 /// Where the agent listens, inside node A's namespace.
 const LISTEN: &str = "127.0.0.1:9464";
+/// Where it serves `/findings` (the same listener today; the one place to change when
+/// `/findings` gets a listener of its own).
+pub(super) const FINDINGS_ADDR: &str = LISTEN;
 /// How much of the agent's stderr goes into an error message.
 const STDERR_KEEP: usize = 16 * 1024;
 

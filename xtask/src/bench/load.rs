@@ -461,6 +461,188 @@ pub fn refused_storm(
     Ok(total_stats)
 }
 
+/// From `netns`, one connect to each of `ports` on `dst` (closed ports: each refused),
+/// by `threads` threads: one `tcp_refused` finding per port. Returns how many were
+/// refused.
+pub fn refuse_each_port(
+    netns: &str,
+    dst: Ipv4Addr,
+    ports: std::ops::Range<u16>,
+    threads: u32,
+) -> Result<u64> {
+    let next = Arc::new(AtomicU64::new(u64::from(ports.start)));
+    let end = u64::from(ports.end);
+    let workers = (0..threads)
+        .map(|i| {
+            let (netns, next) = (netns.to_owned(), Arc::clone(&next));
+            thread::Builder::new()
+                .name(format!("fill-{i}"))
+                .spawn(move || -> Result<u64> {
+                    enter_netns(&netns)?;
+                    let mut refused = 0;
+                    loop {
+                        let port = next.fetch_add(1, Ordering::Relaxed);
+                        if port >= end || interrupted() {
+                            return Ok(refused);
+                        }
+                        let target = SocketAddr::from((dst, port as u16));
+                        if let Err(err) = TcpStream::connect_timeout(&target, IO_TIMEOUT)
+                            && err.raw_os_error() == Some(libc::ECONNREFUSED)
+                        {
+                            refused += 1;
+                        }
+                    }
+                })
+                .context("cannot spawn a fill thread")
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut refused = 0;
+    join_all(workers, |n| refused += n)?;
+    check_interrupted()?;
+    Ok(refused)
+}
+
+/// What the findings poll saw.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PollStats {
+    /// Findings the agent held when the polls began.
+    pub findings: u64,
+    /// Answers `200` with a JSON array.
+    pub polls: u64,
+    pub failed: u64,
+    /// Mean bytes of one answer.
+    pub bytes_per_poll: f64,
+    /// Answers per second, all clients.
+    pub rate: f64,
+    /// Median and 99th percentile of one poll (connect to last byte), in milliseconds.
+    pub latency_p50_ms: f64,
+    pub latency_p99_ms: f64,
+    /// Refused connects made meanwhile to ports already in the store, so its entries
+    /// keep changing as a node's do.
+    pub trickle: u64,
+    pub elapsed_s: f64,
+    pub first_error: Option<String>,
+}
+
+/// From `netns`, `clients` clients each `GET url` every `interval` (a poll that runs
+/// late starts the next at once) for `duration`; meanwhile one refused connect every
+/// `interval` from `trickle.0` to a port of `trickle.1` cycling over `trickle.2`.
+pub fn poll_findings(
+    netns: &str,
+    url: &str,
+    clients: u32,
+    interval: Duration,
+    duration: Duration,
+    trickle: (&str, Ipv4Addr, std::ops::Range<u16>),
+) -> Result<PollStats> {
+    let start = Instant::now() + Duration::from_millis(100);
+    let end = start + duration;
+    let pollers = (0..clients)
+        .map(|i| {
+            let (netns, url) = (netns.to_owned(), url.to_owned());
+            // Staggered within one interval, as independent clients are.
+            let first = start + interval.mul_f64(f64::from(i) / f64::from(clients));
+            thread::Builder::new()
+                .name(format!("poll-{i}"))
+                .spawn(move || -> Result<(PollStats, Vec<u32>)> {
+                    enter_netns(&netns)?;
+                    Ok(poll(&url, first, interval, end))
+                })
+                .context("cannot spawn a poll thread")
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let (trickle_ns, dst, ports) = (trickle.0.to_owned(), trickle.1, trickle.2);
+    let trickler = thread::Builder::new()
+        .name("trickle".into())
+        .spawn(move || -> Result<PollStats> {
+            enter_netns(&trickle_ns)?;
+            let mut stats = PollStats::default();
+            let mut next = start;
+            for port in ports.cycle() {
+                let now = Instant::now();
+                if now >= end || interrupted() {
+                    break;
+                }
+                if now < next {
+                    thread::sleep(next - now);
+                }
+                next += interval;
+                let _ = TcpStream::connect_timeout(&SocketAddr::from((dst, port)), IO_TIMEOUT);
+                stats.trickle += 1;
+            }
+            Ok(stats)
+        })
+        .context("cannot spawn the trickle thread")?;
+    let mut total = PollStats::default();
+    let mut latencies = Vec::new();
+    let mut bytes = 0.0;
+    join_all(pollers, |(stats, lat)| {
+        total.polls += stats.polls;
+        total.failed += stats.failed;
+        bytes += stats.bytes_per_poll;
+        latencies.extend(lat);
+        total.first_error = total.first_error.take().or(stats.first_error);
+    })?;
+    join_all(vec![trickler], |stats| total.trickle = stats.trickle)?;
+    check_interrupted()?;
+    latencies.sort_unstable();
+    total.latency_p50_ms = percentile(&latencies, 0.50) / 1e3;
+    total.latency_p99_ms = percentile(&latencies, 0.99) / 1e3;
+    total.elapsed_s = duration.as_secs_f64();
+    total.rate = total.polls as f64 / total.elapsed_s;
+    total.bytes_per_poll = if total.polls > 0 {
+        bytes / total.polls as f64
+    } else {
+        0.0
+    };
+    if total.polls == 0 {
+        bail!(
+            "no poll of {url} succeeded ({} failed{})",
+            total.failed,
+            total
+                .first_error
+                .as_deref()
+                .map_or_else(String::new, |err| format!(", first error: {err}"))
+        );
+    }
+    Ok(total)
+}
+
+/// One client's polls from `first` until `end`, one every `interval`, and each
+/// answer's latency in microseconds. `bytes_per_poll` is the sum, for the caller.
+fn poll(url: &str, first: Instant, interval: Duration, end: Instant) -> (PollStats, Vec<u32>) {
+    let mut stats = PollStats::default();
+    let mut latencies = Vec::new();
+    let mut next = first;
+    while next < end && !interrupted() {
+        let now = Instant::now();
+        if now < next {
+            thread::sleep(next - now);
+        }
+        let began = Instant::now();
+        match node_diag_testbed::http::get_here(url, Some("application/json")) {
+            Ok(r) if r.status == 200 && r.body.starts_with('[') => {
+                stats.polls += 1;
+                stats.bytes_per_poll += r.body.len() as f64;
+                latencies.push(u32::try_from(began.elapsed().as_micros()).unwrap_or(u32::MAX));
+            }
+            Ok(r) => {
+                stats.failed += 1;
+                stats
+                    .first_error
+                    .get_or_insert_with(|| format!("status {}: {:.200}", r.status, r.body));
+            }
+            Err(err) => {
+                stats.failed += 1;
+                stats.first_error.get_or_insert_with(|| err.to_string());
+            }
+        }
+        // Late (a slow answer): the next poll starts at once, without a burst after.
+        next = (next + interval).max(Instant::now());
+    }
+    (stats, latencies)
+}
+
 /// The nftables table of the drop flood's rule (family `inet`).
 const DROP_TABLE: &str = "ndbench";
 /// Bytes of each flood datagram: small, so the figure is packets, not bytes.

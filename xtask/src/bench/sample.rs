@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use super::{
     agent::MapMemory,
-    load::{ConnStats, FloodStats, StormStats},
+    load::{ConnStats, FloodStats, PollStats, StormStats},
     workload::Workload,
 };
 
@@ -27,7 +27,8 @@ pub(crate) struct Sample {
     pub workload: Workload,
     pub mode: Mode,
     /// The workload's figure: bit/s (iperf3), completed connections/s, packets/s that
-    /// reached the drop rule (drop flood), refused connects/s.
+    /// reached the drop rule (drop flood), refused connects/s, `/findings` answers/s
+    /// (findings poll; 0 without the agent).
     pub value: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub conn: Option<ConnStats>,
@@ -35,6 +36,8 @@ pub(crate) struct Sample {
     pub flood: Option<FloodStats>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub storm: Option<StormStats>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub poll: Option<PollStats>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub agent: Option<AgentUsage>,
     /// Profile only: the empty programs' runs during the workload, summed (see `floor`).
@@ -66,6 +69,7 @@ impl Sample {
             conn: None,
             flood: None,
             storm: None,
+            poll: None,
             agent: None,
             floor: None,
             floor_by_tracepoint: BTreeMap::new(),

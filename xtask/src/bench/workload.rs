@@ -17,6 +17,12 @@ pub(super) const CONN_THREADS: u32 = 16;
 pub(super) const ECHO_THREADS: usize = 8;
 pub(super) const STORM_THREADS: u32 = 4;
 pub(super) const FLOOD_THREADS: u32 = 4;
+/// Clients polling `/findings`, and each one's interval between the starts of two polls.
+pub(super) const POLL_CLIENTS: u32 = 8;
+pub(super) const POLL_INTERVAL_MS: u64 = 100;
+/// Pod B's ports the findings poll fills the store with (one refused connect each, so
+/// one finding each): more than the store keeps (4,096), so it is full.
+pub(super) const FILL_PORTS: std::ops::Range<u16> = 20_000..24_500;
 
 /// One workload of the bench.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, clap::ValueEnum)]
@@ -38,10 +44,14 @@ pub(crate) enum Workload {
     DropFlood,
     /// Refused connects pod A → a closed port on pod B, as fast as possible.
     Storm,
+    /// A store filled to its bound (refused connects to thousands of ports), polled
+    /// unfiltered by eight clients every 100 ms each while a trickle of refused connects
+    /// keeps changing it; the agent's CPU is the figure. No polls without the agent.
+    FindingsPoll,
 }
 
 impl Workload {
-    pub(super) const ALL: [Self; 7] = [
+    pub(super) const ALL: [Self; 8] = [
         Self::IperfOverlay,
         Self::IperfVeth,
         Self::IperfLossy,
@@ -49,6 +59,7 @@ impl Workload {
         Self::ConnClosedLoop,
         Self::DropFlood,
         Self::Storm,
+        Self::FindingsPoll,
     ];
 
     /// The name `--workload` takes (and the JSON uses).
@@ -67,6 +78,7 @@ impl Workload {
             Self::ConnClosedLoop => "closed-loop connections",
             Self::DropFlood => "drop flood",
             Self::Storm => "refused storm",
+            Self::FindingsPoll => "findings polled by 8 clients",
         }
     }
 }

@@ -13,10 +13,12 @@
 //!   for that long (a client that stopped reading its answer) is closed.
 //! - No request body is ever read: every route is a `GET` without one.
 //!
-//! The web config ([`web_config`]) is read at every connection: TLS, client
-//! certificates and basic auth apply to both listeners, and a reloaded config applies to
-//! the next connection. `/findings` is served on the scrape listener only over a
-//! connection whose client certificate was verified (`RequireAndVerifyClientCert`).
+//! Each listener has its own web config ([`web_config`]; the scrape listener's from
+//! `--web-config-file`, the findings listener's from `--findings-web-config-file`, plain
+//! HTTP without one), read at every connection: TLS, client certificates and basic auth,
+//! and a reloaded config applies to the next connection. `/findings` is served on the
+//! scrape listener only over a connection whose client certificate was verified
+//! (`RequireAndVerifyClientCert`).
 
 pub(crate) mod web_config;
 
@@ -87,9 +89,11 @@ pub(crate) struct Listener {
     pub(crate) name: &'static str,
     pub(crate) tcp: TcpListener,
     pub(crate) routes: Routes,
+    /// Its web config in force (plain HTTP, no auth, when none was given).
+    pub(crate) web: WebConfig,
 }
 
-/// The web config in force, shared by the listeners and swapped on reload.
+/// A listener's web config in force, swapped on reload.
 pub(crate) type WebConfig = watch::Receiver<Arc<Active>>;
 
 /// Serves `listeners` until the returned task is aborted (which closes every
@@ -97,13 +101,12 @@ pub(crate) type WebConfig = watch::Receiver<Arc<Active>>;
 pub(crate) fn spawn(
     listeners: Vec<Listener>,
     limits: Limits,
-    web: WebConfig,
     metrics: HttpMetrics,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut loops = JoinSet::new();
         for listener in listeners {
-            loops.spawn(accept_loop(listener, limits, web.clone(), metrics.clone()));
+            loops.spawn(accept_loop(listener, limits, metrics.clone()));
         }
         while loops.join_next().await.is_some() {}
     })
@@ -142,7 +145,7 @@ pub(crate) fn spawn_reload(
     })
 }
 
-async fn accept_loop(listener: Listener, limits: Limits, web: WebConfig, metrics: HttpMetrics) {
+async fn accept_loop(listener: Listener, limits: Limits, metrics: HttpMetrics) {
     let label = ListenerLabel {
         listener: listener.name.to_owned(),
     };
@@ -184,7 +187,7 @@ async fn accept_loop(listener: Listener, limits: Limits, web: WebConfig, metrics
         let open = open.clone();
         open.inc();
         let routes = listener.routes.clone();
-        let active = web.borrow().clone();
+        let active = listener.web.borrow().clone();
         connections.spawn(async move {
             connection(stream, peer, routes, active, limits).await;
             open.dec();
@@ -415,9 +418,9 @@ mod tests {
                 plain: http::scrape_router(shared.clone(), false),
                 with_findings: http::scrape_router(shared, true),
             },
+            web: watch::channel(Arc::new(Active::default())).1,
         };
-        let (_tx, rx) = watch::channel(Arc::new(Active::default()));
-        let task = spawn(vec![listener], limits, rx, http_metrics.clone());
+        let task = spawn(vec![listener], limits, http_metrics.clone());
         (addr, http_metrics, task)
     }
 

@@ -281,6 +281,17 @@ pub(crate) fn progress_line(sample: &Sample) -> String {
             )
         }
         Workload::Storm => format!("{:.0} refused/s", sample.value),
+        Workload::FindingsPoll => match &sample.poll {
+            Some(p) => format!(
+                "{:.1} polls/s of {} findings, {:.2} MB each, p99 {:.0} ms ({} failed)",
+                sample.value,
+                p.findings,
+                p.bytes_per_poll / 1e6,
+                p.latency_p99_ms,
+                p.failed
+            ),
+            None => "no agent, no poll".to_owned(),
+        },
     };
     let run = match sample.mode {
         Mode::Profile => "profile".to_owned(),

@@ -11,7 +11,10 @@ use super::{
 use crate::bench::{
     sample::{Mode, Sample},
     settings::Settings,
-    workload::{CONN_THREADS, FLOOD_PORT, FLOOD_THREADS, LOSS_PER_MILLE, Workload},
+    workload::{
+        CONN_THREADS, FLOOD_PORT, FLOOD_THREADS, LOSS_PER_MILLE, POLL_CLIENTS, POLL_INTERVAL_MS,
+        Workload,
+    },
 };
 
 /// Targets from the performance issue. Ratios are medians of the pair ratios.
@@ -21,6 +24,8 @@ const FLOOD_RATIO: f64 = 0.95;
 const STORM_RATE_RATIO: f64 = 0.90;
 /// Agent CPU during the refused storm, in % of one core.
 const STORM_CPU_PCT: f64 = 5.0;
+/// Agent CPU while eight clients poll a full store's `/findings`, in % of one core.
+const FINDINGS_POLL_CPU_PCT: f64 = 30.0;
 /// Steady RSS, judged per workload (VmHWM reset once the agent is ready).
 const RSS_MIB: f64 = 40.0;
 /// The start-up peak (parsing the kernel's BTF, loading the programs) is transient: it is
@@ -273,6 +278,19 @@ pub(super) fn rows(
                     ),
                 );
             }
+            Workload::FindingsPoll => rows.push(
+                Row::new(
+                    format!(
+                        "agent CPU (% of one core), {POLL_CLIENTS} clients each polling a full store's /findings every {POLL_INTERVAL_MS} ms"
+                    ),
+                    [None, cpu, cpu],
+                    ["—".to_owned(), fmt(cpu, pct), fmt(cpu, pct)],
+                )
+                .target(
+                    format!("≤ {FINDINGS_POLL_CPU_PCT:.0} %"),
+                    cpu.is_some_and(|v| v <= FINDINGS_POLL_CPU_PCT),
+                ),
+            ),
             _ => rows.push(Row::new(
                 format!("agent CPU (% of one core), {}", workload.label()),
                 [None, cpu, cpu],

@@ -1,0 +1,407 @@
+//! `node-diag findings`: reads a running agent's `/findings` over plain HTTP/1.1 (ureq,
+//! no TLS) and prints them, optionally following them as they appear, grow and end.
+//!
+//! - [`query`]: the filters, sent as query parameters and applied again to the answer
+//!   (an older agent ignores them).
+//! - [`follow`]: each finding's identity (its store entry) and what changed between two
+//!   polls.
+//!
+//! Without `--follow` it prints every matching finding (up to the agent's limit, saying
+//! on stderr when the answer was cut); with it, the last `--last` ones and then every
+//! change. Each finding is printed through `crate::output`: compact, wide or its JSON as
+//! the agent sent it.
+
+pub(crate) mod follow;
+pub(crate) mod query;
+
+use std::{
+    io::{self, Write},
+    time::{Duration, SystemTime},
+};
+
+use serde::Deserialize as _;
+
+use self::{
+    follow::{Change, Tracker},
+    query::{Filters, MAX_LIMIT},
+};
+use crate::{
+    findings::Finding,
+    output::{self, FindingsFormat},
+};
+
+/// Where `/findings` is served: the agent's loopback findings listener.
+pub(crate) const DEFAULT_SERVER: &str = "http://127.0.0.1:9465";
+/// Where agents without a findings listener served it, tried when the default is not
+/// answered and no `--server` was given.
+const LEGACY_SERVER: &str = "http://127.0.0.1:9464";
+/// Bound on connecting to the agent.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// Bound on the whole request, connect to last body byte.
+const TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest `/findings` answer read.
+const MAX_BODY: u64 = 64 * 1024 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ClientError {
+    #[error("bad server URL {0:?}: expected http://HOST:PORT")]
+    Url(String),
+    #[error("cannot reach the agent at {url} (is `node-diag run` running? see --server)")]
+    Connect {
+        url: String,
+        #[source]
+        cause: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("the agent at {url} answered {status}")]
+    Status { url: String, status: u16 },
+    /// A 400: the agent's one-line message says which parameter it refused.
+    #[error("the agent at {url} refused the query: {message}")]
+    Rejected { url: String, message: String },
+    #[error("the agent at {url} sent findings node-diag cannot parse")]
+    Parse {
+        url: String,
+        #[source]
+        cause: serde_json::Error,
+    },
+    #[error("writing the findings")]
+    Write(#[source] io::Error),
+}
+
+impl ClientError {
+    fn connect(url: &str, e: ureq::Error) -> ClientError {
+        let cause: Box<dyn std::error::Error + Send + Sync> = match e {
+            // Its own text only ("Connection refused (os error 111)"), not ureq's "io: ".
+            ureq::Error::Io(io) => Box::new(io),
+            other => Box::new(other),
+        };
+        ClientError::Connect {
+            url: url.to_string(),
+            cause,
+        }
+    }
+}
+
+/// `host:port` of an `http://` URL (a bare `host:port` is accepted too).
+pub(crate) fn authority(url: &str) -> Result<String, ClientError> {
+    let rest = url.strip_prefix("http://").unwrap_or(url);
+    let auth = rest.split('/').next().unwrap_or("");
+    if url.contains("://") && !url.starts_with("http://") || auth.is_empty() || !auth.contains(':')
+    {
+        return Err(ClientError::Url(url.to_string()));
+    }
+    Ok(auth.to_string())
+}
+
+/// One answer of the agent: its body and the headers that say whether it was cut.
+struct Answer {
+    body: String,
+    /// `X-Node-Diag-Total`: the findings matching before the limit.
+    total: Option<usize>,
+    /// `X-Node-Diag-Truncated: true`.
+    truncated: bool,
+}
+
+/// `GET path` on the agent at `url`: the body of a `200` answer, decoded (chunked or not)
+/// as bytes before it is read as UTF-8 text.
+fn get(url: &str, path: &str) -> Result<Answer, ClientError> {
+    let target = format!("http://{}{path}", authority(url)?);
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_connect(Some(CONNECT_TIMEOUT))
+        .timeout_global(Some(TIMEOUT))
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let mut response = agent
+        .get(&target)
+        .call()
+        .map_err(|e| ClientError::connect(url, e))?;
+    let status = response.status().as_u16();
+    let header = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    let total = header("x-node-diag-total").and_then(|t| t.trim().parse().ok());
+    let truncated = header("x-node-diag-truncated").is_some_and(|t| t.trim() == "true");
+    let body = response
+        .body_mut()
+        .with_config()
+        .limit(MAX_BODY)
+        .read_to_string();
+    match status {
+        200 => Ok(Answer {
+            body: body.map_err(|e| ClientError::connect(url, e))?,
+            total,
+            truncated,
+        }),
+        400 => {
+            let message = body.unwrap_or_default();
+            let message = message.lines().next().unwrap_or("").trim();
+            Err(ClientError::Rejected {
+                url: url.to_string(),
+                message: if message.is_empty() {
+                    "400 Bad Request".to_string()
+                } else {
+                    message.to_string()
+                },
+            })
+        }
+        status => Err(ClientError::Status {
+            url: url.to_string(),
+            status,
+        }),
+    }
+}
+
+/// A finding as an agent served it: typed for printing, and as sent, for `-o json` and
+/// the fields this client does not model.
+#[derive(Debug, Clone)]
+pub(crate) struct Fetched {
+    pub(crate) finding: Finding,
+    pub(crate) raw: serde_json::Value,
+    /// The agent's identity of its store entry (agents from before it send none).
+    pub(crate) id: Option<String>,
+    /// The node whose agent made it (agents from before it send none).
+    pub(crate) node: Option<String>,
+}
+
+impl Fetched {
+    fn from_value(raw: serde_json::Value) -> Result<Fetched, serde_json::Error> {
+        let text = |k: &str| match raw.get(k) {
+            Some(serde_json::Value::String(s)) => Some(s.clone()),
+            Some(serde_json::Value::Number(n)) => Some(n.to_string()),
+            _ => None,
+        };
+        let (id, node) = (text("id"), text("node"));
+        let finding = Finding::deserialize(&raw)?;
+        Ok(Fetched {
+            finding,
+            raw,
+            id,
+            node,
+        })
+    }
+
+    #[cfg(test)]
+    pub(crate) fn from_finding(finding: Finding) -> Fetched {
+        Fetched {
+            raw: serde_json::to_value(&finding).unwrap(),
+            finding,
+            id: None,
+            node: None,
+        }
+    }
+}
+
+/// Reads a `/findings` body.
+pub(crate) fn parse_findings(body: &str) -> Result<Vec<Fetched>, serde_json::Error> {
+    let values: Vec<serde_json::Value> = serde_json::from_str(body)?;
+    values.into_iter().map(Fetched::from_value).collect()
+}
+
+/// What `node-diag findings` was asked for.
+#[derive(Debug, Clone)]
+pub(crate) struct Options {
+    /// `--server`; `None` tries [`DEFAULT_SERVER`], then [`LEGACY_SERVER`].
+    pub(crate) server: Option<String>,
+    pub(crate) follow: bool,
+    /// `--last N`: how many of the most recent to print first (`None`: all without
+    /// `--follow`, [`DEFAULT_FOLLOW_LAST`] with it).
+    pub(crate) last: Option<usize>,
+    pub(crate) filters: Filters,
+    pub(crate) format: FindingsFormat,
+    pub(crate) color: bool,
+    pub(crate) poll: Duration,
+}
+
+/// How many findings `--follow` starts with unless `--last` says.
+pub(crate) const DEFAULT_FOLLOW_LAST: usize = 10;
+
+/// One run of `node-diag findings`: the server answering, and what was seen.
+pub(crate) struct Session {
+    opts: Options,
+    /// The server that answered; chosen at the first poll.
+    url: Option<String>,
+    tracker: Tracker,
+    polls: u64,
+    warned_truncated: bool,
+}
+
+impl Session {
+    pub(crate) fn new(opts: Options) -> Session {
+        Session {
+            url: opts.server.clone(),
+            opts,
+            tracker: Tracker::default(),
+            polls: 0,
+            warned_truncated: false,
+        }
+    }
+
+    /// Fetches the matching findings, oldest first, at most `limit` of them, and whether
+    /// more matched: `Some(how many matched)`, `Some(None)` when the agent did not say.
+    fn fetch(
+        &mut self,
+        limit: usize,
+    ) -> Result<(Vec<Fetched>, Option<Option<usize>>), ClientError> {
+        let path = format!("/findings?{}", self.opts.filters.query(limit));
+        let answer = match &self.url {
+            Some(url) => get(url, &path)?,
+            None => match get(DEFAULT_SERVER, &path) {
+                Ok(a) => {
+                    self.url = Some(DEFAULT_SERVER.to_string());
+                    a
+                }
+                Err(first @ ClientError::Connect { .. }) => match get(LEGACY_SERVER, &path) {
+                    Ok(a) => {
+                        self.url = Some(LEGACY_SERVER.to_string());
+                        a
+                    }
+                    Err(_) => return Err(first),
+                },
+                Err(e) => return Err(e),
+            },
+        };
+        let url = self.url.clone().unwrap_or_default();
+        let mut all =
+            parse_findings(&answer.body).map_err(|cause| ClientError::Parse { url, cause })?;
+        // Again here: an agent from before the parameters sends its whole store.
+        let now = SystemTime::now();
+        all.retain(|f| self.opts.filters.matches(&f.finding, now));
+        // Oldest first by last_seen, as the contract says (older agents send the store's
+        // first-seen order); the sort is stable, so equal times keep the agent's order.
+        all.sort_by(|a, b| a.finding.last_seen.cmp(&b.finding.last_seen));
+        let received = all.len();
+        if all.len() > limit {
+            all.drain(..all.len() - limit);
+        }
+        let matched = answer.total.unwrap_or(0).max(received);
+        let more = if matched > all.len() {
+            Some(Some(matched))
+        } else if answer.truncated {
+            Some(None)
+        } else {
+            None
+        };
+        Ok((all, more))
+    }
+
+    /// One poll: prints what it should to `out`, and notes on `err`.
+    pub(crate) fn poll(
+        &mut self,
+        out: &mut dyn Write,
+        err: &mut dyn Write,
+    ) -> Result<(), ClientError> {
+        let first = self.polls == 0;
+        self.polls += 1;
+        let last = match (self.opts.follow, self.opts.last) {
+            (_, Some(n)) => n,
+            (false, None) => MAX_LIMIT,
+            (true, None) => DEFAULT_FOLLOW_LAST,
+        };
+        // Following, every poll asks for as much as it may, so that an older finding
+        // that ends (its last_seen unchanged) is still in the answer.
+        let limit = if self.opts.follow { MAX_LIMIT } else { last };
+        let (batch, more) = self.fetch(limit)?;
+        let changes = self.tracker.update(&batch);
+        let shown: Vec<(usize, Change)> = if first {
+            // The start: only the last N.
+            let skip = batch.len().saturating_sub(last);
+            changes.into_iter().filter(|(i, _)| *i >= skip).collect()
+        } else {
+            changes
+        };
+        for (i, _change) in shown {
+            let f = &batch[i];
+            let text = match self.opts.format {
+                FindingsFormat::Json => serde_json::to_string(&f.raw).unwrap_or_default(),
+                FindingsFormat::Text => output::compact_line(&f.finding, self.opts.color),
+                FindingsFormat::Wide => {
+                    output::wide_lines(&f.finding, f.node.as_deref(), self.opts.color)
+                }
+            };
+            writeln!(out, "{text}").map_err(ClientError::Write)?;
+        }
+        out.flush().map_err(ClientError::Write)?;
+        // `--last N` without `--follow` asked for the cut.
+        let asked = !self.opts.follow && self.opts.last.is_some();
+        if let Some(matched) = more.filter(|_| !asked && !self.warned_truncated) {
+            self.warned_truncated = true;
+            let of = matched.map(|m| format!(" of {m}")).unwrap_or_default();
+            let _ = writeln!(
+                err,
+                "node-diag: showing the {} most recent{of} matching findings; narrow them with --kind, --severity, --namespace, --pod, --since or --status",
+                batch.len()
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Prints the agent's findings; with `follow`, keeps polling and prints each finding
+/// again whenever it grows or its status changes, until interrupted.
+pub(crate) fn run(opts: Options) -> Result<(), ClientError> {
+    let poll = opts.poll;
+    run_with(opts, &mut io::stdout(), &mut io::stderr(), |_| {
+        std::thread::sleep(poll);
+        true
+    })
+}
+
+/// [`run`] writing to `out` and `err`; between two polls of `--follow`, `between(polls
+/// made)` waits and says whether to go on.
+///
+/// Once the agent has answered, `--follow` outlives its restarts: a failed poll is said
+/// once on `err`, and polling goes on until it answers again (its findings after a
+/// restart are new entries, printed as such).
+fn run_with(
+    opts: Options,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+    mut between: impl FnMut(u64) -> bool,
+) -> Result<(), ClientError> {
+    let follow = opts.follow;
+    let mut session = Session::new(opts);
+    let mut answered = false;
+    let mut failing = false;
+    loop {
+        match session.poll(out, err) {
+            Ok(()) => {
+                if failing {
+                    let _ = writeln!(err, "node-diag: the agent answers again");
+                }
+                (answered, failing) = (true, false);
+            }
+            // A reader that went away (`| head`) ends the run quietly.
+            Err(ClientError::Write(e)) if e.kind() == io::ErrorKind::BrokenPipe => {
+                return Ok(());
+            }
+            Err(e) if follow && answered => {
+                if !failing {
+                    let _ = writeln!(err, "node-diag: {}; polling on", describe(&e));
+                    failing = true;
+                }
+            }
+            Err(e) => return Err(e),
+        }
+        if !follow || !between(session.polls) {
+            return Ok(());
+        }
+    }
+}
+
+/// An error and its causes, `: `-separated.
+fn describe(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests;
