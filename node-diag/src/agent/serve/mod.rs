@@ -170,9 +170,10 @@ async fn accept_loop(listener: Listener, limits: Limits, metrics: HttpMetrics) {
             }
         };
         let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+            // Counted before the close, so that a client seeing it can read the count.
+            rejected.inc();
             // Closed at once: a refusal the client sees now, not a queue.
             drop(stream);
-            rejected.inc();
             if last_cap_warning.is_none_or(|t| t.elapsed() >= CAP_WARN_EVERY) {
                 last_cap_warning = Some(Instant::now());
                 warn!(
