@@ -158,7 +158,7 @@ fn with_a_hard_limit_of_1024_the_agent_keeps_answering_and_reporting() {
     let topo = Topology::new();
     // A cap above what the open files allow: the agent lowers it.
     let mut agent =
-        Agent::start_ready_with_nofile(&topo, &["--http-max-connections", "1000"], (1024, 1024));
+        Agent::start_ready_with_nofile(&topo, &["--http-max-connections", "4096"], (1024, 1024));
     let held = hold_connections(&topo.node_a, listen_addr(&agent), IDLE);
     assert!(held.len() >= 1024, "{} connections held", held.len());
     let held_count = held.len();
