@@ -409,6 +409,30 @@ def check_crd_schemas():
 QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$")
 
 
+def check_probes(container: dict) -> None:
+    """The probes GET /readyz and /healthz over plain HTTP on the findings listener's
+    loopback port: whatever TLS or authentication the scrape port requires (a client
+    certificate the kubelet cannot present, a password it does not have), they work, and
+    nothing off the node can use up that listener's connections."""
+    args = container["args"]
+    findings = args[args.index("--findings-listen") + 1]
+    findings_port = int(findings.rsplit(":", 1)[1])
+    if "--findings-web-config-file" in args:
+        raise CheckError("--findings-web-config-file would take plain HTTP from the probes")
+    for probe, path in (
+        ("startupProbe", "/readyz"),
+        ("readinessProbe", "/readyz"),
+        ("livenessProbe", "/healthz"),
+    ):
+        get = container.get(probe, {}).get("httpGet", {})
+        if get.get("path") != path or get.get("port") != findings_port:
+            raise CheckError(f"{probe} must GET {path} on the findings port {findings_port}: {get}")
+        if get.get("host") != "127.0.0.1":
+            raise CheckError(f"{probe} must use loopback (host: 127.0.0.1): {get}")
+        if get.get("scheme", "HTTP") != "HTTP":
+            raise CheckError(f"{probe} must use plain HTTP (the findings listener's): {get}")
+
+
 @check("DaemonSet contract (security context, mounts, probes, resources, placement)")
 def check_daemonset():
     objs = {(o["kind"], o["metadata"]["name"]): o for o in RENDERED.get("base", [])}
@@ -462,16 +486,7 @@ def check_daemonset():
         raise CheckError(f"Service port must target the container port named metrics: {sport}")
     if not svc["spec"]["selector"].items() <= ds["spec"]["template"]["metadata"]["labels"].items():
         raise CheckError("Service selector does not match the DaemonSet's pods")
-    for probe, path in (
-        ("startupProbe", "/readyz"),
-        ("readinessProbe", "/readyz"),
-        ("livenessProbe", "/healthz"),
-    ):
-        get = container.get(probe, {}).get("httpGet", {})
-        if get.get("path") != path or get.get("port") not in ("metrics", port):
-            raise CheckError(f"{probe} must GET {path} on the metrics port: {get}")
-        if get.get("host") != "127.0.0.1":
-            raise CheckError(f"{probe} must use loopback (host: 127.0.0.1): {get}")
+    check_probes(container)
     res = container.get("resources", {})
     for section, keys in (("requests", ("cpu", "memory")), ("limits", ("memory",))):
         for key in keys:
@@ -547,7 +562,7 @@ def check_crio_component():
         raise CheckError("containerd's socket still mounted")
 
 
-@check("components/web-config: --web-config-file from the Secret, HTTPS probes")
+@check("components/web-config: --web-config-file from the Secret, probes unchanged")
 def check_web_config_component():
     pod = _daemonset("with-web-config")
     (container,) = pod["containers"]
@@ -564,9 +579,8 @@ def check_web_config_component():
         raise CheckError(f"{path} is not in a Secret volume's mount")
     if "subPath" in mounts[holders[0]]:
         raise CheckError("no subPath: a Secret mounted by subPath is never updated")
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        if container[probe]["httpGet"].get("scheme") != "HTTPS":
-            raise CheckError(f"{probe} must use HTTPS once the scrape port serves TLS")
+    # The scrape port may now require a client certificate: the probes must not use it.
+    check_probes(container)
     return f"{path} from Secret {volumes[holders[0]]['secret']['secretName']}"
 
 

@@ -1,11 +1,12 @@
 //! The real `node-diag run` process inside node A, as a guard.
 //!
 //! Started as `ip netns exec <node A> <binary> run --format json --listen <addr>
-//! --ready-file <tmp> [extra...]`. Background threads capture its stdout (one JSON
-//! finding per line, kept in order; other lines are kept apart as garbage) and its
-//! stderr (the last [`STDERR_KEEP`] bytes). Its HTTP endpoints are read from inside
-//! node A. Dropping the guard kills the process if it still runs, and prints what it
-//! captured when the thread is unwinding from a panic.
+//! --findings-listen <addr> --ready-file <tmp> [extra...]` (the findings listener on a
+//! free port of `127.0.0.1` unless `extra` names one). Background threads capture its
+//! stdout (one JSON finding per line, kept in order; other lines are kept apart as
+//! garbage) and its stderr (the last [`STDERR_KEEP`] bytes). Its HTTP endpoints are read
+//! from inside node A. Dropping the guard kills the process if it still runs, and prints
+//! what it captured when the thread is unwinding from a panic.
 
 use std::{
     cell::Cell,
@@ -84,6 +85,8 @@ pub struct Agent<'t> {
     _topology: PhantomData<&'t ()>,
     child: Child,
     listen: String,
+    /// The findings listener's address, `None` when `extra` said `--findings-listen none`.
+    findings_listen: Option<String>,
     ready_file: PathBuf,
     shared: Arc<Shared>,
     readers: Vec<JoinHandle<()>>,
@@ -138,9 +141,25 @@ impl<'t> Agent<'t> {
     ) -> Result<Agent<'t>> {
         crate::require_root()?;
         let netns = host.agent_netns().to_owned();
+        let [port, findings_port] = free_ports(&netns)?;
         let listen = match listen {
             Some(listen) => listen.to_owned(),
-            None => format!("127.0.0.1:{}", free_port(&netns)?),
+            None => format!("127.0.0.1:{port}"),
+        };
+        let given = extra
+            .iter()
+            .position(|a| *a == "--findings-listen")
+            .and_then(|i| extra.get(i + 1));
+        let (findings_listen, findings_args) = match given {
+            Some(addr) if addr.eq_ignore_ascii_case("none") => (None, Vec::new()),
+            Some(addr) => (Some((*addr).to_owned()), Vec::new()),
+            None => {
+                let addr = format!("127.0.0.1:{findings_port}");
+                (
+                    Some(addr.clone()),
+                    vec!["--findings-listen".to_owned(), addr],
+                )
+            }
         };
         let ready_file = std::env::temp_dir().join(format!("{}.ready", crate::unique_name()));
         let _ = std::fs::remove_file(&ready_file);
@@ -158,6 +177,7 @@ impl<'t> Agent<'t> {
                 "--ready-file",
             ])
             .arg(&ready_file)
+            .args(&findings_args)
             .args(extra)
             .env("RUST_BACKTRACE", "1")
             .stdin(Stdio::null())
@@ -185,6 +205,7 @@ impl<'t> Agent<'t> {
             _topology: PhantomData,
             child,
             listen,
+            findings_listen,
             ready_file,
             shared,
             readers,
@@ -201,6 +222,11 @@ impl<'t> Agent<'t> {
     /// The `--listen` address (valid inside node A).
     pub fn listen_addr(&self) -> &str {
         &self.listen
+    }
+
+    /// The `--findings-listen` address (valid inside node A), `None` when disabled.
+    pub fn findings_addr(&self) -> Option<&str> {
+        self.findings_listen.as_deref()
     }
 
     /// Waits for the ready file; fails, with the agent's output, when the agent exits
@@ -310,15 +336,34 @@ impl<'t> Agent<'t> {
         http::get(&self.netns, &self.listen, path, accept)
     }
 
+    /// `GET path` on the agent's findings listener from inside node A, whatever the
+    /// status; an error when the agent runs with `--findings-listen none`.
+    pub fn get_findings_listener(
+        &self,
+        path: &str,
+        accept: Option<&str>,
+    ) -> Result<http::Response> {
+        let Some(addr) = &self.findings_listen else {
+            return Err(self.error(format!(
+                "GET {path}: the agent runs with --findings-listen none"
+            )));
+        };
+        http::get(&self.netns, addr, path, accept)
+    }
+
     /// `GET /metrics`: the whole exposition text.
     pub fn metrics_text(&self) -> Result<String> {
         self.get_ok("/metrics")
     }
 
-    /// `GET /findings`: every finding the agent holds (a JSON array, oldest first; the
-    /// endpoint's largest limit is above the store's size).
+    /// `GET /findings` on the findings listener: every finding the agent holds (a JSON
+    /// array, oldest first; the endpoint's largest limit is above the store's size).
     pub fn findings_endpoint(&self) -> Result<Vec<Value>> {
-        let body = self.get_ok("/findings?limit=10000")?;
+        let Some(addr) = &self.findings_listen else {
+            return Err(self.error("GET /findings: the agent runs with --findings-listen none"));
+        };
+        let body = http::get_ok(&self.netns, addr, "/findings?limit=10000")
+            .map_err(|e| self.error(e.to_string()))?;
         serde_json::from_str(&body).map_err(|source| Error::Json {
             what: format!("GET /findings (a JSON array expected): {body}"),
             source,
@@ -425,6 +470,17 @@ impl Drop for Agent<'_> {
             eprintln!("{}", self.diagnostics());
         }
     }
+}
+
+/// Two distinct free TCP ports on `127.0.0.1` inside `netns` (both held while the
+/// second is picked).
+pub fn free_ports(netns: &str) -> Result<[u16; 2]> {
+    in_netns(netns, || -> std::io::Result<[u16; 2]> {
+        let a = TcpListener::bind("127.0.0.1:0")?;
+        let b = TcpListener::bind("127.0.0.1:0")?;
+        Ok([a.local_addr()?.port(), b.local_addr()?.port()])
+    })?
+    .map_err(|e| Error::io(format!("no free port in {netns}"), e))
 }
 
 /// A free TCP port on `127.0.0.1` inside `netns`.

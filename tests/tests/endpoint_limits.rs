@@ -1,8 +1,11 @@
 //! The agent started as a container runtime starts it (containerd 2.0: a soft
-//! `RLIMIT_NOFILE` of 1,024) while a port scan holds idle connections to its listener:
-//! it raises the soft limit to the hard one and keeps answering `/healthz` and
-//! reporting; with the hard limit at 1,024 as well, it keeps reporting and serves again
-//! once the connections go. Also `/findings`' query parameters, end to end.
+//! `RLIMIT_NOFILE` of 1,024) while a port scan holds idle connections to its scrape
+//! listener: it raises the soft limit to the hard one and keeps answering `/healthz` (on
+//! the loopback findings listener, where the kubelet's probes go) and reporting; with
+//! the hard limit at 1,024 as well (`ulimit -n 1024`), the scrape listener's cap keeps
+//! the connections within the open-files budget, so it still answers `/healthz` and
+//! reports a refused connect made meanwhile, its own work never short of files. Also
+//! `/findings`' query parameters, end to end.
 //!
 //! Root, `NODE_DIAG_BIN` set (or `cargo xtask integration`), one test at a time:
 //! `cargo test -p node-diag-tests --test endpoint_limits -- --test-threads=1`.
@@ -73,10 +76,12 @@ fn refused_meanwhile(topo: &Topology, agent: &Agent, within: Duration) -> Value 
     finding
 }
 
-/// `/healthz` answers `ok` (within the testbed's 5 s bound); returns how long it took.
+/// `/healthz` on the findings listener, the probes' (127.0.0.1, as the DaemonSet's
+/// probes use it), answers `ok` (within the testbed's 5 s bound); returns how long it
+/// took.
 fn healthz(agent: &Agent) -> Result<Duration, String> {
     let start = Instant::now();
-    match agent.get("/healthz", None) {
+    match agent.get_findings_listener("/healthz", None) {
         Ok(r) if r.status == 200 && r.body == "ok\n" => Ok(start.elapsed()),
         Ok(r) => Err(format!("status {}: {:?}", r.status, r.body)),
         Err(e) => Err(e.to_string()),
@@ -104,6 +109,12 @@ fn a_soft_limit_of_1024_is_raised_and_idle_connections_do_not_blind_the_agent() 
 
     let finding = refused_meanwhile(&topo, &agent, Duration::from_secs(5));
     assert_eq!(finding["node"], "node-a-test", "{finding:#}");
+    // Over the scrape listener's cap (256 by default) the rest were closed at once.
+    let rejected = agent.counter(r#"node_diag_http_connections_rejected_total{listener="scrape"}"#);
+    assert!(
+        rejected >= (IDLE - 256) as f64,
+        "{rejected} connections rejected of {IDLE} with a cap of 256"
+    );
     let id = field(&finding, "id").to_owned();
     assert_eq!(id.len(), 16, "{finding:#}");
 
@@ -118,20 +129,42 @@ fn a_soft_limit_of_1024_is_raised_and_idle_connections_do_not_blind_the_agent() 
     drop(held);
 }
 
+/// `ulimit -n 1024`: soft and hard limits at 1,024. The connection cap is lowered to the
+/// listeners' share of the budget (1,024 less 256 kept for the agent's own work, split
+/// between two listeners: 384), so 1,100 idle connections to the scrape listener leave
+/// files for `/healthz` on the findings listener and for the agent's own work, and a
+/// refused connect made meanwhile is reported.
 #[test]
-fn with_a_hard_limit_of_1024_the_agent_keeps_reporting_and_recovers() {
+fn with_a_hard_limit_of_1024_the_agent_keeps_answering_and_reporting() {
     raise_own_limit();
     let topo = Topology::new();
     let mut agent = Agent::start_ready_with_nofile(&topo, &[], (1024, 1024));
     let held = hold_connections(&topo.node_a, listen_addr(&agent), IDLE);
     assert!(held.len() >= 1024, "{} connections held", held.len());
-    // Long enough for the files to run out and a scope refresh (every 2 s) to fail.
+    // Long enough for a scope refresh (every 2 s) and an MTU refresh to run meanwhile.
     thread::sleep(Duration::from_secs(5));
 
+    let took = healthz(&agent).unwrap_or_else(|e| {
+        panic!(
+            "/healthz with {} idle connections under a hard limit of 1,024: {e}\n{}",
+            held.len(),
+            agent.diagnostics()
+        )
+    });
+    assert!(took < Duration::from_secs(1), "/healthz took {took:?}");
     // The verdict comes from the ring buffer, opened at start: it needs no new file.
     let finding = refused_meanwhile(&topo, &agent, Duration::from_secs(10));
     assert!(!field(&finding, "node").is_empty(), "{finding:#}");
     ok(agent.check_alive());
+    let stderr = agent.stderr();
+    assert!(
+        stderr.contains("HTTP connection cap lowered") && stderr.contains("cap=384"),
+        "the cap in force is not logged:\n{stderr}"
+    );
+    assert!(
+        !stderr.contains("Too many open files"),
+        "the agent's own work ran out of files:\n{stderr}"
+    );
 
     drop(held);
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -180,7 +213,7 @@ fn findings_are_served_filtered_with_their_id() {
     let agent = Agent::start_ready_with_nofile(&topo, &["--node-name", "n1"], (1024, 4096));
     let printed = refused_meanwhile(&topo, &agent, Duration::from_secs(5));
 
-    let get = |path: &str| ok(agent.get(path, None));
+    let get = |path: &str| ok(agent.get_findings_listener(path, None));
     let parse = |body: &str| -> Vec<Value> { serde_json::from_str(body).expect("a JSON array") };
 
     let r = get("/findings?kind=tcp_refused,tcp_reset&severity=warning&since=5m&status=active");

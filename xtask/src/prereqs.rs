@@ -35,6 +35,9 @@ const TEST_TOOLS: &[(&str, &str)] = &[
     ("prometheus", "prometheus"),
     ("promtool", "prometheus"),
     ("python3", "python3"),
+    // The HTTP endpoint tests: certificates for TLS, and a real TLS and basic-auth client.
+    ("openssl", "openssl"),
+    ("curl", "curl"),
     // The linux/arm64 cross build of the container image's binary.
     ("aarch64-linux-gnu-gcc", "gcc-aarch64-linux-gnu"),
     ("qemu-aarch64", "qemu-user"),

@@ -1,6 +1,11 @@
 //! The agent's HTTP endpoints: `/metrics` (OpenMetrics, or the classic text format for
 //! clients that do not ask for OpenMetrics), `/findings` (JSON array),
 //! `/healthz` (process alive) and `/readyz` (programs attached, serving).
+//!
+//! Two routers, one per listener (served by `serve`): the scrape listener's
+//! ([`scrape_router`]: `/metrics`, `/healthz`, `/readyz`, and `/findings` only where
+//! clients are authenticated by certificate) and the findings listener's
+//! ([`findings_router`]: `/findings`, `/healthz`, `/readyz`).
 
 use std::sync::Arc;
 
@@ -17,13 +22,40 @@ use super::state::Shared;
 pub(crate) const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 pub(crate) const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
-pub(crate) fn router(shared: Arc<Shared>) -> Router {
-    Router::new()
+/// The scrape listener's routes. With `findings` false, `/findings` answers 404 with
+/// where it is served instead.
+pub(crate) fn scrape_router(shared: Arc<Shared>, findings: bool) -> Router {
+    let router = Router::new()
         .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz));
+    let router = if findings {
+        router.route("/findings", get(self::findings))
+    } else {
+        router.route("/findings", get(findings_elsewhere))
+    };
+    router.with_state(shared)
+}
+
+/// The findings listener's routes; the probes too, as on loopback nothing off the node
+/// can exhaust its connections.
+pub(crate) fn findings_router(shared: Arc<Shared>) -> Router {
+    Router::new()
         .route("/findings", get(findings))
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .with_state(shared)
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn findings_elsewhere() -> (StatusCode, &'static str) {
+    (
+        StatusCode::NOT_FOUND,
+        "/findings is served on the findings listener (--findings-listen, 127.0.0.1:9465 by default), or here over TLS with client certificates required (client_auth_type: RequireAndVerifyClientCert)\n",
+    )
 }
 
 /// OpenMetrics when the client accepts it (Prometheus does), else the classic text format.

@@ -536,6 +536,59 @@ impl Metrics {
 
 pub(crate) use node_diag_common::openmetrics::openmetrics_to_text;
 
+/// One of the agent's HTTP listeners (`scrape` or `findings`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct ListenerLabel {
+    pub(crate) listener: String,
+}
+
+/// The HTTP listeners' own metrics, updated by the serving tasks without the registry's
+/// lock (prometheus-client's metrics are shared handles).
+#[derive(Clone)]
+pub(crate) struct HttpMetrics {
+    pub(crate) rejected: Family<ListenerLabel, Counter>,
+    pub(crate) open: Family<ListenerLabel, Gauge>,
+    /// By listener: 1 while its web config's last read succeeded (or it has none).
+    pub(crate) web_config_ok: Family<ListenerLabel, Gauge>,
+}
+
+impl Metrics {
+    /// Registers the HTTP listeners' metrics, their series for `listeners` at 0.
+    pub(crate) fn register_http(&mut self, listeners: &[&str]) -> HttpMetrics {
+        let rejected = Family::<ListenerLabel, Counter>::default();
+        self.registry.register(
+            "node_diag_http_connections_rejected",
+            "Connections closed as soon as accepted because the listener was at its cap (--http-max-connections, within the open-files budget), by listener (scrape, findings)",
+            rejected.clone(),
+        );
+        let open = Family::<ListenerLabel, Gauge>::default();
+        self.registry.register(
+            "node_diag_http_connections",
+            "Connections open on each HTTP listener (scrape, findings)",
+            open.clone(),
+        );
+        let web_config_ok = Family::<ListenerLabel, Gauge>::default();
+        self.registry.register(
+            "node_diag_web_config_last_reload_successful",
+            "By listener: 1 when the last read of its web config (--web-config-file for scrape, --findings-web-config-file for findings) succeeded or it has none, 0 when a changed file was refused and the previous config stays in force",
+            web_config_ok.clone(),
+        );
+        for listener in listeners {
+            let label = ListenerLabel {
+                listener: (*listener).to_owned(),
+            };
+            let _ = rejected.get_or_create(&label);
+            let _ = open.get_or_create(&label);
+            web_config_ok.get_or_create(&label).set(1);
+        }
+        HttpMetrics {
+            rejected,
+            open,
+            web_config_ok,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,7 +7,8 @@
 //! [`Agent`] holds what the loop owns, with one method per event source: a kernel
 //! event, the counters' tick, a link notification, the scope refresh, the MTU refresh.
 //!
-//! - [`state`]: what the loop shares with the HTTP handlers ([`http`]);
+//! - [`state`]: what the loop shares with the HTTP handlers ([`http`]), which [`serve`]
+//!   serves on the scrape and findings listeners, with bounds, TLS and basic auth;
 //!   [`findings_api`]: `/findings`, filtered and encoded from a snapshot of the store.
 //! - [`fds`]: the open-files limit raised at start, and the share HTTP may take;
 //!   [`failing`]: work retried every tick warns once while it fails.
@@ -54,6 +55,7 @@ mod path_findings;
 mod path_probe;
 mod process;
 mod rule_watch;
+mod serve;
 mod state;
 mod tc_follow;
 mod translate;
@@ -62,7 +64,7 @@ mod verdicts;
 use std::{
     net::SocketAddr,
     ops::RangeInclusive,
-    path::PathBuf,
+    path::{Path, PathBuf},
     sync::{
         Arc,
         atomic::{AtomicU64, Ordering},
@@ -83,7 +85,7 @@ use self::{
     conntrack_watch::ConntrackWatch,
     failing::Failing,
     icmp_watch::IcmpWatch,
-    metrics::{KernelTotals, Metrics},
+    metrics::{HttpMetrics, KernelTotals, ListenerLabel, Metrics},
     mtu_refresh::refresh_mtu,
     state::Shared,
     translate::Translator,
@@ -119,11 +121,14 @@ pub(crate) enum AgentError {
     Load(#[from] LoadError),
     #[error(transparent)]
     Map(#[from] MapMissing),
-    #[error("cannot listen on {addr}: {source} (pick another address with --listen)")]
+    #[error("cannot listen on {addr}: {source} (pick another address with {flag})")]
     Listen {
+        flag: &'static str,
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error("{0} (fix it, or run without --web-config-file)")]
+    WebConfig(#[from] serve::web_config::WebConfigError),
     #[error("cannot write the ready file {path}: {source}")]
     ReadyFile {
         path: PathBuf,
@@ -136,14 +141,43 @@ pub(crate) enum AgentError {
 /// `node-diag run`'s options, as the command line gives them.
 #[derive(clap::Args)]
 pub(crate) struct RunOptions {
-    /// Address for the HTTP endpoints (/metrics, /findings, /healthz, /readyz).
+    /// Address of the scrape listener: /metrics, /healthz, /readyz (and /findings only
+    /// over TLS with client certificates verified, see --web-config-file).
     #[arg(long, default_value = "127.0.0.1:9464", value_name = "ADDR")]
     listen: SocketAddr,
+    /// Address of the findings listener (/findings, /healthz, /readyz), loopback by
+    /// default: the findings name pods, Services and their addresses. `none` serves no
+    /// findings listener.
+    #[arg(long, default_value = "127.0.0.1:9465", value_name = "ADDR|none", value_parser = parse_findings_listen)]
+    findings_listen: FindingsListen,
+    /// Web config of the scrape listener in Prometheus exporter-toolkit's format
+    /// (tls_server_config, basic_auth_users, http_server_config.headers), re-read when it
+    /// or the files it names change.
+    #[arg(long, value_name = "PATH")]
+    web_config_file: Option<PathBuf>,
+    /// Web config of the findings listener, same format; without it that listener
+    /// speaks plain HTTP (loopback by default, where the probes and `node-diag findings`
+    /// reach it).
+    #[arg(long, value_name = "PATH")]
+    findings_web_config_file: Option<PathBuf>,
+    /// Time a client has to send a request head (from its connection, or from the
+    /// previous answer on a kept-alive connection) and to finish a TLS handshake.
+    #[arg(long, default_value = "10s", value_parser = parse_timeout, value_name = "DURATION")]
+    http_header_timeout: Duration,
+    /// A connection that moves no byte either way for this long is closed (e.g. a client
+    /// that stopped reading its answer).
+    #[arg(long, default_value = "60s", value_parser = parse_timeout, value_name = "DURATION")]
+    http_idle_timeout: Duration,
+    /// Connections open at once on each listener; more are closed as soon as accepted
+    /// (counted in node_diag_http_connections_rejected_total).
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=65_536), value_name = "N")]
+    http_max_connections: u32,
     /// Output format of findings on stdout.
     #[arg(short = 'o', long = "format", value_enum, default_value = "text")]
     format: OutputFormat,
-    /// File written (with the listen address) once every program is attached and the
-    /// HTTP endpoints are up; removed on exit.
+    /// File written once every program is attached and the HTTP endpoints are up (the
+    /// scrape listener's address on its first line, the findings listener's on the
+    /// second when there is one); removed on exit.
     #[arg(long, value_name = "PATH")]
     ready_file: Option<PathBuf>,
     /// SYN retransmits after which a connect is reported as timing out (2 ≈ 3 s).
@@ -205,6 +239,57 @@ fn node_name(given: Option<&str>) -> String {
         },
         str::to_owned,
     )
+}
+
+/// The listeners' web configs as read at start.
+struct WebConfigs {
+    scrape: Option<(PathBuf, serve::web_config::Loaded)>,
+    findings: Option<(PathBuf, serve::web_config::Loaded)>,
+}
+
+/// Reads a web config given on the command line; its warnings logged.
+fn load_web_config(
+    path: Option<&Path>,
+) -> Result<Option<(PathBuf, serve::web_config::Loaded)>, AgentError> {
+    let Some(path) = path else {
+        return Ok(None);
+    };
+    let loaded = serve::web_config::load(path)?;
+    for w in &loaded.warnings {
+        warn!(file = %path.display(), "web config: {w}");
+    }
+    Ok(Some((path.to_owned(), loaded)))
+}
+
+/// Each listener's connection cap: `--http-max-connections`, but no more than its
+/// share of the files HTTP may hold ([`fds::connection_budget`]), so that connections
+/// on every listener together never take the files the agent's own work needs.
+fn connection_cap(flag: u32, budget: u64, listeners: usize) -> usize {
+    let share = budget / (listeners.max(1) as u64);
+    usize::try_from(share.min(u64::from(flag)))
+        .unwrap_or(usize::MAX)
+        .max(1)
+}
+
+/// `--findings-listen`: an address, or none.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FindingsListen(Option<SocketAddr>);
+
+fn parse_findings_listen(s: &str) -> Result<FindingsListen, String> {
+    if s.eq_ignore_ascii_case("none") {
+        return Ok(FindingsListen(None));
+    }
+    s.parse()
+        .map(|a| FindingsListen(Some(a)))
+        .map_err(|e| format!("{e}: expected ADDR:PORT (e.g. 127.0.0.1:9465) or none"))
+}
+
+fn parse_timeout(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| format!("{e} (e.g. 10s, 500ms, 1m)"))?;
+    if d.is_zero() {
+        return Err("must be above zero".into());
+    }
+    Ok(d)
 }
 
 const MAX_FINDINGS: usize = 4096;
@@ -313,6 +398,11 @@ impl Agent {
     async fn start(
         opts: RunOptions,
     ) -> Result<(Self, mpsc::UnboundedReceiver<(EventKind, Event)>), AgentError> {
+        // Before anything is loaded: a bad web config is the operator's to fix first.
+        let web = WebConfigs {
+            scrape: load_web_config(opts.web_config_file.as_deref())?,
+            findings: load_web_config(opts.findings_web_config_file.as_deref())?,
+        };
         // The programs' maps are empty before this: evidence begins here.
         let loaded_ns = monotonic_ns();
         let mut loaded = loader::load(&loader::Options {
@@ -336,10 +426,26 @@ impl Agent {
         let listener = tokio::net::TcpListener::bind(opts.listen)
             .await
             .map_err(|source| AgentError::Listen {
+                flag: "--listen",
                 addr: opts.listen,
                 source,
             })?;
         let local = listener.local_addr()?;
+        let findings_listener =
+            match opts.findings_listen.0 {
+                Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.map_err(
+                    |source| AgentError::Listen {
+                        flag: "--findings-listen",
+                        addr,
+                        source,
+                    },
+                )?),
+                None => None,
+            };
+        let findings_local = match &findings_listener {
+            Some(l) => Some(l.local_addr()?),
+            None => None,
+        };
         let tc = match TcIngress::load(&mut loaded.ebpf, opts.tc_attach) {
             Ok(tc) => Some(tc),
             Err(e) => {
@@ -390,12 +496,7 @@ impl Agent {
         // Stale from here on: the loop takes a fresh look every refresh.
         drop(node);
 
-        let app = http::router(agent.shared.clone());
-        agent.tasks.push(tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, app).await {
-                warn!(error = %e, "HTTP server stopped");
-            }
-        }));
+        agent.serve(listener, findings_listener, web);
         let (tx, rx) = mpsc::unbounded_channel();
         let drain = crate::kernel::ring::drain(ring, tx, agent.bad_records.clone());
         agent.tasks.push(tokio::spawn(async move {
@@ -412,15 +513,106 @@ impl Agent {
         }
         agent.refresh_mtu().await;
         if let Some(path) = &agent.opts.ready_file
-            && let Err(source) = std::fs::write(path, format!("{local}\n"))
+            && let Err(source) = std::fs::write(
+                path,
+                match findings_local {
+                    Some(findings) => format!("{local}\n{findings}\n"),
+                    None => format!("{local}\n"),
+                },
+            )
         {
             let path = path.clone();
             agent.shutdown();
             return Err(AgentError::ReadyFile { path, source });
         }
         agent.shared.set_ready(true);
-        info!(listen = %local, "ready");
+        match findings_local {
+            Some(findings) => info!(listen = %local, findings_listen = %findings, "ready"),
+            None => info!(listen = %local, "ready"),
+        }
         Ok((agent, rx))
+    }
+
+    /// Serves the HTTP endpoints on the listeners (and keeps the web config, when there
+    /// is one, in step with its files).
+    fn serve(
+        &mut self,
+        scrape: tokio::net::TcpListener,
+        findings: Option<tokio::net::TcpListener>,
+        web: WebConfigs,
+    ) {
+        let shared = self.shared.clone();
+        let names: &[&str] = if findings.is_some() {
+            &["scrape", "findings"]
+        } else {
+            &["scrape"]
+        };
+        let metrics = shared.metrics().register_http(names);
+        let mut listeners = vec![serve::Listener {
+            name: "scrape",
+            tcp: scrape,
+            routes: serve::Routes::Scrape {
+                plain: http::scrape_router(shared.clone(), false),
+                with_findings: http::scrape_router(shared.clone(), true),
+            },
+            web: self.web_config("scrape", web.scrape, &metrics),
+        }];
+        if let Some(tcp) = findings {
+            listeners.push(serve::Listener {
+                name: "findings",
+                tcp,
+                routes: serve::Routes::Findings(http::findings_router(shared.clone())),
+                web: self.web_config("findings", web.findings, &metrics),
+            });
+        }
+        let max_connections = connection_cap(
+            self.opts.http_max_connections,
+            fds::connection_budget(),
+            listeners.len(),
+        );
+        if max_connections < self.opts.http_max_connections as usize {
+            warn!(
+                flag = self.opts.http_max_connections,
+                budget = fds::connection_budget(),
+                listeners = listeners.len(),
+                cap = max_connections,
+                "HTTP connection cap lowered to the listeners' share of the open-files budget"
+            );
+        } else {
+            info!(
+                cap = max_connections,
+                budget = fds::connection_budget(),
+                "HTTP connection cap per listener"
+            );
+        }
+        let limits = serve::Limits {
+            header_timeout: self.opts.http_header_timeout,
+            idle_timeout: self.opts.http_idle_timeout,
+            max_connections,
+        };
+        self.tasks.push(serve::spawn(listeners, limits, metrics));
+    }
+
+    /// One listener's web config, kept in step with its files when it has one.
+    fn web_config(
+        &mut self,
+        listener: &'static str,
+        loaded: Option<(PathBuf, serve::web_config::Loaded)>,
+        metrics: &HttpMetrics,
+    ) -> serve::WebConfig {
+        let Some((path, loaded)) = loaded else {
+            return tokio::sync::watch::channel(Arc::new(serve::web_config::Active::default())).1;
+        };
+        let watch = serve::web_config::Watch::new(&path, &loaded);
+        let (tx, rx) = tokio::sync::watch::channel(Arc::new(loaded.active));
+        let ok = metrics
+            .web_config_ok
+            .get_or_create(&ListenerLabel {
+                listener: listener.to_owned(),
+            })
+            .clone();
+        self.tasks.push(serve::spawn_reload(path, watch, tx, ok));
+        rx
     }
 
     /// A kernel verdict: judged, its pods named, counted and recorded; a late success
@@ -838,7 +1030,19 @@ static LIST_NAMESPACES: Failing = Failing::new(
 
 #[cfg(test)]
 mod tests {
-    use super::node_name;
+    use super::{connection_cap, node_name};
+
+    #[test]
+    fn the_connection_cap_stays_within_the_open_files_budget() {
+        // A raised limit: the flag decides.
+        assert_eq!(connection_cap(256, (1 << 20) - 256, 2), 256);
+        // A hard limit of 1,024 (budget 768): each of two listeners gets its half.
+        assert_eq!(connection_cap(1000, 768, 2), 384);
+        assert_eq!(connection_cap(1000, 768, 1), 768);
+        assert_eq!(connection_cap(256, 768, 2), 256);
+        assert_eq!(connection_cap(256, 16, 2), 8);
+        assert_eq!(connection_cap(256, 0, 2), 1, "never none at all");
+    }
 
     #[test]
     fn the_node_name_is_the_flag_else_the_hostname() {
