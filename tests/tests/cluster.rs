@@ -382,4 +382,49 @@ fn a_policy_drop_on_node_b_joins_the_clients_timeout_on_node_a() {
         assert_eq!(cols[3], "tcp_timeout/firewall", "{}", lines[0]);
         assert!(lines[0].contains("node node-b"), "{}", lines[0]);
     }
+
+    // The README's examples are this test's outputs: `NODE_DIAG_PRINT_EXAMPLES=1 ...
+    // --test cluster a_policy -- --nocapture` prints them.
+    if std::env::var_os("NODE_DIAG_PRINT_EXAMPLES").is_some() {
+        let bin = node_diag_bin();
+        let bin = bin.to_str().unwrap();
+        let server = format!("http://{}", net.nodes[1].listen());
+        let probe_port = joined_port.to_string();
+        let pod_b = topo.pod_b_ip.to_string();
+        let runs: [(&str, Vec<&str>); 5] = [
+            (
+                &net.mgmt,
+                vec![bin, "findings", "--server", &server, "--color", "never"],
+            ),
+            (
+                &net.mgmt,
+                vec![
+                    bin,
+                    "findings",
+                    "--cluster",
+                    SERVICE,
+                    "--dns-server",
+                    "10.77.0.254",
+                    "--color",
+                    "never",
+                ],
+            ),
+            (&topo.node_a, vec![bin, "doctor"]),
+            (&topo.node_a, vec![bin, "mtu"]),
+            (
+                &topo.pod_a,
+                vec![bin, "probe", &pod_b, "--port", &probe_port],
+            ),
+        ];
+        for (netns, argv) in runs {
+            let out = cmd::try_run_in(netns, &argv);
+            println!(
+                "$ {}\n{}{}(exit {:?})\n",
+                argv[1..].join(" "),
+                text(&out.stdout),
+                text(&out.stderr),
+                out.status.code()
+            );
+        }
+    }
 }
