@@ -129,8 +129,20 @@ enum Command {
 struct FindingsArgs {
     /// URL of the agent's findings endpoint [default: http://127.0.0.1:9465, else
     /// http://127.0.0.1:9464 for an agent serving findings beside its metrics].
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", conflicts_with = "cluster")]
     server: Option<String>,
+    /// Every agent behind this headless Service (all its A and AAAA records), merged
+    /// into one stream with a node column; e.g. node-diag.node-diag.svc.cluster.local.
+    #[arg(long, value_name = "NAME")]
+    cluster: Option<String>,
+    /// With --cluster: the agents' findings port [default: from the SRV record
+    /// _findings._tcp.NAME, a Service port named `findings`].
+    #[arg(long, value_name = "PORT", requires = "cluster")]
+    port: Option<u16>,
+    /// With --cluster: resolve NAME with this DNS server (IP or IP:PORT) instead of
+    /// /etc/resolv.conf's.
+    #[arg(long, value_name = "ADDR", requires = "cluster", value_parser = parse_dns_server)]
+    dns_server: Option<std::net::SocketAddr>,
     /// Keep polling and print findings as they appear, grow or change status.
     #[arg(short, long)]
     follow: bool,
@@ -189,8 +201,23 @@ impl FindingsArgs {
             format: self.format,
             color,
             poll: Duration::from_secs(1),
+            cluster: self.cluster.map(|name| client::cluster::Cluster {
+                name,
+                port: self.port,
+                dns_server: self.dns_server,
+            }),
         }
     }
+}
+
+/// `--dns-server`: `IP`, `IP:PORT` or `[IPv6]:PORT`; port 53 when not given.
+fn parse_dns_server(s: &str) -> Result<std::net::SocketAddr, String> {
+    if let Ok(addr) = s.parse::<std::net::SocketAddr>() {
+        return Ok(addr);
+    }
+    s.parse::<std::net::IpAddr>()
+        .map(|ip| std::net::SocketAddr::new(ip, 53))
+        .map_err(|_| format!("{s:?} is not an IP address or IP:PORT"))
 }
 
 fn parse_kind(s: &str) -> Result<findings::Kind, String> {
@@ -361,8 +388,12 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Findings(args) => {
-            client::run(args.options())?;
-            Ok(ExitCode::SUCCESS)
+            let some_unreachable = client::run(args.options())?;
+            Ok(if some_unreachable {
+                ExitCode::from(client::EXIT_SOME_UNREACHABLE)
+            } else {
+                ExitCode::SUCCESS
+            })
         }
         Command::Doctor(args) => {
             let report = doctor::run(args.cri_socket.as_deref());

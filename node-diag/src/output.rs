@@ -163,7 +163,19 @@ fn pad(text: &str, width: usize) -> String {
 /// The compact line of `node-diag findings`: `HH:MM:SS SEV kind/layer ends ×count
 /// summary`, at most [`LINE_WIDTH`] columns (the summary is cut to fit). An ended
 /// finding shows when it ended and `RESOLVED`/`SUPERSEDED` before its summary.
+#[cfg(test)]
 pub(crate) fn compact_line(f: &Finding, color: bool) -> String {
+    compact_line_on(f, None, color)
+}
+
+/// Width of the node column of `node-diag findings --cluster` (longer names are cut).
+pub(crate) const NODE_WIDTH: usize = 14;
+
+/// [`compact_line`] with a node column after the time (`--cluster`): `HH:MM:SS node SEV
+/// ...`, the summary shortened so the line keeps its width.
+pub(crate) fn compact_line_on(f: &Finding, node: Option<&str>, color: bool) -> String {
+    let node = node.map(|n| pad(&fit(n, NODE_WIDTH), NODE_WIDTH) + " ");
+    let node = node.as_deref().unwrap_or("");
     let time = match f.status {
         Status::Active => clock(&f.last_seen),
         _ => clock(f.resolved_at.as_deref().unwrap_or(&f.last_seen)),
@@ -179,7 +191,8 @@ pub(crate) fn compact_line(f: &Finding, color: bool) -> String {
     let head_len = [time, sev, &what, &place, &count]
         .iter()
         .map(|s| s.chars().count() + 1)
-        .sum::<usize>();
+        .sum::<usize>()
+        + node.chars().count();
     let room = LINE_WIDTH.saturating_sub(head_len).max(MIN_SUMMARY);
     let (status, summary) = match status_tag(f.status) {
         Some((word, c)) => {
@@ -192,16 +205,28 @@ pub(crate) fn compact_line(f: &Finding, color: bool) -> String {
         None => (String::new(), fit(short_summary(f), room)),
     };
     format!(
-        "{time} {} {what} {place} {count} {status}{summary}",
+        "{time} {node}{} {what} {place} {count} {status}{summary}",
         paint(sev, color.then_some(sev_color))
     )
 }
 
 /// `-o wide`: the compact line, then the whole summary, the evidence, the fix, the node
 /// and the status, indented and wrapped.
+#[cfg(test)]
 pub(crate) fn wide_lines(f: &Finding, node: Option<&str>, color: bool) -> String {
+    wide_lines_on(f, node, false, color)
+}
+
+/// [`wide_lines`], with the node column on the first line when `node_column`
+/// (`--cluster`).
+pub(crate) fn wide_lines_on(
+    f: &Finding,
+    node: Option<&str>,
+    node_column: bool,
+    color: bool,
+) -> String {
     const INDENT: usize = 14;
-    let mut out = compact_line(f, color);
+    let mut out = compact_line_on(f, node.filter(|_| node_column), color);
     let mut field = |name: &str, value: &str| {
         if value.is_empty() {
             return;
@@ -465,6 +490,24 @@ mod tests {
         assert!(!use_color(Auto, false, None), "not a terminal");
         assert!(use_color(Always, false, Some("1")), "the flag wins");
         assert!(!use_color(Never, true, None));
+    }
+
+    #[test]
+    fn the_cluster_view_puts_the_node_after_the_time_and_keeps_the_width() {
+        let f = worded();
+        let plain = compact_line(&f, false);
+        let line = compact_line_on(&f, Some("node-a"), false);
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(cols[1], "node-a", "{line}");
+        assert_eq!(cols[2], plain.split_whitespace().nth(1).unwrap());
+        assert!(line.chars().count() <= LINE_WIDTH, "{line}");
+        // Long names are cut so the columns stay aligned.
+        let long = compact_line_on(&f, Some("ip-10-0-12-34.eu-west-1.compute.internal"), false);
+        let column = |l: &str| l.find(" WARN ").map(|i| l[..i].chars().count());
+        assert_eq!(column(&long), column(&line), "{long}\n{line}");
+        let wide = wide_lines_on(&f, Some("node-a"), true, false);
+        assert_eq!(wide.lines().next().unwrap(), line);
+        assert!(wide.contains("node node-a"), "{wide}");
     }
 
     #[test]

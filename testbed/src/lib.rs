@@ -16,6 +16,8 @@
 //!   tunnel's port dropped) and route-cache helpers (learn, read, flush a path MTU).
 //! - [`pod_ipv6`]: IPv6 addresses for either topology's pods, routed through its
 //!   overlay.
+//! - [`cluster`]: a management network around node namespaces with a real DNS server
+//!   (dnsmasq) serving the agents' headless Service, for `node-diag findings --cluster`.
 //! - [`netns`]: the [`Netns`] guard, and [`in_netns`] / [`spawn_in_netns`], which run a
 //!   closure on a thread that entered a namespace; sockets created there stay in it.
 //! - [`cni`]: the device shapes real CNIs create (flannel, Calico VXLAN and IPIP,
@@ -38,6 +40,7 @@
 //! [`Topology`], so the compiler makes them stop before the namespaces go.
 
 pub mod agent;
+pub mod cluster;
 pub mod cmd;
 pub mod cni;
 #[cfg(feature = "cri")]

@@ -50,6 +50,8 @@ const TEST_TOOLS: &[(&str, &str)] = &[
     ("containerd", "containerd"),
     ("ctr", "containerd"),
     ("runc", "runc"),
+    // The DNS server of the cluster view's headless Service (findings --cluster).
+    ("dnsmasq", "dnsmasq-base"),
 ];
 /// Debian packages the tests need that install no binary of their own on `PATH`: the
 /// aarch64 C library; the CNI plugins (in /usr/lib/cni) containerd's pods are wired

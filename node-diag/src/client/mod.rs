@@ -5,23 +5,33 @@
 //!   (an older agent ignores them).
 //! - [`follow`]: each finding's identity (its store entry) and what changed between two
 //!   polls.
+//! - [`cluster`]: `--cluster NAME`, every agent behind a headless Service, asked
+//!   concurrently; their answers are merged into one stream with a node column, and an
+//!   agent that does not answer is named while the others are still shown.
+//! - [`join`]: in that merged view, a client's unexplained `tcp_timeout` on one node and
+//!   another node's inbound drop of the same connect's SYNs become one finding.
 //!
 //! Without `--follow` it prints every matching finding (up to the agent's limit, saying
 //! on stderr when the answer was cut); with it, the last `--last` ones and then every
 //! change. Each finding is printed through `crate::output`: compact, wide or its JSON as
 //! the agent sent it.
 
+pub(crate) mod cluster;
 pub(crate) mod follow;
+pub(crate) mod join;
 pub(crate) mod query;
 
 use std::{
+    collections::{BTreeMap, HashMap},
     io::{self, Write},
+    net::SocketAddr,
     time::{Duration, SystemTime},
 };
 
 use serde::Deserialize as _;
 
 use self::{
+    cluster::{Cluster, ClusterError, Member},
     follow::{Change, Tracker},
     query::{Filters, MAX_LIMIT},
 };
@@ -65,7 +75,16 @@ pub(crate) enum ClientError {
     },
     #[error("writing the findings")]
     Write(#[source] io::Error),
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
+    /// `--cluster`: every agent failed; each is named with its cause.
+    #[error("no agent of {name} answered: {}", .agents.join("; "))]
+    NoneAnswered { name: String, agents: Vec<String> },
 }
+
+/// Exit status of `node-diag findings --cluster` when some agents did not answer (the
+/// others' findings printed).
+pub(crate) const EXIT_SOME_UNREACHABLE: u8 = 3;
 
 impl ClientError {
     fn connect(url: &str, e: ureq::Error) -> ClientError {
@@ -93,12 +112,12 @@ pub(crate) fn authority(url: &str) -> Result<String, ClientError> {
 }
 
 /// One answer of the agent: its body and the headers that say whether it was cut.
-struct Answer {
-    body: String,
+pub(crate) struct Answer {
+    pub(crate) body: String,
     /// `X-Node-Diag-Total`: the findings matching before the limit.
-    total: Option<usize>,
+    pub(crate) total: Option<usize>,
     /// `X-Node-Diag-Truncated: true`.
-    truncated: bool,
+    pub(crate) truncated: bool,
 }
 
 /// `GET path` on the agent at `url`: the body of a `200` answer, decoded (chunked or not)
@@ -214,6 +233,16 @@ pub(crate) struct Options {
     pub(crate) format: FindingsFormat,
     pub(crate) color: bool,
     pub(crate) poll: Duration,
+    /// `--cluster`: every agent behind a headless Service instead of `server`.
+    pub(crate) cluster: Option<Cluster>,
+}
+
+/// What one fetch brought: the findings to consider, whether more matched, and the
+/// agents of a cluster that did not answer.
+struct Fetch {
+    batch: Vec<Fetched>,
+    more: Option<Option<usize>>,
+    unreachable: Vec<(Member, String)>,
 }
 
 /// How many findings `--follow` starts with unless `--last` says.
@@ -227,6 +256,10 @@ pub(crate) struct Session {
     tracker: Tracker,
     polls: u64,
     warned_truncated: bool,
+    /// `--cluster`: the agents that did not answer the last poll, with why.
+    down: BTreeMap<SocketAddr, String>,
+    /// `--cluster`: each agent's node, as its findings name it.
+    nodes: HashMap<SocketAddr, String>,
 }
 
 impl Session {
@@ -237,15 +270,161 @@ impl Session {
             tracker: Tracker::default(),
             polls: 0,
             warned_truncated: false,
+            down: BTreeMap::new(),
+            nodes: HashMap::new(),
         }
+    }
+
+    /// Whether the last poll of `--cluster` missed an agent.
+    pub(crate) fn some_unreachable(&self) -> bool {
+        !self.down.is_empty()
+    }
+
+    /// `--cluster`: asks every agent, merges their answers and joins the two ends of
+    /// failed connects. An agent that sends no `node` is named by its address.
+    fn fetch_cluster(&mut self, cluster: &Cluster, limit: usize) -> Result<Fetch, ClientError> {
+        let members = cluster.members()?;
+        let path = format!("/findings?{}", self.opts.filters.query(limit));
+        let answers = cluster::fetch_all(&members, &path, &get);
+        let mut all = Vec::new();
+        let mut unreachable = Vec::new();
+        let mut answered = Vec::new();
+        let (mut matched, mut truncated) = (0usize, false);
+        for (m, answer) in members.iter().zip(answers) {
+            let parsed = answer.and_then(|a| {
+                parse_findings(&a.body)
+                    .map(|fs| (a.total, a.truncated, fs))
+                    .map_err(|cause| ClientError::Parse {
+                        url: m.url(),
+                        cause,
+                    })
+            });
+            match parsed {
+                Ok((total, cut, mut fs)) => {
+                    for f in &mut fs {
+                        match &f.node {
+                            Some(n) => {
+                                self.nodes.insert(m.addr, n.clone());
+                            }
+                            None => f.node = Some(m.addr.ip().to_string()),
+                        }
+                    }
+                    matched += total.unwrap_or(0).max(fs.len());
+                    truncated |= cut || total.is_some_and(|t| t > fs.len());
+                    all.extend(fs);
+                    answered.push(m.clone());
+                }
+                Err(e) => unreachable.push((m.clone(), describe(&e))),
+            }
+        }
+        if answered.is_empty() {
+            return Err(ClientError::NoneAnswered {
+                name: cluster.name.clone(),
+                agents: unreachable
+                    .iter()
+                    .map(|(m, why)| format!("{}: {why}", m.addr))
+                    .collect(),
+            });
+        }
+        // A filter may have kept a timeout's other end away (another kind, the server
+        // pod's namespace): fetch the inbound drops apart, unfiltered.
+        let narrowed = self.opts.filters.narrows();
+        let partners = if narrowed && join::has_candidates(&all) {
+            let path = format!(
+                "/findings?kind={}&limit={MAX_LIMIT}",
+                crate::findings::Kind::TcpSynDropped
+            );
+            cluster::fetch_all(&answered, &path, &get)
+                .into_iter()
+                .zip(&answered)
+                .filter_map(|(a, m)| {
+                    let mut fs = parse_findings(&a.ok()?.body).ok()?;
+                    for f in &mut fs {
+                        f.node.get_or_insert_with(|| m.addr.ip().to_string());
+                    }
+                    Some(fs)
+                })
+                .flatten()
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let mut all = join::join(all, &partners);
+        let now = SystemTime::now();
+        all.retain(|f| self.opts.filters.matches(&f.finding, now));
+        all.sort_by(|a, b| a.finding.last_seen.cmp(&b.finding.last_seen));
+        // The answers' own cut, or this one: joins make two findings one, so the
+        // agents' totals are an upper bound here.
+        let more = if all.len() > limit {
+            all.drain(..all.len() - limit);
+            Some(Some(matched))
+        } else if truncated {
+            Some(Some(matched))
+        } else {
+            None
+        };
+        Ok(Fetch {
+            batch: all,
+            more,
+            unreachable,
+        })
+    }
+
+    /// Says on `err` (and in JSON on `out`) which agents stopped or started answering
+    /// since the last poll.
+    fn report_agents(
+        &mut self,
+        unreachable: Vec<(Member, String)>,
+        out: &mut dyn Write,
+        err: &mut dyn Write,
+    ) -> Result<(), ClientError> {
+        let now: BTreeMap<SocketAddr, String> = unreachable
+            .into_iter()
+            .map(|(m, why)| (m.addr, why))
+            .collect();
+        let name = |addr: &SocketAddr, nodes: &HashMap<SocketAddr, String>| match nodes.get(addr) {
+            Some(node) => format!("{addr} (node {node})"),
+            None => addr.to_string(),
+        };
+        for (addr, why) in &now {
+            if self.down.contains_key(addr) {
+                continue;
+            }
+            let _ = writeln!(
+                err,
+                "node-diag: agent {} did not answer: {why}",
+                name(addr, &self.nodes)
+            );
+            if self.opts.format == FindingsFormat::Json {
+                let line = serde_json::json!({
+                    "agent_unreachable": {
+                        "agent": addr.to_string(),
+                        "node": self.nodes.get(addr),
+                        "error": why,
+                    }
+                });
+                writeln!(out, "{line}").map_err(ClientError::Write)?;
+            }
+        }
+        for addr in self.down.keys() {
+            if !now.contains_key(addr) {
+                let _ = writeln!(
+                    err,
+                    "node-diag: agent {} answers again",
+                    name(addr, &self.nodes)
+                );
+            }
+        }
+        self.down = now;
+        Ok(())
     }
 
     /// Fetches the matching findings, oldest first, at most `limit` of them, and whether
     /// more matched: `Some(how many matched)`, `Some(None)` when the agent did not say.
-    fn fetch(
-        &mut self,
-        limit: usize,
-    ) -> Result<(Vec<Fetched>, Option<Option<usize>>), ClientError> {
+    fn fetch(&mut self, limit: usize) -> Result<Fetch, ClientError> {
+        if let Some(cluster) = self.opts.cluster.clone() {
+            return self.fetch_cluster(&cluster, limit);
+        }
         let path = format!("/findings?{}", self.opts.filters.query(limit));
         let answer = match &self.url {
             Some(url) => get(url, &path)?,
@@ -285,7 +464,11 @@ impl Session {
         } else {
             None
         };
-        Ok((all, more))
+        Ok(Fetch {
+            batch: all,
+            more,
+            unreachable: Vec::new(),
+        })
     }
 
     /// One poll: prints what it should to `out`, and notes on `err`.
@@ -304,7 +487,15 @@ impl Session {
         // Following, every poll asks for as much as it may, so that an older finding
         // that ends (its last_seen unchanged) is still in the answer.
         let limit = if self.opts.follow { MAX_LIMIT } else { last };
-        let (batch, more) = self.fetch(limit)?;
+        let Fetch {
+            batch,
+            more,
+            unreachable,
+        } = self.fetch(limit)?;
+        let cluster = self.opts.cluster.is_some();
+        if cluster {
+            self.report_agents(unreachable, out, err)?;
+        }
         let changes = self.tracker.update(&batch);
         let shown: Vec<(usize, Change)> = if first {
             // The start: only the last N.
@@ -317,9 +508,13 @@ impl Session {
             let f = &batch[i];
             let text = match self.opts.format {
                 FindingsFormat::Json => serde_json::to_string(&f.raw).unwrap_or_default(),
-                FindingsFormat::Text => output::compact_line(&f.finding, self.opts.color),
+                FindingsFormat::Text => output::compact_line_on(
+                    &f.finding,
+                    f.node.as_deref().filter(|_| cluster),
+                    self.opts.color,
+                ),
                 FindingsFormat::Wide => {
-                    output::wide_lines(&f.finding, f.node.as_deref(), self.opts.color)
+                    output::wide_lines_on(&f.finding, f.node.as_deref(), cluster, self.opts.color)
                 }
             };
             writeln!(out, "{text}").map_err(ClientError::Write)?;
@@ -341,8 +536,9 @@ impl Session {
 }
 
 /// Prints the agent's findings; with `follow`, keeps polling and prints each finding
-/// again whenever it grows or its status changes, until interrupted.
-pub(crate) fn run(opts: Options) -> Result<(), ClientError> {
+/// again whenever it grows or its status changes, until interrupted. `Ok(true)`: with
+/// `--cluster`, some agents did not answer the last poll.
+pub(crate) fn run(opts: Options) -> Result<bool, ClientError> {
     let poll = opts.poll;
     run_with(opts, &mut io::stdout(), &mut io::stderr(), |_| {
         std::thread::sleep(poll);
@@ -361,7 +557,7 @@ fn run_with(
     out: &mut dyn Write,
     err: &mut dyn Write,
     mut between: impl FnMut(u64) -> bool,
-) -> Result<(), ClientError> {
+) -> Result<bool, ClientError> {
     let follow = opts.follow;
     let mut session = Session::new(opts);
     let mut answered = false;
@@ -376,7 +572,7 @@ fn run_with(
             }
             // A reader that went away (`| head`) ends the run quietly.
             Err(ClientError::Write(e)) if e.kind() == io::ErrorKind::BrokenPipe => {
-                return Ok(());
+                return Ok(session.some_unreachable());
             }
             Err(e) if follow && answered => {
                 if !failing {
@@ -387,7 +583,7 @@ fn run_with(
             Err(e) => return Err(e),
         }
         if !follow || !between(session.polls) {
-            return Ok(());
+            return Ok(session.some_unreachable());
         }
     }
 }

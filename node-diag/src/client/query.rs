@@ -130,6 +130,16 @@ impl Filters {
             .join("&")
     }
 
+    /// Whether a filter other than `--since` keeps findings away: one that could hide a
+    /// timeout's other end in `--cluster`'s joins.
+    pub(crate) fn narrows(&self) -> bool {
+        !self.kinds.is_empty()
+            || self.severity.is_some()
+            || self.namespace.is_some()
+            || self.pod.is_some()
+            || !self.statuses.is_empty()
+    }
+
     /// Whether `f` passes every filter, for a poll made at `now`.
     pub(crate) fn matches(&self, f: &Finding, now: SystemTime) -> bool {
         let pods = [f.pod.as_ref(), f.peer_pod.as_ref()];

@@ -81,6 +81,7 @@ fn options(url: &str, format: FindingsFormat) -> Options {
         format,
         color: false,
         poll: Duration::from_millis(10),
+        cluster: None,
     }
 }
 

@@ -1,0 +1,430 @@
+//! `node-diag findings --cluster`: three agents in three node namespaces behind a
+//! headless-Service-shaped name that a real dnsmasq serves (A records for every node's
+//! address, `_findings._tcp.NAME` SRV with their port), read by the real client in the
+//! management namespace as an SRE's laptop or a debug pod would.
+//!
+//! Node 1 and node 2 are the testbed's two nodes (vxlan overlay, one pod each); node 3
+//! has only its management link. Each agent is named (`--node-name`) node-a, node-b,
+//! node-c and serves `/findings` on its management address (`--findings-listen`).
+//!
+//! Root, `NODE_DIAG_BIN` set (or `cargo xtask integration`), one test at a time:
+//! `cargo test -p node-diag-tests --test cluster -- --test-threads=1`.
+
+use std::collections::BTreeSet;
+use std::io::{BufRead as _, BufReader};
+use std::net::{SocketAddr, SocketAddrV4};
+use std::process::{Output, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use node_diag_testbed::cluster::{ClusterNet, Node, SERVICE};
+use node_diag_tests::finding::{field, flow_is};
+use node_diag_tests::{
+    Agent, ConnectOutcome, ServerMode, TcpServer, Topology, cmd, node_diag_bin, ok, tcp_connect,
+    unique_name,
+};
+use serde_json::Value;
+
+const NODES: [&str; 3] = ["node-a", "node-b", "node-c"];
+/// Long enough for a connect's SYN and its retransmits at 1 s and 3 s.
+const TIMING_OUT: Duration = Duration::from_secs(4);
+const COMMENT: &str = "np default/deny-db";
+/// Calico names a workload's ingress policy chain after its interface.
+const CHAIN: &str = "cali-tw-vpod0";
+
+/// The testbed topology, its cluster network around node A, node B and a third node.
+fn cluster() -> (Topology, ClusterNet) {
+    let topo = Topology::new();
+    let net = ok(ClusterNet::build(
+        &format!("{}c", unique_name()),
+        &[&topo.node_a, &topo.node_b],
+        1,
+    ));
+    (topo, net)
+}
+
+/// The agent of `node`, named `name`, serving `/findings` on its management address.
+fn start_agent<'t>(node: &'t Node, name: &str) -> Agent<'t> {
+    let listen = node.listen();
+    Agent::start_ready_in_with_args(node, &["--node-name", name, "--findings-listen", &listen])
+}
+
+/// `node-diag findings --cluster SERVICE` run in the management namespace with `args`.
+fn findings_cluster(net: &ClusterNet, args: &[&str]) -> Output {
+    let dns = net.dns.to_string();
+    let bin = node_diag_bin();
+    let mut argv = vec![
+        bin.to_str().unwrap(),
+        "findings",
+        "--cluster",
+        SERVICE,
+        "--dns-server",
+        &dns,
+        "--color",
+        "never",
+    ];
+    argv.extend_from_slice(args);
+    cmd::try_run_in(&net.mgmt, &argv)
+}
+
+fn text(out: &[u8]) -> String {
+    String::from_utf8_lossy(out).into_owned()
+}
+
+/// The JSON lines of an `-o json` run.
+fn json_lines(out: &Output) -> Vec<Value> {
+    text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
+/// A connect from `node`'s own namespace to a closed port of its loopback: refused at
+/// once, a `tcp_refused` / `listener` finding of that node's agent.
+fn refuse_on(agent: &Agent, node: &Node, port: u16) {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let outcome = tcp_connect(&node.netns, addr, Duration::from_secs(2));
+    assert!(matches!(outcome, ConnectOutcome::Refused), "{outcome:?}");
+    agent.wait_served(
+        |f| field(f, "kind") == "tcp_refused" && f["dport"].as_u64() == Some(u64::from(port)),
+        Duration::from_secs(4),
+    );
+}
+
+/// Three agents, one finding each: one merged stream in text (the node column) and in
+/// JSON, `--follow` across all of them; then node C's agent stops, and the other two
+/// are still shown while node C's address is named and the exit status says so.
+#[test]
+fn three_agents_make_one_stream_and_a_down_agent_is_named() {
+    let (_topo, net) = cluster();
+    let mut agents: Vec<Agent> = net
+        .nodes
+        .iter()
+        .zip(NODES)
+        .map(|(n, name)| start_agent(n, name))
+        .collect();
+    for (i, (agent, node)) in agents.iter().zip(&net.nodes).enumerate() {
+        refuse_on(agent, node, 7001 + i as u16);
+    }
+
+    let out = findings_cluster(&net, &[]);
+    assert!(out.status.success(), "{out:?}");
+    let stdout = text(&out.stdout);
+    for (i, name) in NODES.iter().enumerate() {
+        let port = format!("127.0.0.1:{} ", 7001 + i);
+        let line = stdout
+            .lines()
+            .find(|l| l.contains(&port))
+            .unwrap_or_else(|| panic!("no line for {name}'s finding:\n{stdout}"));
+        // `HH:MM:SS node SEV kind/layer ...`: the node column after the time.
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(cols[1], *name, "{line}");
+        assert_eq!(cols[3], "tcp_refused/listener", "{line}");
+    }
+    assert!(text(&out.stderr).is_empty(), "{}", text(&out.stderr));
+
+    let out = findings_cluster(&net, &["-o", "json", "--kind", "tcp_refused"]);
+    assert!(out.status.success(), "{out:?}");
+    let lines = json_lines(&out);
+    let nodes: BTreeSet<&str> = lines.iter().map(|f| field(f, "node")).collect();
+    assert_eq!(nodes, NODES.into_iter().collect(), "{lines:#?}");
+    assert!(lines.iter().all(|f| f["id"].is_string()), "{lines:#?}");
+
+    // --follow across all: a finding made on node B after the start is printed.
+    let bin = node_diag_bin();
+    let dns = net.dns.to_string();
+    let mut follow = node_diag_testbed::cmd::exec_in(
+        &net.mgmt,
+        &[
+            bin.to_str().unwrap(),
+            "findings",
+            "--cluster",
+            SERVICE,
+            "--dns-server",
+            &dns,
+            "--follow",
+            "--last",
+            "0",
+            "-o",
+            "json",
+        ],
+    );
+    let mut child = follow
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn findings --follow");
+    let (tx, rx) = mpsc::channel::<String>();
+    let stdout = child.stdout.take().unwrap();
+    thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    thread::sleep(Duration::from_secs(2));
+    refuse_on(&agents[1], &net.nodes[1], 7010);
+    let deadline = Instant::now() + Duration::from_secs(6);
+    let seen = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) => {
+                let f: Value = serde_json::from_str(&line).expect("a JSON line");
+                assert_ne!(
+                    f["dport"].as_u64(),
+                    Some(7001),
+                    "--last 0 prints only what comes next: {f:#}"
+                );
+                if f["dport"].as_u64() == Some(7010) {
+                    break f;
+                }
+            }
+            Err(_) => {
+                let _ = child.kill();
+                panic!("--follow printed no finding for port 7010");
+            }
+        }
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(field(&seen, "node"), "node-b", "{seen:#}");
+
+    // Node C's agent goes away.
+    agents[2].kill();
+    let out = findings_cluster(&net, &[]);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    let stdout = text(&out.stdout);
+    let stderr = text(&out.stderr);
+    for (i, name) in NODES[..2].iter().enumerate() {
+        let port = format!("127.0.0.1:{} ", 7001 + i);
+        assert!(
+            stdout
+                .lines()
+                .any(|l| l.contains(&port) && l.split_whitespace().nth(1) == Some(name)),
+            "{name} still shown:\n{stdout}"
+        );
+    }
+    assert!(!stdout.contains("node-c"), "{stdout}");
+    let down = net.nodes[2].listen();
+    assert!(
+        stderr.contains(&format!("agent {down} did not answer")),
+        "{stderr}"
+    );
+    let out = findings_cluster(&net, &["-o", "json"]);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    let lines = json_lines(&out);
+    let unreachable: Vec<&Value> = lines
+        .iter()
+        .filter_map(|l| l.get("agent_unreachable"))
+        .collect();
+    assert_eq!(unreachable.len(), 1, "{lines:#?}");
+    assert_eq!(unreachable[0]["agent"], down.as_str(), "{lines:#?}");
+    let nodes: BTreeSet<&str> = lines
+        .iter()
+        .filter(|l| l.get("kind").is_some())
+        .map(|f| field(f, "node"))
+        .collect();
+    assert_eq!(nodes, NODES[..2].iter().copied().collect(), "{lines:#?}");
+}
+
+/// Node B's Calico-style ingress policy for pod B: what leaves by pod B's veth goes
+/// through `cali-tw-vpod0`, whose rule drops TCP to `port`.
+fn ingress_policy_on_node_b(topo: &Topology, port: u16) {
+    let port = port.to_string();
+    let ipt = |args: &[&str]| {
+        let mut argv = vec!["iptables-nft"];
+        argv.extend_from_slice(args);
+        cmd::run_in(&topo.node_b, &argv);
+    };
+    ipt(&["-N", CHAIN]);
+    ipt(&["-A", "FORWARD", "-o", "vpod0", "-j", CHAIN]);
+    ipt(&[
+        "-A",
+        CHAIN,
+        "-p",
+        "tcp",
+        "--dport",
+        &port,
+        "-m",
+        "comment",
+        "--comment",
+        COMMENT,
+        "-j",
+        "DROP",
+    ]);
+}
+
+fn is_kind_to(f: &Value, kind: &str, topo: &Topology, port: u16) -> bool {
+    field(f, "kind") == kind && flow_is(f, topo.pod_a_ip, topo.pod_b_ip, port)
+}
+
+/// Pod A (node A) connects to pod B (node B), whose ingress policy on node B drops the
+/// SYNs: node A's agent has a `tcp_timeout` it cannot explain, node B's an inbound
+/// `tcp_syn_dropped` naming the rule. The cluster view shows one joined verdict on node
+/// A naming node B and the drop, both originals referenced by id. The control: a
+/// connect to another port of pod B, its SYNs dropped inside pod B (no inbound drop of
+/// that flow on node B) stays a plain, unjoined timeout.
+#[test]
+fn a_policy_drop_on_node_b_joins_the_clients_timeout_on_node_a() {
+    let (topo, net) = cluster();
+    // Each node routes the other's overlay address through the tunnel, as flannel's
+    // VTEP addresses are routed (inside each node's pod CIDR): node A's path probe of
+    // an unexplained timeout, sent from its overlay address, then gets pod B's echo
+    // replies back, and judges the path as passing, not the overlay as lost.
+    for (node, peer) in [
+        (&topo.node_a, topo.node_b_overlay),
+        (&topo.node_b, topo.node_a_overlay),
+    ] {
+        let peer = format!("{peer}/32");
+        cmd::run_in(node, &["ip", "route", "add", &peer, "dev", "vx0"]);
+    }
+    let agents: Vec<Agent> = net
+        .nodes
+        .iter()
+        .zip(NODES)
+        .map(|(n, name)| start_agent(n, name))
+        .collect();
+    let (joined_port, control_port) = (9431, 9432);
+    let _server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(joined_port), ServerMode::Echo);
+    let _control = TcpServer::start(&topo.pod_b, topo.pod_b_addr(control_port), ServerMode::Echo);
+    ingress_policy_on_node_b(&topo, joined_port);
+    cmd::run_in(
+        &topo.pod_b,
+        &[
+            "nft",
+            &format!(
+                "add table inet podfw; add chain inet podfw input {{ type filter hook input priority 0; }}; add rule inet podfw input tcp dport {control_port} drop"
+            ),
+        ],
+    );
+
+    for port in [joined_port, control_port] {
+        let target = SocketAddr::V4(SocketAddrV4::new(topo.pod_b_ip, port));
+        let outcome = tcp_connect(&topo.pod_a, target, TIMING_OUT);
+        assert!(matches!(outcome, ConnectOutcome::TimedOut), "{outcome:?}");
+    }
+    // Each end as its own agent serves it.
+    let client = agents[0].wait_served(
+        |f| is_kind_to(f, "tcp_timeout", &topo, joined_port),
+        Duration::from_secs(4),
+    );
+    assert_eq!(field(&client, "layer"), "unknown", "{client:#}");
+    let server = agents[1].wait_served(
+        |f| {
+            is_kind_to(f, "tcp_syn_dropped", &topo, joined_port)
+                && f["evidence"].get("rule").is_some()
+        },
+        Duration::from_secs(6),
+    );
+    let control = agents[0].wait_served(
+        |f| is_kind_to(f, "tcp_timeout", &topo, control_port),
+        Duration::from_secs(4),
+    );
+    assert_eq!(field(&control, "layer"), "unknown", "{control:#}");
+    assert!(
+        !agents[1].findings_endpoint().iter().any(|f| is_kind_to(
+            f,
+            "tcp_syn_dropped",
+            &topo,
+            control_port
+        )),
+        "the control's SYNs are dropped in pod B, not by node B's firewall"
+    );
+
+    let out = findings_cluster(&net, &["-o", "json"]);
+    assert!(out.status.success(), "{out:?}");
+    let lines = json_lines(&out);
+    let about = |port: u16| -> Vec<&Value> {
+        lines
+            .iter()
+            .filter(|f| {
+                flow_is(f, topo.pod_a_ip, topo.pod_b_ip, port)
+                    && matches!(field(f, "kind"), "tcp_timeout" | "tcp_syn_dropped")
+            })
+            .collect()
+    };
+    let joined = about(joined_port);
+    assert_eq!(joined.len(), 1, "one joined verdict: {lines:#?}");
+    let j = joined[0];
+    assert_eq!(field(j, "kind"), "tcp_timeout", "{j:#}");
+    assert_eq!(field(j, "layer"), "firewall", "{j:#}");
+    assert_eq!(field(j, "node"), "node-a", "{j:#}");
+    let e = &j["evidence"];
+    assert_eq!(e["drop_node"], "node-b", "{j:#}");
+    assert_eq!(e["drop_reason"], "NETFILTER_DROP", "{j:#}");
+    assert_eq!(e["policy"], "default/deny-db", "{j:#}");
+    assert_eq!(e["rule"]["chain"], CHAIN, "{j:#}");
+    assert_eq!(e["pod_interface"], "vpod0", "{j:#}");
+    assert_eq!(j["joined"]["client"]["id"], client["id"], "{j:#}");
+    assert_eq!(j["joined"]["client"]["node"], "node-a", "{j:#}");
+    assert_eq!(j["joined"]["server"]["id"], server["id"], "{j:#}");
+    assert_eq!(j["joined"]["server"]["node"], "node-b", "{j:#}");
+    assert!(field(j, "summary").contains("node node-b"), "{j:#}");
+
+    let control_lines = about(control_port);
+    assert_eq!(control_lines.len(), 1, "{lines:#?}");
+    assert_eq!(field(control_lines[0], "layer"), "unknown", "{lines:#?}");
+    assert!(control_lines[0].get("joined").is_none(), "{lines:#?}");
+
+    // In text, on the client's node, naming node B; and through a kind filter, which
+    // keeps the inbound half away from the agents' answers.
+    for args in [&[][..], &["--kind", "tcp_timeout"][..]] {
+        let out = findings_cluster(&net, args);
+        assert!(out.status.success(), "{out:?}");
+        let stdout = text(&out.stdout);
+        let port = format!(":{joined_port} ");
+        let lines: Vec<&str> = stdout.lines().filter(|l| l.contains(&port)).collect();
+        assert_eq!(lines.len(), 1, "{args:?}:\n{stdout}");
+        let cols: Vec<&str> = lines[0].split_whitespace().collect();
+        assert_eq!(cols[1], "node-a", "{}", lines[0]);
+        assert_eq!(cols[3], "tcp_timeout/firewall", "{}", lines[0]);
+        assert!(lines[0].contains("node node-b"), "{}", lines[0]);
+    }
+
+    // The README's examples are this test's outputs: `NODE_DIAG_PRINT_EXAMPLES=1 ...
+    // --test cluster a_policy -- --nocapture` prints them.
+    if std::env::var_os("NODE_DIAG_PRINT_EXAMPLES").is_some() {
+        let bin = node_diag_bin();
+        let bin = bin.to_str().unwrap();
+        let server = format!("http://{}", net.nodes[1].listen());
+        let probe_port = joined_port.to_string();
+        let pod_b = topo.pod_b_ip.to_string();
+        let runs: [(&str, Vec<&str>); 5] = [
+            (
+                &net.mgmt,
+                vec![bin, "findings", "--server", &server, "--color", "never"],
+            ),
+            (
+                &net.mgmt,
+                vec![
+                    bin,
+                    "findings",
+                    "--cluster",
+                    SERVICE,
+                    "--dns-server",
+                    "10.77.0.254",
+                    "--color",
+                    "never",
+                ],
+            ),
+            (&topo.node_a, vec![bin, "doctor"]),
+            (&topo.node_a, vec![bin, "mtu"]),
+            (
+                &topo.pod_a,
+                vec![bin, "probe", &pod_b, "--port", &probe_port],
+            ),
+        ];
+        for (netns, argv) in runs {
+            let out = cmd::try_run_in(netns, &argv);
+            println!(
+                "$ {}\n{}{}(exit {:?})\n",
+                argv[1..].join(" "),
+                text(&out.stdout),
+                text(&out.stderr),
+                out.status.code()
+            );
+        }
+    }
+}
