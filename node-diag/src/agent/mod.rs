@@ -39,10 +39,10 @@
 mod blackholes;
 mod conntrack_watch;
 mod drop_sites;
-mod health;
 mod failing;
 mod fds;
 mod findings_api;
+mod health;
 mod http;
 pub(crate) mod icmp_watch;
 pub(crate) mod metrics;
@@ -286,6 +286,8 @@ struct Agent {
     watch: IcmpWatch,
     shared: Arc<Shared>,
     pods: PodsHandle,
+    /// The pod index's generation the held findings were last named under.
+    pods_named: u64,
     translator: Translator,
     drop_sites: drop_sites::DropSites,
     names: Names,
@@ -362,6 +364,7 @@ impl Agent {
             watch,
             shared,
             pods: crate::pods::watch(opts.cri_socket.clone()).await,
+            pods_named: 0,
             translator: Translator::start(service_failures),
             drop_sites: drop_sites::DropSites::default(),
             names,
@@ -522,6 +525,7 @@ impl Agent {
     /// them whether ICMP is watched), the black holes still open. `queued`: events wait.
     fn on_tick(&mut self, queued: bool) {
         self.rules.tick(&self.maps);
+        self.name_new_pods();
         let (entries, now_ns) = self.maps.verdict_counts();
         let stamp = crate::findings::rfc3339(SystemTime::now());
         let read = self.verdicts.read(&entries, now_ns, queued, &stamp);
@@ -573,6 +577,25 @@ impl Agent {
         for f in resolved {
             print_finding(&f, self.opts.format);
         }
+    }
+
+    /// When the pod index changed: the held findings that name no pod yet are named from
+    /// it, so a pod's first connects, made before the runtime was read, are named
+    /// within the second that follows.
+    fn name_new_pods(&mut self) {
+        let generation = self.pods.generation();
+        if generation == self.pods_named {
+            return;
+        }
+        self.pods_named = generation;
+        let index = self.pods.current();
+        if index.len() == 0 {
+            return;
+        }
+        self.shared.store().update(
+            |f| f.pod.is_none() || f.peer_pod.is_none(),
+            |f| f.name_pods(index.name(&f.ends())),
+        );
     }
 
     /// A read of a watched flow's rules ended: the rule it named goes into the flow's
