@@ -51,7 +51,7 @@ pub(crate) fn lookup_percpu<K: Pod, V: Pod, S>(
     max: usize,
     mut sum: impl FnMut(&[V]) -> S,
 ) -> io::Result<Vec<(K, S)>> {
-    if size_of::<V>() % 8 != 0 || size_of::<V>() == 0 || cpus == 0 {
+    if !size_of::<V>().is_multiple_of(8) || size_of::<V>() == 0 || cpus == 0 {
         return Err(io::Error::from(io::ErrorKind::InvalidInput));
     }
     let mut out = Vec::new();
