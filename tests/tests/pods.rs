@@ -105,6 +105,8 @@ fn pod_created_while_the_agent_runs_is_named_within_2s() {
         );
         thread::sleep(Duration::from_millis(100));
     };
+    assert_shape(&named);
+    assert_eq!(field(&named, "layer"), "listener", "{named:#}");
     assert_eq!(named["src"], pod.ip.to_string(), "{named:#}");
     assert_eq!(named["dport"], 8085, "{named:#}");
 }
