@@ -1,10 +1,13 @@
 //! The scale workloads of pods and interfaces: what following a busy node costs the
 //! agent when nothing goes wrong on it.
 //!
-//! - [`PodFleet`]: a real containerd (the pod tests' own, from the testbed) in node A,
-//!   [`PODS`] pod sandboxes created through its CRI API, the agent started with its
-//!   socket; during the workload one pod is replaced (the oldest removed, a new one
-//!   created) every [`POD_CHURN_EVERY`], as a node's pods come and go.
+//! - [`PodFleet`]: [`PODS`] pods in node A as a CNI plugin wires them (a network
+//!   namespace each, joined to node A by a veth, an address on its `eth0`); during the
+//!   workload one pod is replaced (the oldest removed, a new one created) every
+//!   [`POD_CHURN_EVERY`], as a node's pods come and go. No container runtime: xtask
+//!   builds without the testbed's CRI client (it needs protoc, which xtask installs), so
+//!   the pods are what the agent's scope sees of them, their namespaces and veths; the
+//!   runtime side (events, status reads) is the pod tests' (`tests/pods.rs`).
 //! - [`churn_interfaces`]: [`INTERFACES`] interfaces (veth pairs, both ends in node A)
 //!   created, then removed, in batches spread over the workload.
 //!
@@ -15,14 +18,13 @@ use std::{
     collections::VecDeque,
     io::Write as _,
     net::Ipv4Addr,
-    path::Path,
     process::{Command, Stdio},
     thread,
     time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, Result, bail};
-use node_diag_testbed::containerd::{Containerd, Pod, PodPool};
+use node_diag_testbed::{cmd, netns::Netns};
 
 use super::signal::check_interrupted;
 use crate::say::bench as say;
@@ -36,36 +38,28 @@ pub(super) const INTERFACES: usize = 1_000;
 /// Veth pairs created (or removed) at once: one `ip -batch` run.
 const PAIRS_PER_BATCH: usize = 25;
 
-/// The pods' addresses: room for [`PODS`] and the churn, away from the topology's.
-const POOL: PodPool = PodPool {
-    subnet: Ipv4Addr::new(10, 89, 0, 0),
-    prefix: 16,
-    first: Ipv4Addr::new(10, 89, 0, 10),
-    last: Ipv4Addr::new(10, 89, 3, 250),
-};
+/// A pod: its namespace (deleted on drop, which deletes its veth pair too).
+struct FleetPod {
+    _netns: Netns,
+}
 
-/// Tools the pod workload needs besides the bench's: (binary, Debian package).
-pub(super) const POD_TOOLS: &[(&str, &str)] = &[
-    ("containerd", "containerd"),
-    ("ctr", "containerd"),
-    ("runc", "runc"),
-];
-
-/// containerd in node A and the pods it runs; all removed on drop (the testbed's guard).
+/// The pods of node `node`; all removed on drop.
 pub(super) struct PodFleet {
-    containerd: Containerd,
-    pods: VecDeque<Pod>,
-    created: u64,
+    node: String,
+    prefix: String,
+    pods: VecDeque<FleetPod>,
+    created: u32,
 }
 
 impl PodFleet {
-    /// Starts containerd in `netns` and creates `count` pods ([`PODS`] but in a smoke
-    /// run).
-    pub(super) fn start(netns: &str, count: usize) -> Result<Self> {
+    /// Creates `count` pods in node `node` ([`PODS`] but in a smoke run); their
+    /// namespaces are named `<prefix>p<n>` (the bench's prefix, so a bench that dies
+    /// leaves none for long).
+    pub(super) fn start(node: &str, prefix: &str, count: usize) -> Result<Self> {
         let started = Instant::now();
-        let containerd = Containerd::start(netns, POOL).context("containerd in node A")?;
         let mut fleet = Self {
-            containerd,
+            node: node.to_owned(),
+            prefix: prefix.to_owned(),
             pods: VecDeque::new(),
             created: 0,
         };
@@ -74,25 +68,38 @@ impl PodFleet {
             fleet.create()?;
         }
         say(format_args!(
-            "{count} pods created through containerd's CRI in {:.0} s",
+            "{count} pods (namespaces and veths) in node A in {:.0} s",
             started.elapsed().as_secs_f64()
         ));
         Ok(fleet)
     }
 
-    /// The CRI socket the agent is given.
-    pub(super) fn socket(&self) -> &Path {
-        self.containerd.socket()
-    }
-
+    /// One pod more: a namespace, a veth into node A, its address, both ends up.
     fn create(&mut self) -> Result<()> {
         let n = self.created;
-        let pod = self
-            .containerd
-            .run_pod("scale", &format!("web-{n}"), &format!("uid-scale-{n}"))
-            .with_context(|| format!("pod web-{n}"))?;
         self.created += 1;
-        self.pods.push_back(pod);
+        let netns = Netns::create(&format!("{}p{n}", self.prefix))?;
+        let ns = netns.name().to_owned();
+        let host_if = format!("ndbp{n}");
+        cmd::run(&[
+            "ip", "link", "add", &host_if, "netns", &self.node, "type", "veth", "peer", "name",
+            "eth0", "netns", &ns,
+        ])?;
+        // Addresses from 10.89.0.0/16, as a node's pod CIDR.
+        let ip = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 89, 0, 10)) + n % 60_000);
+        cmd::run(&[
+            "ip",
+            "-n",
+            &ns,
+            "addr",
+            "add",
+            &format!("{ip}/32"),
+            "dev",
+            "eth0",
+        ])?;
+        cmd::run(&["ip", "-n", &ns, "link", "set", "eth0", "up"])?;
+        cmd::run(&["ip", "-n", &self.node, "link", "set", &host_if, "up"])?;
+        self.pods.push_back(FleetPod { _netns: netns });
         Ok(())
     }
 
@@ -105,11 +112,8 @@ impl PodFleet {
         while next < began + duration {
             check_interrupted()?;
             thread::sleep(next.saturating_duration_since(Instant::now()));
-            if let Some(old) = self.pods.pop_front() {
-                self.containerd
-                    .remove_pod(&old.id)
-                    .with_context(|| format!("remove pod {}", old.name))?;
-            }
+            // Dropped: its namespace deleted, and its veth pair with it.
+            drop(self.pods.pop_front());
             self.create()?;
             replaced += 1;
             next += POD_CHURN_EVERY;

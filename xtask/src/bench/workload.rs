@@ -48,8 +48,8 @@ pub(crate) enum Workload {
     /// unfiltered by eight clients every 100 ms each while a trickle of refused connects
     /// keeps changing it; the agent's CPU is the figure. No polls without the agent.
     FindingsPoll,
-    /// 110 pod sandboxes run by a real containerd in node A (the agent given its CRI
-    /// socket), one replaced every 2 s; the agent's CPU is the figure.
+    /// 110 pods in node A (a namespace and a veth each, as a CNI plugin wires them), one
+    /// replaced every 2 s; the agent's CPU is the figure.
     ScalePods,
     /// 1,000 interfaces (veth pairs in node A) created, then removed, over the window;
     /// the agent's CPU is the figure.
