@@ -182,10 +182,13 @@ impl KernelMaps {
             }
         }
         let fd = self.drop_reasons.map().fd().as_fd();
-        let slots = lookup_percpu::<u32, DropSlot, u64>(fd, cpus, self.reason_slots as usize, |v| {
-            v.iter().map(|slot| slot.count).sum()
-        })?;
-        counts.drops.extend(slots.into_iter().filter(|(_, n)| *n > 0));
+        let slots =
+            lookup_percpu::<u32, DropSlot, u64>(fd, cpus, self.reason_slots as usize, |v| {
+                v.iter().map(|slot| slot.count).sum()
+            })?;
+        counts
+            .drops
+            .extend(slots.into_iter().filter(|(_, n)| *n > 0));
         let fd = self.drops.map().fd().as_fd();
         for (key, n) in lookup_percpu::<DropKey, u64, u64>(fd, cpus, usize::MAX, total)? {
             *counts.drops.entry(key.reason).or_default() += n;
@@ -226,13 +229,6 @@ impl KernelMaps {
                 values.iter().sum::<u64>();
         }
         counts
-    }
-
-    /// Both reads of the counters, to compare them (tests only).
-    #[cfg(test)]
-    pub(crate) fn counts_both(&self) -> (Option<KernelCounts>, KernelCounts) {
-        let batched = self.batch_cpus.get().and_then(|c| self.counts_batched(c).ok());
-        (batched, self.counts_by_entry())
     }
 
     /// The flows reported as PMTUD black holes whose sockets the kernel still tracks,
