@@ -19,7 +19,8 @@ const NETFILTER_DROP: &str = r#"node_diag_drops_total{reason="NETFILTER_DROP"}"#
 const DROP_PORT: u16 = 7997;
 /// The agent reads its maps every 500 ms; a count is settled after a few reads.
 const SETTLE: Duration = Duration::from_millis(1500);
-/// The agent refreshes its scope every 2 s.
+/// The agent refreshes its scope on the new veth's link notification (every 60 s
+/// without one); the bound is generous for a loaded machine.
 const JOIN: Duration = Duration::from_secs(15);
 
 /// Drops every UDP datagram to [`DROP_PORT`] that `netns` sends (nftables, output hook).
@@ -138,7 +139,7 @@ fn a_namespace_joining_the_node_is_counted_from_the_next_refresh() {
         "netns",
         &ns,
     ]);
-    // One datagram at a time until the agent's scope has it (the refresh is every 2 s).
+    // One datagram at a time until the agent's scope has it (on the veth's notification).
     let deadline = Instant::now() + JOIN;
     let mut probes = 0.0;
     loop {

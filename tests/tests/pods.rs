@@ -77,6 +77,41 @@ fn refused_connect_from_a_cri_pod_names_the_pod() {
 }
 
 #[test]
+fn pod_created_while_the_agent_runs_is_named_within_2s() {
+    let topo = Topology::new();
+    let mut containerd = start_containerd(&topo);
+    let agent = start_agent(&topo, &containerd);
+
+    // The pod's first connect comes at once, before the runtime could have been read
+    // (events, or the list every second where the runtime has no events).
+    let pod = ok(containerd.run_pod("shop", "late-4b2", "uid-late"));
+    let created = Instant::now();
+    let outcome = tcp_connect(&pod.netns, closed_port_on_node(8085), STEP);
+    assert!(matches!(outcome, ConnectOutcome::Refused), "{outcome:?}");
+    let deadline = created + Duration::from_secs(2);
+    let named = loop {
+        let found = agent
+            .findings_endpoint()
+            .into_iter()
+            .find(|f| from_pod("tcp_refused", &pod)(f) && names_pod(f, &pod));
+        if let Some(f) = found {
+            break f;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no finding names {pod:?} within 2 s of its creation:\n{:#?}\n{}",
+            agent.findings_endpoint(),
+            agent.stderr()
+        );
+        thread::sleep(Duration::from_millis(100));
+    };
+    assert_shape(&named);
+    assert_eq!(field(&named, "layer"), "listener", "{named:#}");
+    assert_eq!(named["src"], pod.ip.to_string(), "{named:#}");
+    assert_eq!(named["dport"], 8085, "{named:#}");
+}
+
+#[test]
 fn timed_out_connect_from_a_cri_pod_names_the_pod() {
     let topo = Topology::new();
     let mut containerd = start_containerd(&topo);

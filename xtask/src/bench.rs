@@ -19,7 +19,10 @@
 //!   RSS and CPU, and the memory of its eBPF maps (here and computed for a
 //!   128-CPU node);
 //! - a storm of refused connects, each of which must show up in a finding's `count` or
-//!   in `node_diag_events_lost_total`.
+//!   in `node_diag_events_lost_total`;
+//! - the scale workloads (`scale_pods`): the agent's CPU while node A has 110 pods (their
+//!   namespaces and veths), one replaced every 2 s, and while 1,000 interfaces are
+//!   created and removed; 20 s each, in the first three pairs only.
 //!
 //! The pairs run as nodes do, with the kernel's run statistics off: with them on, the
 //! kernel reads its clock twice around every program run, which on a nested VM costs more
@@ -35,6 +38,7 @@ mod floor;
 mod load;
 mod report;
 mod sample;
+mod scale_pods;
 mod settings;
 mod signal;
 mod usage;
@@ -58,6 +62,7 @@ use self::{
     load::{DropRule, EchoServer, IperfServer},
     report::Report,
     sample::{Mode, Sample},
+    scale_pods::PodFleet,
     settings::Settings,
     signal::{catch_signals, check_interrupted, interrupted},
     usage::{Before, empty_runs},
@@ -137,7 +142,10 @@ pub fn run(options: &Options) -> Result<()> {
 struct Bench<'a> {
     binary: &'a Path,
     settings: &'a Settings,
-    // Drop order: servers first, then the namespaces they live in.
+    /// The scale workload's pods, created at its first measurement and kept for the
+    /// rest (creating 110 takes a while).
+    fleet: std::cell::RefCell<Option<PodFleet>>,
+    // Drop order: the pods and servers first, then the namespaces they live in.
     _servers: (IperfServer, IperfServer, EchoServer),
     topo: Topology,
 }
@@ -158,6 +166,7 @@ impl<'a> Bench<'a> {
         Ok(Self {
             binary,
             settings,
+            fleet: std::cell::RefCell::new(None),
             _servers: servers,
             topo,
         })
@@ -169,6 +178,9 @@ impl<'a> Bench<'a> {
         let mut samples = Vec::new();
         for run in 0..self.settings.runs {
             for (index, &workload) in self.settings.workloads.iter().enumerate() {
+                if workload.scale() && run >= self.settings.scale_runs() {
+                    continue;
+                }
                 let order = if (run as usize + index).is_multiple_of(2) {
                     [Mode::Baseline, Mode::Agent]
                 } else {
@@ -190,7 +202,9 @@ impl<'a> Bench<'a> {
         } else {
             &self.settings.workloads[..]
         };
-        for &workload in profiled {
+        // The scale workloads' figure is the agent's CPU in the pairs; their traffic is
+        // none, so a profile would measure nothing per program.
+        for &workload in profiled.iter().filter(|w| !w.scale()) {
             check_interrupted()?;
             let sample = self
                 .measure(self.settings.runs, workload, Mode::Profile)
@@ -209,6 +223,10 @@ impl<'a> Bench<'a> {
             Mode::Profile => Some(EmptyPrograms::attach()?),
             _ => None,
         };
+        // The pods first: the agent finds them at its start, as on a node.
+        if workload == Workload::ScalePods {
+            self.pod_fleet()?;
+        }
         let mut agent = match mode {
             Mode::Agent if self.settings.null => None,
             // As installed: the TC classifier attached only once trouble shows.
@@ -255,6 +273,11 @@ impl<'a> Bench<'a> {
         let began = Instant::now();
         let mut sample = Sample::new(run, workload, mode);
         let duration = self.settings.duration(mode);
+        let duration = if workload.scale() {
+            self.settings.scale_duration(duration)
+        } else {
+            duration
+        };
         match workload {
             Workload::IperfOverlay | Workload::IperfLossy => {
                 let server = SocketAddr::V4(SocketAddrV4::new(self.topo.pod_b_ip, IPERF_PORT));
@@ -322,6 +345,14 @@ impl<'a> Bench<'a> {
                     sample.poll = Some(stats);
                 }
             }
+            Workload::ScalePods => {
+                let mut fleet = self.fleet.borrow_mut();
+                let fleet = fleet.as_mut().context("the pod fleet is gone")?;
+                sample.value = fleet.churn(duration)?;
+            }
+            Workload::ScaleInterfaces => {
+                sample.value = scale_pods::churn_interfaces(&self.topo.node_a, duration)?;
+            }
         }
         if let (Some((_, empty)), Some(earlier)) = (&profile, floor_before) {
             (sample.floor, sample.floor_by_tracepoint) = empty_runs(empty, &earlier)?;
@@ -350,6 +381,23 @@ impl<'a> Bench<'a> {
 }
 
 impl Bench<'_> {
+    /// The scale workload's pods, created at the first call.
+    fn pod_fleet(&self) -> Result<()> {
+        let mut fleet = self.fleet.borrow_mut();
+        if fleet.is_none() {
+            say(format_args!(
+                "scale: {} pods in node A",
+                self.settings.scale_pods()
+            ));
+            *fleet = Some(PodFleet::start(
+                &self.topo.node_a,
+                &format!("{NETNS_PREFIX}{}-", std::process::id()),
+                self.settings.scale_pods(),
+            )?);
+        }
+        Ok(())
+    }
+
     /// Fills the agent's store for the findings poll: a refused connect to each of
     /// [`FILL_PORTS`], then waits until the store stops growing. Returns the findings held.
     fn fill_store(&self, agent: &Agent) -> Result<u64> {

@@ -1,8 +1,8 @@
-//! Each scoped namespace's conntrack counters, read every refresh into a
+//! Each scoped namespace's conntrack counters, read every 2 s into a
 //! [`History`], and read again for a verdict whose flow packet got a `NETFILTER_DROP`:
 //! the [`Window`] the correlator judges (see `findings::conntrack` for the design).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 
 use node_diag_common::Event;
 
@@ -11,7 +11,10 @@ use crate::{
         conntrack::{History, Window},
         names::Names,
     },
-    host_network::conntrack_stats::{NetnsFile, read_netns, scope_files},
+    host_network::{
+        LocalNode,
+        conntrack_stats::{NetnsFile, read_netns, scope_files},
+    },
     kernel::maps::monotonic_ns,
 };
 
@@ -23,19 +26,38 @@ pub(crate) struct ConntrackWatch {
 }
 
 impl ConntrackWatch {
-    /// Reads every namespace of `scope` (all of them when `None`). Namespaces without
-    /// conntrack loaded have nothing to read and are skipped.
-    pub(crate) fn refresh(&mut self, scope: Option<&BTreeSet<u32>>) {
-        self.files = scope_files(scope)
-            .into_iter()
-            .map(|f| (f.inode, f))
-            .collect();
+    /// Finds every namespace anew and reads each (every namespace watched: no scope to
+    /// follow).
+    pub(crate) fn refresh_all(&mut self) {
+        self.follow_files(scope_files(None));
+        self.read();
+    }
+
+    /// Follows the namespaces of `node`'s scope: the agent's own and its pods', whose
+    /// files the scope refresh found (no scan of its own).
+    pub(crate) fn follow(&mut self, node: &LocalNode) {
+        let mut files = node.pod_files.clone();
+        files.push(NetnsFile {
+            inode: node.own,
+            path: "/proc/self/ns/net".into(),
+            name: "self".into(),
+        });
+        self.follow_files(files);
+    }
+
+    fn follow_files(&mut self, files: Vec<NetnsFile>) {
+        self.files = files.into_iter().map(|f| (f.inode, f)).collect();
+        self.history.retain(|ns| self.files.contains_key(&ns));
+    }
+
+    /// Reads the counters of every namespace followed. Namespaces without conntrack
+    /// loaded have nothing to read and are skipped.
+    pub(crate) fn read(&mut self) {
         for (&netns, file) in &self.files {
             if let Some(stats) = read_netns(file) {
                 self.history.record(netns, monotonic_ns(), stats);
             }
         }
-        self.history.retain(|ns| self.files.contains_key(&ns));
     }
 
     /// The conntrack window around the event's flow drop, when it was a

@@ -40,6 +40,7 @@
 //! map on every tick.
 
 mod blackholes;
+mod coalesce;
 mod conntrack_watch;
 mod drop_sites;
 mod failing;
@@ -82,6 +83,7 @@ use tracing::{info, warn};
 
 use self::{
     blackholes::BlackholeWatch,
+    coalesce::Coalesce,
     conntrack_watch::ConntrackWatch,
     failing::Failing,
     icmp_watch::IcmpWatch,
@@ -293,8 +295,18 @@ fn parse_timeout(s: &str) -> Result<Duration, String> {
 }
 
 const MAX_FINDINGS: usize = 4096;
-/// How often new pod namespaces and interfaces are picked up.
+/// How often the conntrack counters are read, held stalls and black holes looked at
+/// again, and the agent's own health checked; also how often the scope is refreshed
+/// where link notifications cannot be had.
 const REFRESH: Duration = Duration::from_secs(2);
+/// How often the scope (the pods' namespaces and interfaces) is refreshed without a link
+/// notification: they drive it, this is the safety net for notifications lost (a full
+/// socket buffer is seen and handled as a change; this covers the rest).
+const SCOPE_NET: Duration = Duration::from_secs(60);
+/// The scope is refreshed at most this often on link notifications (bursts coalesce).
+const SCOPE_SPACING: Duration = Duration::from_millis(100);
+/// The MTU model (which reads every pod's namespace) at most this often on them.
+const MTU_SPACING: Duration = Duration::from_secs(1);
 /// How often the MTU model is rebuilt without a link notification (pod namespaces
 /// change without one in the agent's namespace).
 const MTU_REFRESH: Duration = Duration::from_secs(10);
@@ -325,10 +337,13 @@ pub(crate) async fn run(opts: RunOptions) -> Result<(), AgentError> {
     let mut link_changes = match crate::host_network::watch() {
         Ok(rx) => Some(rx),
         Err(e) => {
-            warn!(error = %e, "no link notifications: MTU changes are picked up every {}s", MTU_REFRESH.as_secs());
+            warn!(error = %e, "no link notifications: the scope is refreshed every {}s, MTU changes picked up every {}s", REFRESH.as_secs(), MTU_REFRESH.as_secs());
             None
         }
     };
+    let mut scope_tick = scope_interval(link_changes.is_some()).await;
+    let mut scope_due = Coalesce::new(SCOPE_SPACING);
+    let mut mtu_due = Coalesce::new(MTU_SPACING);
     loop {
         tokio::select! {
             ev = events.recv() => {
@@ -339,14 +354,31 @@ pub(crate) async fn run(opts: RunOptions) -> Result<(), AgentError> {
                 agent.on_event(kind, ev).await;
             }
             _ = tick.tick() => agent.on_tick(!events.is_empty()),
-            _ = mtu_tick.tick() => agent.refresh_mtu().await,
+            _ = mtu_tick.tick() => {
+                agent.refresh_mtu().await;
+                mtu_due.done(Instant::now());
+            }
             changed = next_change(&mut link_changes) => {
                 if changed.is_none() {
-                    warn!("link notifications stopped: MTU changes are picked up every {}s", MTU_REFRESH.as_secs());
+                    warn!("link notifications stopped: the scope is refreshed every {}s, MTU changes picked up every {}s", REFRESH.as_secs(), MTU_REFRESH.as_secs());
                     link_changes = None;
+                    scope_tick = scope_interval(false).await;
                     continue;
                 }
-                agent.on_link_change().await;
+                scope_due.changed(Instant::now());
+                mtu_due.changed(Instant::now());
+            }
+            () = coalesce::until(scope_due.due()) => {
+                agent.on_scope();
+                scope_due.done(Instant::now());
+            }
+            () = coalesce::until(mtu_due.due()) => {
+                agent.refresh_mtu().await;
+                mtu_due.done(Instant::now());
+            }
+            _ = scope_tick.tick() => {
+                agent.on_scope();
+                scope_due.done(Instant::now());
             }
             _ = refresh_tick.tick() => {
                 agent.on_refresh();
@@ -375,6 +407,8 @@ struct Agent {
     watch: IcmpWatch,
     shared: Arc<Shared>,
     pods: PodsHandle,
+    /// The pod index's generation the held findings were last named under.
+    pods_named: u64,
     translator: Translator,
     drop_sites: drop_sites::DropSites,
     names: Names,
@@ -473,6 +507,7 @@ impl Agent {
             watch,
             shared,
             pods: crate::pods::watch(opts.cri_socket.clone()).await,
+            pods_named: 0,
             translator: Translator::start(service_failures),
             drop_sites: drop_sites::DropSites::default(),
             names,
@@ -492,7 +527,8 @@ impl Agent {
         };
         let node = agent.refresh_namespaces();
         agent.start_tc(node.as_ref(), loaded_ns);
-        agent.check_health();
+        // The first conntrack readings, and the first look at the agent's health.
+        agent.on_refresh();
         // Stale from here on: the loop takes a fresh look every refresh.
         drop(node);
 
@@ -821,6 +857,7 @@ impl Agent {
     /// them whether ICMP is watched), the black holes still open. `queued`: events wait.
     fn on_tick(&mut self, queued: bool) {
         self.rules.tick(&self.maps);
+        self.name_new_pods();
         let (entries, now_ns) = self.maps.verdict_counts();
         let stamp = crate::findings::rfc3339(SystemTime::now());
         let read = self.verdicts.read(&entries, now_ns, queued, &stamp);
@@ -875,6 +912,25 @@ impl Agent {
         }
     }
 
+    /// When the pod index changed: the held findings that name no pod yet are named from
+    /// it, so a pod's first connects, made before the runtime was read, are named
+    /// within the second that follows.
+    fn name_new_pods(&mut self) {
+        let generation = self.pods.generation();
+        if generation == self.pods_named {
+            return;
+        }
+        self.pods_named = generation;
+        let index = self.pods.current();
+        if index.len() == 0 {
+            return;
+        }
+        self.shared.store().update(
+            |f| f.pod.is_none() || f.peer_pod.is_none(),
+            |f| f.name_pods(index.name(&f.ends())),
+        );
+    }
+
     /// A read of a watched flow's rules ended: the rule it named goes into the flow's
     /// findings held (served on `/findings`; printed with their next repeat).
     fn on_rule(&mut self, done: rule_watch::Done) {
@@ -888,19 +944,21 @@ impl Agent {
         }
     }
 
-    /// A link came, went or changed: the scope first (a new pod's veth brings its
-    /// namespace in before its first connect, not at the next refresh), then the MTU
-    /// model and the classifier's interfaces.
-    async fn on_link_change(&mut self) {
+    /// A link came, went or changed (or the safety net's time came): the scope (a new
+    /// pod's veth brings its namespace in before its first connect), the namespaces whose
+    /// conntrack counters are read, and the classifier's interfaces.
+    fn on_scope(&mut self) {
         let node = self.refresh_namespaces();
-        self.refresh_mtu().await;
         self.follow_kept(node.as_ref());
     }
 
-    /// Every [`REFRESH`]: the scope, and the classifier's interfaces.
+    /// Every [`REFRESH`]: the conntrack counters, and the agent's own health.
     fn on_refresh(&mut self) {
-        let node = self.refresh_namespaces();
-        self.follow_kept(node.as_ref());
+        if self.opts.all_netns {
+            self.conntrack.refresh_all();
+        } else {
+            self.conntrack.read();
+        }
         self.check_health();
     }
 
@@ -957,12 +1015,11 @@ impl Agent {
         }
     }
 
-    /// Refreshes the scope (unless every namespace is watched) and reads the conntrack
-    /// counters of the namespaces in it; without a scope, the counters wait. Returns
-    /// the look at the node the scope came from.
+    /// Refreshes the scope (unless every namespace is watched) and follows the conntrack
+    /// counters of the namespaces in it; without a scope, the counters wait. Returns the
+    /// look at the node the scope came from.
     fn refresh_namespaces(&mut self) -> Option<LocalNode> {
         if self.opts.all_netns {
-            self.conntrack.refresh(None);
             // No scope to keep, but the pods' veths still tell inbound drops apart.
             if let Ok(node) = crate::host_network::local_node() {
                 self.maps.set_pod_links(node.own, &node.pod_links);
@@ -973,7 +1030,7 @@ impl Agent {
             self.shared.metrics().scope_refresh_failed();
             return None;
         };
-        self.conntrack.refresh(Some(&node.scope));
+        self.conntrack.follow(&node);
         Some(node)
     }
 
@@ -997,6 +1054,15 @@ impl Agent {
         // Dropping the Ebpf detaches every tracepoint link and unloads the programs.
         drop(self.loaded);
     }
+}
+
+/// The scope's periodic refresh: the safety net with link notifications, else every
+/// [`REFRESH`]; its first tick (at once) taken.
+async fn scope_interval(notified: bool) -> tokio::time::Interval {
+    let mut tick = tokio::time::interval(if notified { SCOPE_NET } else { REFRESH });
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    tick
 }
 
 /// Waits for the next link notification; never, without a watcher.

@@ -1,6 +1,7 @@
-//! Link notifications: a socket subscribed to `RTNLGRP_LINK`, and the watcher thread that
-//! turns its notifications into "re-snapshot" messages for the agent, so an MTU change or
-//! a new pod is seen at once instead of at the next periodic pass.
+//! Link notifications: a socket subscribed to `RTNLGRP_LINK` (and `RTNLGRP_NSID`), and the
+//! watcher thread that turns its notifications into "re-snapshot" messages for the agent,
+//! so an MTU change or a new pod is seen at once: they drive the scope, the periodic
+//! `/proc` scan being only a slow safety net.
 
 use std::{thread, time::Duration};
 
@@ -21,6 +22,9 @@ pub(crate) enum MonitorError {
 
 /// `RTNLGRP_LINK` as a bind-time group mask (`RTMGRP_LINK`).
 const RTMGRP_LINK: u32 = 1;
+/// `RTNLGRP_NSID`: a namespace given an id in ours (a pod's, once its veth's peer is in
+/// it) or losing it. Too high for the bind-time mask: joined by `NETLINK_ADD_MEMBERSHIP`.
+const RTNLGRP_NSID: u32 = 28;
 
 /// A socket subscribed to the link notifications of the namespace it was opened in
 /// (`RTNLGRP_LINK`: links added, removed or changed, MTU changes included), and, where
@@ -35,6 +39,9 @@ impl LinkMonitor {
     pub(crate) fn new(poll: Duration) -> Result<Self, NetlinkError> {
         let mut sock = Socket::new(NETLINK_ROUTE)?;
         sock.bind(&SocketAddr::new(0, RTMGRP_LINK))?;
+        if let Err(e) = sock.add_membership(RTNLGRP_NSID) {
+            tracing::debug!(error = %e, "no namespace id notifications; link ones only");
+        }
         if let Err(e) = sock.set_listen_all_namespaces(true) {
             tracing::debug!(error = %e, "link notifications limited to the agent's namespace");
         }
@@ -57,7 +64,10 @@ impl LinkMonitor {
                     if matches!(
                         msg.payload,
                         NetlinkPayload::InnerMessage(
-                            RouteNetlinkMessage::NewLink(_) | RouteNetlinkMessage::DelLink(_)
+                            RouteNetlinkMessage::NewLink(_)
+                                | RouteNetlinkMessage::DelLink(_)
+                                | RouteNetlinkMessage::NewNsId(_)
+                                | RouteNetlinkMessage::DelNsId(_)
                         )
                     ) {
                         return Ok(true);

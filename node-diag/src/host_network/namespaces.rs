@@ -163,32 +163,92 @@ fn pod_veth_peers(links: &[Link]) -> Result<Vec<(u32, NetnsFile)>, NetlinkError>
         .iter()
         .filter_map(|l| l.tunnel.as_ref()?.bound_to)
         .collect();
-    let veths: Vec<Link> = links
+    let veths: Vec<&Link> = links
         .iter()
         .filter(|l| {
             l.kind.as_deref() == Some("veth")
                 && l.link_netnsid.is_some()
                 && !underlays.contains(&l.index)
         })
-        .cloned()
         .collect();
     if veths.is_empty() {
         return Ok(Vec::new());
     }
-    let own = netns_inode(Path::new("/proc/self/ns/net")).unwrap_or(0);
-    let files: Vec<_> = namespace_files()
-        .into_iter()
-        .filter(|f| f.inode != own)
-        .collect();
-    let peers = veth_peer_namespaces(&veths, &files)?;
+    let wanted: HashSet<i32> = veths.iter().filter_map(|l| l.link_netnsid).collect();
+    let peers = PEERS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .resolve(&wanted)?;
     Ok(veths
         .iter()
-        .filter_map(|l| {
-            let id = l.link_netnsid?;
-            let (_, file) = peers.iter().find(|(nsid, _)| *nsid == id)?;
-            Some((l.index, file.clone()))
-        })
+        .filter_map(|l| Some((l.index, peers.get(&l.link_netnsid?)?.clone())))
         .collect())
+}
+
+/// The pod namespaces found so far, by the id ours gives them.
+static PEERS: std::sync::Mutex<PeerFiles> = std::sync::Mutex::new(PeerFiles(None));
+
+/// The file pinning each namespace that holds a pod veth's peer, by the id our namespace
+/// gives it, as found by earlier refreshes: a refresh checks each (one netlink request)
+/// and scans `/proc` and `/run/netns` only for an id none of them has, so a node's scope
+/// follows its pods at a cost that does not grow with its processes.
+struct PeerFiles(Option<std::collections::HashMap<i32, NetnsFile>>);
+
+impl PeerFiles {
+    /// The files of the namespaces with the ids `wanted`, those found.
+    fn resolve(
+        &mut self,
+        wanted: &HashSet<i32>,
+    ) -> Result<std::collections::HashMap<i32, NetnsFile>, NetlinkError> {
+        let sock = socket()?;
+        let known = self.0.get_or_insert_with(Default::default);
+        // A namespace gone, or its id now another's (ids are reused), is found anew.
+        known.retain(|id, f| wanted.contains(id) && still_has(&sock, f, *id));
+        let missing: HashSet<i32> = wanted
+            .iter()
+            .filter(|id| !known.contains_key(id))
+            .copied()
+            .collect();
+        if !missing.is_empty() {
+            let own = netns_inode(Path::new("/proc/self/ns/net")).unwrap_or(0);
+            let files: Vec<_> = namespace_files()
+                .into_iter()
+                .filter(|f| f.inode != own)
+                .collect();
+            known.extend(ids_of(&sock, &files, &missing));
+        }
+        Ok(known.clone())
+    }
+}
+
+/// Whether `file` still pins the namespace our namespace calls `id`.
+fn still_has(sock: &Socket, file: &NetnsFile, id: i32) -> bool {
+    let Ok(fd) = fs::File::open(&file.path) else {
+        return false;
+    };
+    fd.metadata().map(|m| m.ino() as u32).ok() == Some(file.inode)
+        && matches!(nsid_of(sock, fd.as_raw_fd() as u32), Ok(Some(got)) if got == id)
+}
+
+/// The namespaces among `files` our namespace gives one of the ids `wanted`, each once;
+/// the scan stops once every id is found.
+fn ids_of(sock: &Socket, files: &[NetnsFile], wanted: &HashSet<i32>) -> Vec<(i32, NetnsFile)> {
+    let mut out: Vec<(i32, NetnsFile)> = Vec::new();
+    for f in files {
+        if out.len() == wanted.len() {
+            break;
+        }
+        let Ok(file) = fs::File::open(&f.path) else {
+            continue;
+        };
+        if let Ok(Some(id)) = nsid_of(sock, file.as_raw_fd() as u32)
+            && wanted.contains(&id)
+            && !out.iter().any(|(seen, _)| *seen == id)
+        {
+            out.push((id, f.clone()));
+        }
+    }
+    out
 }
 
 /// The interface indices of the pods' veths among `links` (see [`pod_veth_peers`]).
@@ -199,8 +259,8 @@ pub(crate) fn pod_veths(links: &[Link]) -> Result<HashSet<u32>, NetlinkError> {
         .collect())
 }
 
-/// This node as the agent's namespace sees it, from one listing of its links and one
-/// scan of the namespaces: what the scope refresh and the TC sync both need.
+/// This node as the agent's namespace sees it, from one listing of its links and the
+/// pod namespaces' files (see [`PeerFiles`]): what the scope refresh and the TC sync both need.
 #[derive(Debug)]
 pub(crate) struct LocalNode {
     /// The agent's namespace's links.
@@ -214,6 +274,8 @@ pub(crate) struct LocalNode {
     pub(crate) own: u32,
     /// Each pod veth (ifindex, this namespace's side) with its pod's namespace (inode).
     pub(crate) pod_links: Vec<(u32, u32)>,
+    /// A file pinning each pod namespace of the scope, once each.
+    pub(crate) pod_files: Vec<NetnsFile>,
 }
 
 /// Looks at this node once (see [`LocalNode`]).
@@ -223,7 +285,14 @@ pub(crate) fn local_node() -> Result<LocalNode, NetlinkError> {
     let own = netns_inode(Path::new("/proc/self/ns/net")).unwrap_or(0);
     let mut scope = BTreeSet::from([own]);
     scope.extend(peers.iter().map(|(_, f)| f.inode));
+    let mut pod_files: Vec<NetnsFile> = Vec::new();
+    for (_, f) in &peers {
+        if f.inode != own && !pod_files.iter().any(|p| p.inode == f.inode) {
+            pod_files.push(f.clone());
+        }
+    }
     Ok(LocalNode {
+        pod_files,
         pod_veths: peers.iter().map(|(index, _)| *index).collect(),
         pod_links: peers.iter().map(|(index, f)| (*index, f.inode)).collect(),
         own,

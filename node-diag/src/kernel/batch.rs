@@ -1,6 +1,7 @@
 //! Whole-map reads in a few syscalls (`BPF_MAP_LOOKUP_BATCH`, Linux 5.6+) instead of
 //! two per entry (next key, lookup): a tick that reads 16,384 aggregated verdict keys
-//! costs a handful of syscalls, not 32,768.
+//! costs a handful of syscalls, not 32,768; a per-CPU array of counters one, not one per
+//! slot.
 
 use std::io;
 use std::mem::size_of;
@@ -32,12 +33,66 @@ struct BatchAttr {
 /// entry-by-entry read.
 pub(crate) fn lookup_all<K: Pod, V: Pod>(fd: BorrowedFd<'_>) -> io::Result<Vec<(K, V)>> {
     let mut out = Vec::new();
-    // The hash map's batch token is a bucket index (u32); room for more costs nothing.
+    lookup_raw(fd, size_of::<K>(), size_of::<V>(), usize::MAX, |k, v| {
+        out.push((read::<K>(k), read::<V>(v)));
+    })?;
+    Ok(out)
+}
+
+/// The first `max` entries (at most) of the per-CPU map `fd` (an array or a hash; keys
+/// `K`, values `V` on each of `cpus` possible CPUs), each with its values summed by
+/// `sum`, read in batches: a per-CPU array of counters costs one syscall a tick, not one
+/// per slot. Errors as [`lookup_all`] (per-CPU arrays take batch lookups from 5.6);
+/// also `InvalidInput` for a value whose size is not a multiple of 8 (the kernel pads
+/// each CPU's copy to 8 bytes; none of ours needs it).
+pub(crate) fn lookup_percpu<K: Pod, V: Pod, S>(
+    fd: BorrowedFd<'_>,
+    cpus: usize,
+    max: usize,
+    mut sum: impl FnMut(&[V]) -> S,
+) -> io::Result<Vec<(K, S)>> {
+    if !size_of::<V>().is_multiple_of(8) || size_of::<V>() == 0 || cpus == 0 {
+        return Err(io::Error::from(io::ErrorKind::InvalidInput));
+    }
+    let mut out = Vec::new();
+    let mut values: Vec<V> = Vec::with_capacity(cpus);
+    lookup_raw(fd, size_of::<K>(), size_of::<V>() * cpus, max, |k, v| {
+        values.clear();
+        values.extend(v.chunks_exact(size_of::<V>()).map(read::<V>));
+        out.push((read::<K>(k), sum(&values)));
+    })?;
+    Ok(out)
+}
+
+/// A `T` from the first `size_of::<T>()` bytes of `bytes`.
+fn read<T: Pod>(bytes: &[u8]) -> T {
+    debug_assert!(bytes.len() >= size_of::<T>());
+    // SAFETY: `bytes` holds at least `size_of::<T>()` bytes (the caller's key or value
+    // slot), `T: Pod` makes any bytes a value, and the read is unaligned.
+    unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<T>()) }
+}
+
+/// Reads up to `max` entries of map `fd` in batches of [`CHUNK`], handing each key's and
+/// value's bytes to `each`.
+fn lookup_raw(
+    fd: BorrowedFd<'_>,
+    key_size: usize,
+    value_size: usize,
+    max: usize,
+    mut each: impl FnMut(&[u8], &[u8]),
+) -> io::Result<()> {
+    // The hash map's batch token is a bucket index (u32), an array's a key (u32); room
+    // for more costs nothing.
     let (mut token_in, mut token_out) = (0u64, 0u64);
     let mut first = true;
-    let mut keys: Vec<K> = Vec::with_capacity(CHUNK);
-    let mut values: Vec<V> = Vec::with_capacity(CHUNK);
+    let mut keys = vec![0u8; CHUNK * key_size];
+    let mut values = vec![0u8; CHUNK * value_size];
+    let mut seen = 0usize;
     loop {
+        let want = CHUNK.min(max - seen);
+        if want == 0 {
+            return Ok(());
+        }
         let mut attr = BatchAttr {
             in_batch: if first {
                 0
@@ -47,14 +102,14 @@ pub(crate) fn lookup_all<K: Pod, V: Pod>(fd: BorrowedFd<'_>) -> io::Result<Vec<(
             out_batch: (&raw mut token_out) as u64,
             keys: keys.as_mut_ptr() as u64,
             values: values.as_mut_ptr() as u64,
-            count: CHUNK as u32,
+            count: want as u32,
             map_fd: fd.as_raw_fd() as u32,
             elem_flags: 0,
             flags: 0,
         };
         // SAFETY: `attr` is a valid bpf_attr prefix for this command; the key and value
-        // buffers hold CHUNK elements of the map's key and value sizes (Pod: any bytes
-        // are a value), and the tokens 8 bytes; all outlive the call.
+        // buffers hold CHUNK elements of the map's key and value sizes (the caller's),
+        // `want` <= CHUNK, and the tokens 8 bytes; all outlive the call.
         let rc = unsafe {
             libc::syscall(
                 libc::SYS_bpf,
@@ -64,20 +119,21 @@ pub(crate) fn lookup_all<K: Pod, V: Pod>(fd: BorrowedFd<'_>) -> io::Result<Vec<(
             )
         };
         let err = (rc != 0).then(io::Error::last_os_error);
-        let done = match &err {
+        let done = match err {
             None => false,
             Some(e) if e.raw_os_error() == Some(libc::ENOENT) => true,
-            Some(_) => return Err(err.unwrap_or_else(|| io::Error::other("batch lookup"))),
+            Some(e) => return Err(e),
         };
-        let n = (attr.count as usize).min(CHUNK);
-        // SAFETY: the kernel filled the first `n` elements of each buffer.
-        unsafe {
-            keys.set_len(n);
-            values.set_len(n);
+        let n = (attr.count as usize).min(want);
+        for i in 0..n {
+            each(
+                &keys[i * key_size..(i + 1) * key_size],
+                &values[i * value_size..(i + 1) * value_size],
+            );
         }
-        out.extend(keys.drain(..).zip(values.drain(..)));
+        seen += n;
         if done {
-            return Ok(out);
+            return Ok(());
         }
         token_in = token_out;
         first = false;

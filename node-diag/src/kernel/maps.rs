@@ -70,6 +70,10 @@ pub(crate) struct KernelMaps {
     /// [`crate::kernel::tracefs::DropReasons::slots`]): a read every 500 ms skips the
     /// rest.
     reason_slots: u32,
+    /// Possible CPUs (the per-CPU maps' value count), when known: the per-CPU maps are
+    /// then read in batches, until the kernel refuses one (before 5.6), after which they
+    /// are read entry by entry.
+    batch_cpus: std::cell::Cell<Option<usize>>,
     drops: PerCpuHashMap<MapData, DropKey, u64>,
     oversize_by_dev: PerCpuHashMap<MapData, DropKey, u64>,
     retrans: BpfHashMap<MapData, u64, RetransState>,
@@ -131,6 +135,7 @@ impl KernelMaps {
                 counters: take(ebpf, MAP_COUNTERS, PerCpuArray::try_from)?,
                 drop_reasons: take(ebpf, MAP_DROP_REASONS, PerCpuArray::try_from)?,
                 reason_slots: reason_slots.min(DROP_REASON_SLOTS),
+                batch_cpus: std::cell::Cell::new(aya::util::nr_cpus().ok()),
                 drops: take(ebpf, MAP_DROPS, PerCpuHashMap::try_from)?,
                 oversize_by_dev: take(ebpf, MAP_OVERSIZE_BY_DEV, PerCpuHashMap::try_from)?,
                 retrans: take(ebpf, MAP_RETRANS, BpfHashMap::try_from)?,
@@ -151,8 +156,51 @@ impl KernelMaps {
         ))
     }
 
-    /// The kernel's counters, each summed over CPUs.
+    /// The kernel's counters, each summed over CPUs: in batches (a few syscalls a tick
+    /// for every per-CPU map), else entry by entry.
     pub(crate) fn counts(&self) -> KernelCounts {
+        if let Some(cpus) = self.batch_cpus.get() {
+            match self.counts_batched(cpus) {
+                Ok(counts) => return counts,
+                Err(e) => {
+                    tracing::info!(error = %e, "per-CPU maps read entry by entry: this kernel has no batch lookups for them");
+                    self.batch_cpus.set(None);
+                }
+            }
+        }
+        self.counts_by_entry()
+    }
+
+    fn counts_batched(&self, cpus: usize) -> std::io::Result<KernelCounts> {
+        use super::batch::lookup_percpu;
+        let total = |v: &[u64]| v.iter().sum::<u64>();
+        let mut counts = KernelCounts::default();
+        let fd = self.counters.map().fd().as_fd();
+        for (idx, n) in lookup_percpu::<u32, u64, u64>(fd, cpus, counter::COUNT as usize, total)? {
+            if let Some(c) = counts.counters.get_mut(idx as usize) {
+                *c = n;
+            }
+        }
+        let fd = self.drop_reasons.map().fd().as_fd();
+        let slots =
+            lookup_percpu::<u32, DropSlot, u64>(fd, cpus, self.reason_slots as usize, |v| {
+                v.iter().map(|slot| slot.count).sum()
+            })?;
+        counts
+            .drops
+            .extend(slots.into_iter().filter(|(_, n)| *n > 0));
+        let fd = self.drops.map().fd().as_fd();
+        for (key, n) in lookup_percpu::<DropKey, u64, u64>(fd, cpus, usize::MAX, total)? {
+            *counts.drops.entry(key.reason).or_default() += n;
+        }
+        let fd = self.oversize_by_dev.map().fd().as_fd();
+        for (key, n) in lookup_percpu::<DropKey, u64, u64>(fd, cpus, usize::MAX, total)? {
+            *counts.oversize.entry((key.netns, key.ifindex)).or_default() += n;
+        }
+        Ok(counts)
+    }
+
+    fn counts_by_entry(&self) -> KernelCounts {
         let get = |idx: u32| -> u64 {
             self.counters
                 .get(&idx, 0)

@@ -1,5 +1,6 @@
 //! The CRI v1 client over the runtime's unix socket (gRPC, k8s-cri's generated API on
-//! tonic). Only read-only calls: `Version`, `ListPodSandbox`, `PodSandboxStatus`.
+//! tonic). Only read-only calls: `Version`, `ListPodSandbox`, `PodSandboxStatus` and the
+//! `GetContainerEvents` stream.
 
 use std::{
     path::{Path, PathBuf},
@@ -8,8 +9,9 @@ use std::{
 
 use hyper_util::rt::TokioIo;
 use k8s_cri::v1::{
-    ListPodSandboxRequest, PodSandboxFilter, PodSandboxState, PodSandboxStateValue,
-    PodSandboxStatusRequest, VersionRequest, runtime_service_client::RuntimeServiceClient,
+    ContainerEventResponse, GetEventsRequest, ListPodSandboxRequest, PodSandboxFilter,
+    PodSandboxState, PodSandboxStateValue, PodSandboxStatusRequest, VersionRequest,
+    runtime_service_client::RuntimeServiceClient,
 };
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
@@ -46,6 +48,13 @@ pub(crate) enum CriError {
     },
 }
 
+impl CriError {
+    /// Whether the runtime does not have the call (a CRI older than the call).
+    pub(crate) fn unimplemented(&self) -> bool {
+        matches!(self, Self::Call { status, .. } if status.code() == tonic::Code::Unimplemented)
+    }
+}
+
 /// The runtime's own name and version, from `Version`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct RuntimeVersion {
@@ -58,6 +67,29 @@ pub(crate) struct RuntimeVersion {
 pub(crate) struct Cri {
     path: PathBuf,
     client: RuntimeServiceClient<Channel>,
+}
+
+/// The runtime's event stream (`GetContainerEvents`).
+pub(crate) type Events = tonic::codec::Streaming<ContainerEventResponse>;
+
+/// A channel to the socket at `path`; `timeout` bounds each call when given.
+async fn channel(path: &Path, timeout: Option<Duration>) -> Result<Channel, CriError> {
+    let socket = path.to_path_buf();
+    // The URI is required by tonic but unused: every connection goes to the socket.
+    let mut endpoint = Endpoint::from_static("http://cri.invalid").connect_timeout(TIMEOUT);
+    if let Some(t) = timeout {
+        endpoint = endpoint.timeout(t);
+    }
+    endpoint
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let socket = socket.clone();
+            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(socket).await?)) }
+        }))
+        .await
+        .map_err(|source| CriError::Connect {
+            path: path.to_path_buf(),
+            source,
+        })
 }
 
 impl Cri {
@@ -75,23 +107,7 @@ impl Cri {
                 },
             });
         }
-        let socket = path.to_path_buf();
-        // The URI is required by tonic but unused: every connection goes to the socket.
-        let channel =
-            Endpoint::from_static("http://cri.invalid")
-                .connect_timeout(TIMEOUT)
-                .timeout(TIMEOUT)
-                .connect_with_connector(tower::service_fn(move |_: Uri| {
-                    let socket = socket.clone();
-                    async move {
-                        Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(socket).await?))
-                    }
-                }))
-                .await
-                .map_err(|source| CriError::Connect {
-                    path: path.to_path_buf(),
-                    source,
-                })?;
+        let channel = channel(path, Some(TIMEOUT)).await?;
         debug!(socket = %path.display(), "connected to the container runtime");
         Ok(Self {
             path: path.to_path_buf(),
@@ -119,9 +135,8 @@ impl Cri {
         })
     }
 
-    /// Every ready pod sandbox, with its verbose status. A sandbox that went away between
-    /// the list and its status is skipped.
-    pub(crate) async fn sandboxes(&mut self) -> Result<Vec<Sandbox>, CriError> {
+    /// The ids of the ready pod sandboxes: one cheap call, no per-sandbox status.
+    pub(crate) async fn ready_ids(&mut self) -> Result<Vec<String>, CriError> {
         let list = self
             .client
             .list_pod_sandbox(ListPodSandboxRequest {
@@ -135,24 +150,38 @@ impl Cri {
             .await
             .map_err(|s| self.call_error("ListPodSandbox", s))?
             .into_inner();
-        let mut out = Vec::with_capacity(list.items.len());
-        for item in list.items {
-            let status = self
-                .client
-                .pod_sandbox_status(PodSandboxStatusRequest {
-                    pod_sandbox_id: item.id.clone(),
-                    verbose: true,
-                })
-                .await;
-            match status {
-                Ok(resp) => out.extend(Sandbox::from_status(resp.get_ref())),
-                Err(s) if s.code() == tonic::Code::NotFound => {
-                    debug!(sandbox = %item.id, "sandbox gone before its status was read");
-                }
-                Err(s) => return Err(self.call_error("PodSandboxStatus", s)),
+        Ok(list.items.into_iter().map(|i| i.id).collect())
+    }
+
+    /// One sandbox's verbose status; `None` once it is gone (or lacks metadata).
+    pub(crate) async fn status(&mut self, id: &str) -> Result<Option<Sandbox>, CriError> {
+        let status = self
+            .client
+            .pod_sandbox_status(PodSandboxStatusRequest {
+                pod_sandbox_id: id.to_owned(),
+                verbose: true,
+            })
+            .await;
+        match status {
+            Ok(resp) => Ok(Sandbox::from_status(resp.get_ref())),
+            Err(s) if s.code() == tonic::Code::NotFound => {
+                debug!(sandbox = %id, "sandbox gone before its status was read");
+                Ok(None)
             }
+            Err(s) => Err(self.call_error("PodSandboxStatus", s)),
         }
-        Ok(out)
+    }
+
+    /// Opens the runtime's event stream, on a connection of its own without the calls'
+    /// time bound (the stream is quiet for as long as no container changes). A runtime
+    /// without it (containerd before 1.7) answers `Unimplemented`.
+    pub(crate) async fn events(&self) -> Result<Events, CriError> {
+        let mut client = RuntimeServiceClient::new(channel(&self.path, None).await?);
+        client
+            .get_container_events(GetEventsRequest {})
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(|s| self.call_error("GetContainerEvents", s))
     }
 
     fn call_error(&self, call: &'static str, status: tonic::Status) -> CriError {

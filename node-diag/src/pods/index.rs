@@ -45,7 +45,7 @@ impl PodIndex {
         mut inode_of: impl FnMut(&Path) -> Option<u32>,
     ) -> Self {
         let mut idx = Self::default();
-        for s in sandboxes.iter().filter(|s| !s.host_network) {
+        for s in sandboxes.iter().filter(|s| !s.host_network && s.ready) {
             let inode = s.netns_path.as_deref().and_then(&mut inode_of).or_else(|| {
                 s.pid
                     .and_then(|pid| inode_of(&PathBuf::from(format!("/proc/{pid}/ns/net"))))
@@ -88,6 +88,8 @@ pub(crate) struct Sandbox {
     /// The sandbox's process, whose `/proc/<pid>/ns/net` is the namespace too.
     pub(crate) pid: Option<u32>,
     pub(crate) host_network: bool,
+    /// Whether the sandbox is ready (running); only ready ones are indexed.
+    pub(crate) ready: bool,
 }
 
 impl Sandbox {
@@ -116,6 +118,7 @@ impl Sandbox {
             .map(|json| verbose_info(json))
             .unwrap_or_default();
         Some(Self {
+            ready: status.state == k8s_cri::v1::PodSandboxState::SandboxReady as i32,
             id: status.id.clone(),
             pod: PodRef {
                 namespace: meta.namespace.clone(),

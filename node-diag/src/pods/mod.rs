@@ -6,8 +6,9 @@
 //!   runtime's unix socket: containerd's or CRI-O's, or the one `--cri-socket` names.
 //! - [`index`]: turns the runtime's sandboxes into a [`PodIndex`] (pure): by netns inode
 //!   (from the sandbox's network namespace path, else its pid) and by IP.
-//! - [`watch`]: keeps the index current from a background task polling every few seconds,
-//!   keeping the last good index through runtime hiccups.
+//! - [`watch`]: keeps the index current by change: the runtime's events (or, without
+//!   them, a one-call list every second) say which sandbox to read, keeping the last
+//!   good index through runtime hiccups.
 //!
 //! Only the runtime's socket is needed, no Kubernetes API credentials. Without a runtime
 //! (or without permission to its socket) the index stays empty: findings carry the

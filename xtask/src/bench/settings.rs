@@ -19,6 +19,10 @@ pub(super) const DEFAULT_DURATION_S: u64 = 3;
 /// hook in a clean transfer) runs there cold, at the start, and a short profile would
 /// weigh those cold runs more than a node does.
 pub(super) const PROFILE_MIN_S: u64 = 10;
+/// Seconds of each scale workload measurement, at least (not with `--smoke`).
+pub(super) const SCALE_MIN_S: u64 = 20;
+/// Pairs of each scale workload, at most.
+pub(super) const SCALE_RUNS: u32 = 3;
 
 /// Options of `cargo xtask bench`.
 #[derive(Debug, Clone, clap::Args)]
@@ -103,6 +107,31 @@ impl Settings {
                 .filter(|w| options.workloads.is_empty() || options.workloads.contains(w))
                 .collect(),
             null: options.null,
+        }
+    }
+
+    /// How long a scale workload's measurement runs: its figure is an idle agent's CPU,
+    /// which a few seconds' clock ticks (10 ms each) cannot tell apart from 2 %.
+    pub(super) fn scale_duration(&self, duration: Duration) -> Duration {
+        if self.smoke {
+            duration
+        } else {
+            duration.max(Duration::from_secs(SCALE_MIN_S))
+        }
+    }
+
+    /// Pairs a scale workload is measured in (the first ones): each takes
+    /// [`SCALE_MIN_S`] at least, and its figure is no ratio that needs many.
+    pub(super) fn scale_runs(&self) -> u32 {
+        self.runs.min(SCALE_RUNS)
+    }
+
+    /// Pods the scale workload runs: the kubelet's maximum, fewer for a smoke run.
+    pub(super) fn scale_pods(&self) -> usize {
+        if self.smoke {
+            8
+        } else {
+            super::scale_pods::PODS
         }
     }
 

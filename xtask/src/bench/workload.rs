@@ -48,10 +48,16 @@ pub(crate) enum Workload {
     /// unfiltered by eight clients every 100 ms each while a trickle of refused connects
     /// keeps changing it; the agent's CPU is the figure. No polls without the agent.
     FindingsPoll,
+    /// 110 pods in node A (a namespace and a veth each, as a CNI plugin wires them), one
+    /// replaced every 2 s; the agent's CPU is the figure.
+    ScalePods,
+    /// 1,000 interfaces (veth pairs in node A) created, then removed, over the window;
+    /// the agent's CPU is the figure.
+    ScaleInterfaces,
 }
 
 impl Workload {
-    pub(super) const ALL: [Self; 8] = [
+    pub(super) const ALL: [Self; 10] = [
         Self::IperfOverlay,
         Self::IperfVeth,
         Self::IperfLossy,
@@ -60,7 +66,15 @@ impl Workload {
         Self::DropFlood,
         Self::Storm,
         Self::FindingsPoll,
+        Self::ScalePods,
+        Self::ScaleInterfaces,
     ];
+
+    /// Whether it is a scale workload: the agent's idle cost on a busy node, measured
+    /// longer and in fewer pairs (see `Settings::scale_duration`).
+    pub fn scale(self) -> bool {
+        matches!(self, Self::ScalePods | Self::ScaleInterfaces)
+    }
 
     /// The name `--workload` takes (and the JSON uses).
     pub fn name(self) -> String {
@@ -79,6 +93,8 @@ impl Workload {
             Self::DropFlood => "drop flood",
             Self::Storm => "refused storm",
             Self::FindingsPoll => "findings polled by 8 clients",
+            Self::ScalePods => "scale: 110 pods, one replaced every 2 s",
+            Self::ScaleInterfaces => "scale: 1,000 interfaces created and removed",
         }
     }
 }

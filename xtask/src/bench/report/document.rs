@@ -281,6 +281,10 @@ pub(crate) fn progress_line(sample: &Sample) -> String {
             )
         }
         Workload::Storm => format!("{:.0} refused/s", sample.value),
+        Workload::ScalePods => format!("{:.2} pods replaced/s", sample.value),
+        Workload::ScaleInterfaces => {
+            format!("{:.0} interfaces created and removed/s", sample.value)
+        }
         Workload::FindingsPoll => match &sample.poll {
             Some(p) => format!(
                 "{:.1} polls/s of {} findings, {:.2} MB each, p99 {:.0} ms ({} failed)",

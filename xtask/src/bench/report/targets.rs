@@ -26,6 +26,9 @@ const STORM_RATE_RATIO: f64 = 0.90;
 const STORM_CPU_PCT: f64 = 5.0;
 /// Agent CPU while eight clients poll a full store's `/findings`, in % of one core.
 const FINDINGS_POLL_CPU_PCT: f64 = 30.0;
+/// Agent CPU while the node's pods and interfaces churn (the scale workloads), in % of
+/// one core.
+const SCALE_CPU_PCT: f64 = 2.0;
 /// Steady RSS, judged per workload (VmHWM reset once the agent is ready).
 const RSS_MIB: f64 = 40.0;
 /// The start-up peak (parsing the kernel's BTF, loading the programs) is transient: it is
@@ -289,6 +292,17 @@ pub(super) fn rows(
                 .target(
                     format!("≤ {FINDINGS_POLL_CPU_PCT:.0} %"),
                     cpu.is_some_and(|v| v <= FINDINGS_POLL_CPU_PCT),
+                ),
+            ),
+            Workload::ScalePods | Workload::ScaleInterfaces => rows.push(
+                Row::new(
+                    format!("agent CPU (% of one core), {}", workload.label()),
+                    [None, cpu, cpu],
+                    ["—".to_owned(), fmt(cpu, pct), fmt(cpu, pct)],
+                )
+                .target(
+                    format!("≤ {SCALE_CPU_PCT:.0} %"),
+                    cpu.is_some_and(|v| v <= SCALE_CPU_PCT),
                 ),
             ),
             _ => rows.push(Row::new(
