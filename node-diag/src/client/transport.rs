@@ -9,10 +9,11 @@
 //! addresses need not be in it).
 
 use std::{
+    collections::HashMap,
     fmt, fs,
     net::{SocketAddr, ToSocketAddrs},
     path::PathBuf,
-    sync::Arc,
+    sync::{Arc, Mutex},
 };
 
 use ureq::{
@@ -76,6 +77,10 @@ pub(crate) struct Client {
     authorization: Option<String>,
     /// Whether a client certificate is presented (an error says to give one if not).
     has_cert: bool,
+    /// One ureq agent per server, kept across polls: `--follow` reuses its kept-alive
+    /// connection instead of a new TCP and TLS handshake every second (and a TLS
+    /// connection dropped without `close_notify`, as ureq drops it, every second).
+    agents: Arc<Mutex<HashMap<String, ureq::Agent>>>,
 }
 
 impl fmt::Debug for Client {
@@ -104,6 +109,7 @@ impl Client {
             server_name: None,
             authorization: None,
             has_cert: false,
+            agents: Arc::default(),
         }
     }
 
@@ -195,6 +201,7 @@ impl Client {
             server_name: opts.server_name.clone(),
             authorization,
             has_cert,
+            agents: Arc::default(),
         })
     }
 
@@ -232,32 +239,30 @@ impl Client {
         path: &str,
     ) -> Result<ureq::http::Response<ureq::Body>, ClientError> {
         let (scheme, auth) = self.base(server)?;
-        let mut config = Config::builder()
-            .timeout_connect(Some(CONNECT_TIMEOUT))
-            .timeout_global(Some(TIMEOUT))
-            .http_status_as_error(false);
-        if let Some(tls) = &self.tls {
-            config = config.tls_config(tls.clone());
-        }
-        let config = config.build();
-        let (agent, target) = match (&self.server_name, scheme) {
+        let target = match (&self.server_name, scheme) {
             (Some(name), "https") => {
-                // Connect to the server's address; check the certificate for `name`.
-                let addrs: Vec<SocketAddr> = auth
-                    .to_socket_addrs()
-                    .map_err(|cause| ClientError::Connect {
-                        url: server.to_string(),
-                        cause: Box::new(cause),
-                    })?
-                    .collect();
-                let port = addrs.first().map(|a| a.port()).unwrap_or(443);
-                let agent = ureq::Agent::with_parts(config, DefaultConnector::new(), Pinned(addrs));
-                (agent, format!("https://{name}:{port}{path}"))
+                let port = auth.rsplit(':').next().unwrap_or("443");
+                format!("https://{name}:{port}{path}")
             }
-            _ => (
-                ureq::Agent::new_with_config(config),
-                format!("{scheme}://{auth}{path}"),
-            ),
+            _ => format!("{scheme}://{auth}{path}"),
+        };
+        let key = format!("{scheme}://{auth}");
+        let cached = self
+            .agents
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            .cloned();
+        let agent = match cached {
+            Some(agent) => agent,
+            None => {
+                let agent = self.agent(server, scheme, &auth)?;
+                self.agents
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(key, agent.clone());
+                agent
+            }
         };
         let mut request = agent.get(&target);
         if let Some(value) = &self.authorization {
@@ -266,6 +271,32 @@ impl Client {
         request
             .call()
             .map_err(|e| ClientError::connect(server, e, self.tls.is_some() && !self.has_cert))
+    }
+
+    /// A ureq agent for `scheme://auth`: with `--tls-server-name`, one whose URLs name
+    /// the server name and whose resolver gives `auth`'s address.
+    fn agent(&self, server: &str, scheme: &str, auth: &str) -> Result<ureq::Agent, ClientError> {
+        let mut config = Config::builder()
+            .timeout_connect(Some(CONNECT_TIMEOUT))
+            .timeout_global(Some(TIMEOUT))
+            .http_status_as_error(false);
+        if let Some(tls) = &self.tls {
+            config = config.tls_config(tls.clone());
+        }
+        let config = config.build();
+        Ok(match (&self.server_name, scheme) {
+            (Some(_), "https") => {
+                let addrs: Vec<SocketAddr> = auth
+                    .to_socket_addrs()
+                    .map_err(|cause| ClientError::Connect {
+                        url: server.to_string(),
+                        cause: Box::new(cause),
+                    })?
+                    .collect();
+                ureq::Agent::with_parts(config, DefaultConnector::new(), Pinned(addrs))
+            }
+            _ => ureq::Agent::new_with_config(config),
+        })
     }
 }
 
