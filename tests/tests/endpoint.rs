@@ -638,7 +638,8 @@ fn prometheus_scrapes_over_tls_with_a_client_certificate() {
     );
 }
 
-/// Basic auth: curl with the right password is served, a wrong one or none gets 401
+/// Basic auth: curl (and `node-diag findings --basic-auth-user`) with the right password
+/// is served, a wrong one or none gets 401
 /// with `WWW-Authenticate: Basic` (the probes' `/healthz` needs none), on the scrape
 /// listener and, given the same file as `--findings-web-config-file`, on the findings
 /// listener; the password changed in the file, the old one is refused within seconds; a
@@ -690,6 +691,34 @@ fn basic_auth_and_its_reload() {
     assert_eq!(
         curl_status(&topo.node_a, &["-u", "alice:first", &findings]).0,
         200
+    );
+    // The client's own flags: the password from a file (its newline ignored).
+    let findings_client = |password: &str| {
+        let file = dir.path("password");
+        fs::write(&file, format!("{password}\n")).expect("write the password file");
+        let bin = node_diag_bin();
+        let server = agent.findings_addr().expect("findings").to_owned();
+        cmd::try_run_in(
+            &topo.node_a,
+            &[
+                bin.to_str().unwrap(),
+                "findings",
+                "--server",
+                &server,
+                "--basic-auth-user",
+                "alice",
+                "--basic-auth-password-file",
+                file.to_str().unwrap(),
+            ],
+        )
+    };
+    let out = findings_client("first");
+    assert!(out.status.success(), "{out:?}");
+    let out = findings_client("wrong");
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("answered 401"),
+        "{out:?}"
     );
 
     replace_file(&web, &config("second"));
