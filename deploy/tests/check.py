@@ -36,6 +36,7 @@ DEPLOY = ROOT / "deploy"
 COMPONENT = DEPLOY / "components" / "prometheus-operator"
 CRIO_COMPONENT = DEPLOY / "components" / "cri-o"
 WEB_CONFIG_COMPONENT = DEPLOY / "components" / "web-config"
+CLUSTER_VIEW_COMPONENT = DEPLOY / "components" / "cluster-view"
 RULES = DEPLOY / "prometheus" / "rules.yaml"
 RULES_TEST = DEPLOY / "prometheus" / "rules.test.yaml"
 PROMETHEUS_RULE = COMPONENT / "prometheusrule.yaml"
@@ -237,18 +238,19 @@ def object_id(obj: dict) -> tuple[str, str, str, str]:
     return (obj["apiVersion"], obj["kind"], meta.get("namespace", ""), meta["name"])
 
 
-def overlay_with_component(tmp: Path, component: Path = COMPONENT) -> Path:
+def overlay_with_component(tmp: Path, component: Path = COMPONENT, *more: Path) -> Path:
     """A user's overlay (outside deploy/: kustomize refuses one inside its base): the base
-    plus `component` (the prometheus-operator one by default)."""
-    overlay = tmp / f"overlay-{component.name}"
+    plus `component` (the prometheus-operator one by default) and `more`, in order."""
+    components = (component, *more)
+    overlay = tmp / f"overlay-{'-'.join(c.name for c in components)}"
     overlay.mkdir()
     base = os.path.relpath(DEPLOY, overlay)
-    component = os.path.relpath(component, overlay)
+    listed = "".join(f"  - {os.path.relpath(c, overlay)}\n" for c in components)
     (overlay / "kustomization.yaml").write_text(
         "apiVersion: kustomize.config.k8s.io/v1beta1\n"
         "kind: Kustomization\n"
         f"resources:\n  - {base}\n"
-        f"components:\n  - {component}\n"
+        f"components:\n{listed}"
     )
     return overlay
 
@@ -314,6 +316,10 @@ def check_render(tmp: Path):
         ("with-operator", overlay_with_component(tmp)),
         ("with-cri-o", overlay_with_component(tmp, CRIO_COMPONENT)),
         ("with-web-config", overlay_with_component(tmp, WEB_CONFIG_COMPONENT)),
+        (
+            "with-cluster-view",
+            overlay_with_component(tmp, WEB_CONFIG_COMPONENT, CLUSTER_VIEW_COMPONENT),
+        ),
     ):
         ours = render(directory)
         theirs = kubectl_kustomize(directory)
@@ -348,9 +354,11 @@ def check_schemas():
     objects = RENDERED.get("with-operator")
     if not objects:
         raise CheckError("nothing rendered")
-    # The other components change the DaemonSet only.
-    for variant in ("with-cri-o", "with-web-config"):
-        objects = objects + [o for o in RENDERED.get(variant, []) if o["kind"] == "DaemonSet"]
+    # The other components change the DaemonSet and the Service only.
+    for variant in ("with-cri-o", "with-web-config", "with-cluster-view"):
+        objects = objects + [
+            o for o in RENDERED.get(variant, []) if o["kind"] in ("DaemonSet", "Service")
+        ]
     validated = 0
     for obj in objects:
         if obj["apiVersion"].startswith("monitoring.coreos.com/"):
@@ -584,6 +592,45 @@ def check_web_config_component():
     return f"{path} from Secret {volumes[holders[0]]['secret']['secretName']}"
 
 
+@check("components/cluster-view: /findings on the TLS scrape port, SRV port `findings`")
+def check_cluster_view_component():
+    objs = {(o["kind"], o["metadata"]["name"]): o for o in RENDERED.get("with-cluster-view", [])}
+    svc = objs.get(("Service", "node-diag"))
+    if svc is None:
+        raise CheckError("no Service node-diag rendered")
+    if svc["spec"].get("clusterIP") != "None":
+        raise CheckError("the Service must stay headless: one A/AAAA record per agent")
+    ports = {p["name"]: p for p in svc["spec"]["ports"]}
+    # `node-diag findings --cluster` reads the port from _findings._tcp.<service>.
+    findings = ports.get("findings")
+    if findings is None or findings.get("protocol", "TCP") != "TCP":
+        raise CheckError(f"no TCP Service port named findings: {svc['spec']['ports']}")
+    pod = _daemonset("with-cluster-view")
+    (container,) = pod["containers"]
+    args = container["args"]
+    listen_port = int(args[args.index("--listen") + 1].rsplit(":", 1)[1])
+    named = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
+    target = findings["targetPort"]
+    target = named.get(target) if isinstance(target, str) else target
+    if target != listen_port:
+        raise CheckError(
+            f"the findings port targets {findings['targetPort']} ({target}), not the scrape "
+            f"listener's {listen_port}, where /findings is served under client-certificate TLS"
+        )
+    # The scrape listener serves /findings only under a web config verifying client
+    # certificates: the web-config component's Secret must be there.
+    if "--web-config-file" not in args:
+        raise CheckError("no --web-config-file: use it with components/web-config")
+    # The findings listener stays loopback, plain, for the probes.
+    if not args[args.index("--findings-listen") + 1].startswith("127.0.0.1:"):
+        raise CheckError("--findings-listen must stay on loopback")
+    check_probes(container)
+    text = (CLUSTER_VIEW_COMPONENT / "kustomization.yaml").read_text()
+    if "RequireAndVerifyClientCert" not in text:
+        raise CheckError("the component's example web config must verify client certificates")
+    return f"Service port findings -> {listen_port}, probes on loopback"
+
+
 @check("yamllint deploy/")
 def check_yamllint():
     config = DEPLOY / "tests" / "yamllint.yaml"
@@ -785,6 +832,7 @@ def main() -> int:
         check_daemonset()
         check_crio_component()
         check_web_config_component()
+        check_cluster_view_component()
         check_yamllint()
         check_promtool_rules()
         check_promtool_tests()

@@ -127,8 +127,9 @@ enum Command {
 
 #[derive(clap::Args)]
 struct FindingsArgs {
-    /// URL of the agent's findings endpoint [default: http://127.0.0.1:9465, else
-    /// http://127.0.0.1:9464 for an agent serving findings beside its metrics].
+    /// URL of the agent's findings endpoint: HOST:PORT (https:// with TLS flags), or
+    /// http:// or https:// [default: 127.0.0.1:9465, else http://127.0.0.1:9464 for an
+    /// agent serving findings beside its metrics].
     #[arg(long, value_name = "URL", conflicts_with = "cluster")]
     server: Option<String>,
     /// Every agent behind this headless Service (all its A and AAAA records), merged
@@ -143,6 +144,27 @@ struct FindingsArgs {
     /// /etc/resolv.conf's.
     #[arg(long, value_name = "ADDR", requires = "cluster", value_parser = parse_dns_server)]
     dns_server: Option<std::net::SocketAddr>,
+    /// TLS: the CA that signed the agents' certificates (PEM). Any TLS flag makes
+    /// servers without a scheme https://.
+    #[arg(long, value_name = "FILE")]
+    tls_ca: Option<std::path::PathBuf>,
+    /// TLS: the client certificate (PEM) presented to agents that verify client
+    /// certificates; with --tls-key.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// TLS: the client certificate's private key (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
+    /// TLS: check the agents' certificates for this name (and send it as SNI) instead
+    /// of their addresses, e.g. the Service's name every agent's certificate carries.
+    #[arg(long, value_name = "NAME")]
+    tls_server_name: Option<String>,
+    /// Basic auth: the user, with --basic-auth-password-file.
+    #[arg(long, value_name = "USER", requires = "basic_auth_password_file")]
+    basic_auth_user: Option<String>,
+    /// Basic auth: a file holding the password (a trailing newline is ignored).
+    #[arg(long, value_name = "FILE", requires = "basic_auth_user")]
+    basic_auth_password_file: Option<std::path::PathBuf>,
     /// Keep polling and print findings as they appear, grow or change status.
     #[arg(short, long)]
     follow: bool,
@@ -179,14 +201,21 @@ struct FindingsArgs {
 }
 
 impl FindingsArgs {
-    fn options(self) -> client::Options {
+    fn options(self) -> Result<client::Options, client::transport::TransportError> {
         let no_color = std::env::var("NO_COLOR").ok();
         let color = output::use_color(
             self.color,
             std::io::IsTerminal::is_terminal(&std::io::stdout()),
             no_color.as_deref(),
         );
-        client::Options {
+        let client = client::transport::Client::new(&client::transport::TransportOptions {
+            ca: self.tls_ca,
+            cert: self.tls_cert,
+            key: self.tls_key,
+            server_name: self.tls_server_name,
+            basic_auth: self.basic_auth_user.zip(self.basic_auth_password_file),
+        })?;
+        Ok(client::Options {
             server: self.server,
             follow: self.follow,
             last: self.last,
@@ -206,7 +235,8 @@ impl FindingsArgs {
                 port: self.port,
                 dns_server: self.dns_server,
             }),
-        }
+            client,
+        })
     }
 }
 
@@ -388,7 +418,7 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Findings(args) => {
-            let some_unreachable = client::run(args.options())?;
+            let some_unreachable = client::run(args.options()?)?;
             Ok(if some_unreachable {
                 ExitCode::from(client::EXIT_SOME_UNREACHABLE)
             } else {
@@ -476,7 +506,8 @@ mod tests {
             "--color",
             "never",
         ])
-        .options();
+        .options()
+        .unwrap();
         assert_eq!(
             opts.filters.query(10_000),
             "kind=tcp_refused,tcp_timeout,pmtud_blackhole&severity=warning&namespace=shop\

@@ -50,6 +50,7 @@ pub mod http;
 pub mod kube_proxy;
 pub mod metrics;
 pub mod netns;
+pub mod pki;
 pub mod pod_ipv6;
 pub mod process;
 pub mod routed;

@@ -105,6 +105,24 @@ impl<'t> Agent<'t> {
         agent
     }
 
+    /// [`Agent::start_ready_in_with_args`] with its scrape listener on `listen`.
+    pub fn start_ready_in_listening<H: node_diag_testbed::AgentHost>(
+        host: &'t H,
+        listen: &str,
+        extra: &[&str],
+    ) -> Agent<'t> {
+        crate::require_root();
+        let bin = node_diag_bin();
+        let mut agent = Agent(crate::ok(node_diag_testbed::Agent::start_in(
+            host,
+            &bin,
+            Some(listen),
+            extra,
+        )));
+        agent.wait_ready(READY);
+        agent
+    }
+
     /// [`Agent::start_ready`] with open-files limits `(soft, hard)` as a container
     /// runtime sets them, and `extra` flags.
     pub fn start_ready_with_nofile(

@@ -19,6 +19,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use node_diag_testbed::cluster::{ClusterNet, Node, SERVICE};
+use node_diag_testbed::pki::{TempDir, make_pki};
 use node_diag_tests::finding::{field, flow_is};
 use node_diag_tests::{
     Agent, ConnectOutcome, ServerMode, TcpServer, Topology, cmd, node_diag_bin, ok, tcp_connect,
@@ -427,4 +428,109 @@ fn a_policy_drop_on_node_b_joins_the_clients_timeout_on_node_a() {
             );
         }
     }
+}
+
+/// The name every agent's certificate carries, as a Service's DNS name would be.
+const SERVER_NAME: &str = "node-diag.node-diag.svc";
+
+/// Three agents serving `/findings` on their scrape listener (the SRV record's port)
+/// under TLS that requires and verifies a client certificate, as the `cluster-view`
+/// deploy component configures them. With the client certificate, checked against the
+/// Service name or the agents' addresses, one merged stream; without it, every agent is
+/// named with the cause (the handshake refused for the missing certificate), and the
+/// exit status is 1 as none answered.
+#[test]
+fn the_cluster_view_over_tls_with_a_client_certificate() {
+    let (_topo, net) = cluster();
+    let dir = TempDir::new("cluster-tls");
+    let mut names: Vec<String> = net.nodes.iter().map(|n| n.addr.to_string()).collect();
+    names.push(SERVER_NAME.to_string());
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    make_pki(&dir, "sre", Some(&names));
+    let web = dir.path("web.yml");
+    std::fs::write(
+        &web,
+        format!(
+            "tls_server_config:\n  cert_file: {}\n  key_file: {}\n  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: {}\n",
+            dir.arg("server.crt"),
+            dir.arg("server.key"),
+            dir.arg("sre-ca.crt"),
+        ),
+    )
+    .expect("write web.yml");
+    let web = web.display().to_string();
+    let agents: Vec<Agent> = net
+        .nodes
+        .iter()
+        .zip(NODES)
+        .map(|(n, name)| {
+            Agent::start_ready_in_listening(
+                n,
+                &n.listen(),
+                &["--node-name", name, "--web-config-file", &web],
+            )
+        })
+        .collect();
+    for (i, (agent, node)) in agents.iter().zip(&net.nodes).enumerate() {
+        refuse_on(agent, node, 7101 + i as u16);
+    }
+    let (ca, cert, key) = (
+        dir.arg("sre-ca.crt"),
+        dir.arg("sre.crt"),
+        dir.arg("sre.key"),
+    );
+    let tls = ["--tls-ca", &ca, "--tls-cert", &cert, "--tls-key", &key];
+
+    for server_name in [Some(SERVER_NAME), None] {
+        let mut args = vec!["-o", "json", "--kind", "tcp_refused"];
+        args.extend_from_slice(&tls);
+        if let Some(name) = server_name {
+            args.extend(["--tls-server-name", name]);
+        }
+        let out = findings_cluster(&net, &args);
+        assert!(out.status.success(), "{server_name:?}: {out:?}");
+        let lines = json_lines(&out);
+        let got: BTreeSet<(String, u64)> = lines
+            .iter()
+            .map(|f| (field(f, "node").to_string(), f["dport"].as_u64().unwrap()))
+            .collect();
+        let want: BTreeSet<(String, u64)> = NODES
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.to_string(), 7101 + i as u64))
+            .collect();
+        assert_eq!(got, want, "{server_name:?}: {lines:#?}");
+        assert!(text(&out.stderr).is_empty(), "{}", text(&out.stderr));
+    }
+
+    // A name the certificates do not carry is refused.
+    let mut args = tls.to_vec();
+    args.extend(["--tls-server-name", "elsewhere.example"]);
+    let out = findings_cluster(&net, &args);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        text(&out.stderr).contains("certificate not valid for name \"elsewhere.example\""),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // No client certificate: every agent refuses the handshake, each said once.
+    let out = findings_cluster(&net, &["--tls-ca", &ca]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(out.stdout.is_empty(), "{}", text(&out.stdout));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("no agent of"), "{stderr}");
+    for node in &net.nodes {
+        let named = format!(
+            "{}: the agent at {} requires a client certificate: give --tls-cert and --tls-key",
+            node.listen(),
+            node.listen()
+        );
+        assert_eq!(stderr.matches(&named).count(), 1, "{stderr}");
+    }
+    assert_eq!(stderr.matches("CertificateRequired").count(), 3, "{stderr}");
+
+    // Plain HTTP to a TLS listener is not an answer either.
+    let out = findings_cluster(&net, &[]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
 }

@@ -12,15 +12,16 @@ use std::fs;
 use std::io::{ErrorKind, Read as _, Write as _};
 use std::marker::PhantomData;
 use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use node_diag_testbed::pki::{TempDir, make_pki};
 use node_diag_testbed::process::die_with_parent;
 use node_diag_tests::{
     Agent, ConnectOutcome, Topology, agent::READY, cmd, in_netns, node_diag_bin, ok,
-    process::run_with_timeout, tcp_connect, unique_name,
+    process::run_with_timeout, tcp_connect,
 };
 use serde_json::Value;
 
@@ -38,123 +39,6 @@ fn raise_nofile() -> u64 {
     };
     setrlimit(Resource::Nofile, raised).expect("cannot raise RLIMIT_NOFILE");
     limit.maximum.unwrap_or(u64::MAX)
-}
-
-/// A temporary directory, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(what: &str) -> TempDir {
-        let dir = std::env::temp_dir().join(format!("{}-{what}", unique_name()));
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir).expect("cannot create a temporary directory");
-        TempDir(dir)
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-
-    fn arg(&self, name: &str) -> String {
-        self.path(name).display().to_string()
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
-
-/// Runs `openssl args...`; panics with its output unless it succeeds.
-fn openssl(args: &[&str]) {
-    let out = Command::new("openssl").args(args).output().expect(
-        "cannot run openssl (apt-get install openssl, or `cargo xtask prereqs --test-tools`)",
-    );
-    assert!(
-        out.status.success(),
-        "openssl {}: {}{}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// A CA (`NAME-ca.crt`), and certificates it signed: a server one for 127.0.0.1 and
-/// the node's address (`server.crt`) when `server`, and a client one (`NAME.crt`).
-fn make_pki(dir: &TempDir, name: &str, server_ips: Option<&[&str]>) {
-    let ca_key = dir.arg(&format!("{name}-ca.key"));
-    let ca_crt = dir.arg(&format!("{name}-ca.crt"));
-    openssl(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:P-256",
-        "-nodes",
-        "-keyout",
-        &ca_key,
-        "-out",
-        &ca_crt,
-        "-days",
-        "2",
-        "-subj",
-        &format!("/CN={name} CA"),
-    ]);
-    let sign = |leaf: &str, ext: String| {
-        let key = dir.arg(&format!("{leaf}.key"));
-        let csr = dir.arg(&format!("{leaf}.csr"));
-        let crt = dir.arg(&format!("{leaf}.crt"));
-        let ext_file = dir.arg(&format!("{leaf}.ext"));
-        fs::write(&ext_file, ext).expect("write extensions");
-        openssl(&[
-            "req",
-            "-new",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-keyout",
-            &key,
-            "-out",
-            &csr,
-            "-subj",
-            &format!("/CN={leaf}"),
-        ]);
-        openssl(&[
-            "x509",
-            "-req",
-            "-in",
-            &csr,
-            "-CA",
-            &ca_crt,
-            "-CAkey",
-            &ca_key,
-            "-CAcreateserial",
-            "-out",
-            &crt,
-            "-days",
-            "2",
-            "-extfile",
-            &ext_file,
-        ]);
-    };
-    if let Some(ips) = server_ips {
-        let sans: Vec<String> = ips.iter().map(|ip| format!("IP:{ip}")).collect();
-        sign(
-            "server",
-            format!(
-                "basicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\nsubjectAltName={}\n",
-                sans.join(",")
-            ),
-        );
-    }
-    sign(
-        name,
-        "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n".to_owned(),
-    );
 }
 
 /// `curl args...` inside `netns`: its output, whatever its exit.
@@ -754,7 +638,8 @@ fn prometheus_scrapes_over_tls_with_a_client_certificate() {
     );
 }
 
-/// Basic auth: curl with the right password is served, a wrong one or none gets 401
+/// Basic auth: curl (and `node-diag findings --basic-auth-user`) with the right password
+/// is served, a wrong one or none gets 401
 /// with `WWW-Authenticate: Basic` (the probes' `/healthz` needs none), on the scrape
 /// listener and, given the same file as `--findings-web-config-file`, on the findings
 /// listener; the password changed in the file, the old one is refused within seconds; a
@@ -806,6 +691,34 @@ fn basic_auth_and_its_reload() {
     assert_eq!(
         curl_status(&topo.node_a, &["-u", "alice:first", &findings]).0,
         200
+    );
+    // The client's own flags: the password from a file (its newline ignored).
+    let findings_client = |password: &str| {
+        let file = dir.path("password");
+        fs::write(&file, format!("{password}\n")).expect("write the password file");
+        let bin = node_diag_bin();
+        let server = agent.findings_addr().expect("findings").to_owned();
+        cmd::try_run_in(
+            &topo.node_a,
+            &[
+                bin.to_str().unwrap(),
+                "findings",
+                "--server",
+                &server,
+                "--basic-auth-user",
+                "alice",
+                "--basic-auth-password-file",
+                file.to_str().unwrap(),
+            ],
+        )
+    };
+    let out = findings_client("first");
+    assert!(out.status.success(), "{out:?}");
+    let out = findings_client("wrong");
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("answered 401"),
+        "{out:?}"
     );
 
     replace_file(&web, &config("second"));

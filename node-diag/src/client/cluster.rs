@@ -9,7 +9,7 @@
 //! diag` works inside a cluster), or by one `--dns-server`.
 //!
 //! The agents are asked at most [`PARALLEL`] at a time, each on its own thread (the
-//! client is blocking ureq), and each answer or failure is kept with its agent.
+//! client is blocking ureq), over the client's TLS and credentials, and each answer or failure is kept with its agent.
 
 use std::{
     collections::BTreeSet,
@@ -69,13 +69,6 @@ pub(crate) struct Cluster {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct Member {
     pub(crate) addr: SocketAddr,
-}
-
-impl Member {
-    /// Its `http://` URL.
-    pub(crate) fn url(&self) -> String {
-        format!("http://{}", self.addr)
-    }
 }
 
 /// The SRV name of `name`'s findings port.
@@ -178,7 +171,8 @@ pub(crate) fn fetch_all(
                         i
                     };
                     let Some(member) = members.get(i) else { break };
-                    let answer = get(&member.url(), path);
+                    // `HOST:PORT`: the client's TLS flags choose the scheme.
+                    let answer = get(&member.addr.to_string(), path);
                     results.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(answer);
                 }
             });
@@ -245,19 +239,11 @@ mod tests {
         assert_eq!(answers.len(), 40);
         for (m, a) in members.iter().zip(&answers) {
             match a {
-                Ok(a) => assert_eq!(a.body, m.url()),
+                Ok(a) => assert_eq!(a.body, m.addr.to_string()),
                 Err(_) => assert_eq!(m.addr.ip(), IpAddr::from([10, 0, 0, 3])),
             }
         }
         let most = most.load(Ordering::SeqCst);
         assert!(most > 1 && most <= PARALLEL, "{most} at once");
-    }
-
-    #[test]
-    fn ipv6_members_have_bracketed_urls() {
-        let m = Member {
-            addr: "[fd00::1]:9465".parse().unwrap(),
-        };
-        assert_eq!(m.url(), "http://[fd00::1]:9465");
     }
 }

@@ -1,6 +1,8 @@
-//! `node-diag findings`: reads a running agent's `/findings` over plain HTTP/1.1 (ureq,
-//! no TLS) and prints them, optionally following them as they appear, grow and end.
+//! `node-diag findings`: reads a running agent's `/findings` over HTTP/1.1 (ureq), plain
+//! or over TLS with a client certificate and basic auth, and prints them, optionally
+//! following them as they appear, grow and end.
 //!
+//! - [`transport`]: the TLS and authentication flags, and each request.
 //! - [`query`]: the filters, sent as query parameters and applied again to the answer
 //!   (an older agent ignores them).
 //! - [`follow`]: each finding's identity (its store entry) and what changed between two
@@ -20,6 +22,7 @@ pub(crate) mod cluster;
 pub(crate) mod follow;
 pub(crate) mod join;
 pub(crate) mod query;
+pub(crate) mod transport;
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -34,6 +37,7 @@ use self::{
     cluster::{Cluster, ClusterError, Member},
     follow::{Change, Tracker},
     query::{Filters, MAX_LIMIT},
+    transport::{Client, TransportError},
 };
 use crate::{
     findings::Finding,
@@ -41,7 +45,8 @@ use crate::{
 };
 
 /// Where `/findings` is served: the agent's loopback findings listener.
-pub(crate) const DEFAULT_SERVER: &str = "http://127.0.0.1:9465";
+/// `http://`, or `https://` when TLS flags are given.
+pub(crate) const DEFAULT_SERVER: &str = "127.0.0.1:9465";
 /// Where agents without a findings listener served it, tried when the default is not
 /// answered and no `--server` was given.
 const LEGACY_SERVER: &str = "http://127.0.0.1:9464";
@@ -54,8 +59,26 @@ const MAX_BODY: u64 = 64 * 1024 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ClientError {
-    #[error("bad server URL {0:?}: expected http://HOST:PORT")]
+    #[error("bad server URL {0:?}: expected HOST:PORT, http://HOST:PORT or https://HOST:PORT")]
     Url(String),
+    #[error("{0:?} is plain http:// but TLS flags were given: use https:// or no scheme")]
+    PlainWithTls(String),
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+    /// The TLS handshake failed: the agent's certificate, name or CA, or its refusal.
+    #[error("TLS with the agent at {url} failed (see --tls-ca, --tls-server-name)")]
+    Tls {
+        url: String,
+        #[source]
+        cause: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The agent ended the TLS handshake because no client certificate was presented.
+    #[error("the agent at {url} requires a client certificate: give --tls-cert and --tls-key")]
+    ClientCertRequired {
+        url: String,
+        #[source]
+        cause: Box<dyn std::error::Error + Send + Sync>,
+    },
     #[error("cannot reach the agent at {url} (is `node-diag run` running? see --server)")]
     Connect {
         url: String,
@@ -87,28 +110,45 @@ pub(crate) enum ClientError {
 pub(crate) const EXIT_SOME_UNREACHABLE: u8 = 3;
 
 impl ClientError {
-    fn connect(url: &str, e: ureq::Error) -> ClientError {
+    /// `no_cert`: TLS without a client certificate, so that a refusal for the lack of
+    /// one is said as such.
+    fn connect(url: &str, e: ureq::Error, no_cert: bool) -> ClientError {
+        let tls = match &e {
+            ureq::Error::Rustls(_) => true,
+            ureq::Error::Io(io) => io
+                .get_ref()
+                .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some()),
+            _ => false,
+        };
         let cause: Box<dyn std::error::Error + Send + Sync> = match e {
             // Its own text only ("Connection refused (os error 111)"), not ureq's "io: ".
             ureq::Error::Io(io) => Box::new(io),
             other => Box::new(other),
         };
+        // rustls' alert from a server requiring a certificate: `CertificateRequired`
+        // under TLS 1.3, a handshake failure under 1.2.
+        let text = describe(cause.as_ref());
+        if no_cert
+            && ["CertificateRequired", "HandshakeFailure"]
+                .iter()
+                .any(|alert| text.contains(alert))
+        {
+            return ClientError::ClientCertRequired {
+                url: url.to_string(),
+                cause,
+            };
+        }
+        if tls {
+            return ClientError::Tls {
+                url: url.to_string(),
+                cause,
+            };
+        }
         ClientError::Connect {
             url: url.to_string(),
             cause,
         }
     }
-}
-
-/// `host:port` of an `http://` URL (a bare `host:port` is accepted too).
-pub(crate) fn authority(url: &str) -> Result<String, ClientError> {
-    let rest = url.strip_prefix("http://").unwrap_or(url);
-    let auth = rest.split('/').next().unwrap_or("");
-    if url.contains("://") && !url.starts_with("http://") || auth.is_empty() || !auth.contains(':')
-    {
-        return Err(ClientError::Url(url.to_string()));
-    }
-    Ok(auth.to_string())
 }
 
 /// One answer of the agent: its body and the headers that say whether it was cut.
@@ -122,18 +162,8 @@ pub(crate) struct Answer {
 
 /// `GET path` on the agent at `url`: the body of a `200` answer, decoded (chunked or not)
 /// as bytes before it is read as UTF-8 text.
-fn get(url: &str, path: &str) -> Result<Answer, ClientError> {
-    let target = format!("http://{}{path}", authority(url)?);
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .timeout_connect(Some(CONNECT_TIMEOUT))
-        .timeout_global(Some(TIMEOUT))
-        .http_status_as_error(false)
-        .build()
-        .into();
-    let mut response = agent
-        .get(&target)
-        .call()
-        .map_err(|e| ClientError::connect(url, e))?;
+fn get(client: &Client, url: &str, path: &str) -> Result<Answer, ClientError> {
+    let mut response = client.get_raw(url, path)?;
     let status = response.status().as_u16();
     let header = |name: &str| {
         response
@@ -151,7 +181,7 @@ fn get(url: &str, path: &str) -> Result<Answer, ClientError> {
         .read_to_string();
     match status {
         200 => Ok(Answer {
-            body: body.map_err(|e| ClientError::connect(url, e))?,
+            body: body.map_err(|e| ClientError::connect(url, e, false))?,
             total,
             truncated,
         }),
@@ -235,6 +265,8 @@ pub(crate) struct Options {
     pub(crate) poll: Duration,
     /// `--cluster`: every agent behind a headless Service instead of `server`.
     pub(crate) cluster: Option<Cluster>,
+    /// TLS and credentials for every agent asked.
+    pub(crate) client: Client,
 }
 
 /// What one fetch brought: the findings to consider, whether more matched, and the
@@ -285,6 +317,8 @@ impl Session {
     fn fetch_cluster(&mut self, cluster: &Cluster, limit: usize) -> Result<Fetch, ClientError> {
         let members = cluster.members()?;
         let path = format!("/findings?{}", self.opts.filters.query(limit));
+        let client = self.opts.client.clone();
+        let get = |url: &str, path: &str| get(&client, url, path);
         let answers = cluster::fetch_all(&members, &path, &get);
         let mut all = Vec::new();
         let mut unreachable = Vec::new();
@@ -295,7 +329,7 @@ impl Session {
                 parse_findings(&a.body)
                     .map(|fs| (a.total, a.truncated, fs))
                     .map_err(|cause| ClientError::Parse {
-                        url: m.url(),
+                        url: m.addr.to_string(),
                         cause,
                     })
             });
@@ -426,20 +460,25 @@ impl Session {
             return self.fetch_cluster(&cluster, limit);
         }
         let path = format!("/findings?{}", self.opts.filters.query(limit));
+        let client = &self.opts.client;
         let answer = match &self.url {
-            Some(url) => get(url, &path)?,
-            None => match get(DEFAULT_SERVER, &path) {
+            Some(url) => get(client, url, &path)?,
+            None => match get(client, DEFAULT_SERVER, &path) {
                 Ok(a) => {
                     self.url = Some(DEFAULT_SERVER.to_string());
                     a
                 }
-                Err(first @ ClientError::Connect { .. }) => match get(LEGACY_SERVER, &path) {
-                    Ok(a) => {
-                        self.url = Some(LEGACY_SERVER.to_string());
-                        a
+                // Agents from before the findings listener served it beside the
+                // metrics, never under TLS.
+                Err(first @ ClientError::Connect { .. }) if client.scheme() == "http" => {
+                    match get(client, LEGACY_SERVER, &path) {
+                        Ok(a) => {
+                            self.url = Some(LEGACY_SERVER.to_string());
+                            a
+                        }
+                        Err(_) => return Err(first),
                     }
-                    Err(_) => return Err(first),
-                },
+                }
                 Err(e) => return Err(e),
             },
         };
