@@ -9,6 +9,8 @@
 //!
 //! - [`state`]: what the loop shares with the HTTP handlers ([`http`]);
 //!   [`findings_api`]: `/findings`, filtered and encoded from a snapshot of the store.
+//! - [`allocator`]: glibc's malloc arenas capped before any thread starts, and the
+//!   pages start-up freed given back once it is done.
 //! - [`fds`]: the open-files limit raised at start, and the share HTTP may take;
 //!   [`failing`]: work retried every tick warns once while it fails.
 //! - [`metrics`]: the Prometheus registry, fed kernel totals and findings.
@@ -38,13 +40,14 @@
 //! per key per second; the rest of their count is read from the kernel's `VERDICT_AGG`
 //! map on every tick.
 
+pub(crate) mod allocator;
 mod blackholes;
 mod conntrack_watch;
 mod drop_sites;
-mod health;
 mod failing;
 mod fds;
 mod findings_api;
+mod health;
 mod http;
 pub(crate) mod icmp_watch;
 mod inbound;
@@ -411,6 +414,9 @@ impl Agent {
             }));
         }
         agent.refresh_mtu().await;
+        // Start-up's scratch (the kernel's BTF parsed, the programs' objects relocated
+        // and verified) is freed by now; the pages it leaves free go back.
+        allocator::release_free();
         if let Some(path) = &agent.opts.ready_file
             && let Err(source) = std::fs::write(path, format!("{local}\n"))
         {
