@@ -408,6 +408,8 @@ fn error_chain(e: &anyhow::Error) -> String {
 fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Run(args) => {
+            // Before the runtime's threads exist (see `agent::allocator`).
+            agent::allocator::limit_arenas();
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .enable_all()

@@ -10,6 +10,8 @@
 //! - [`state`]: what the loop shares with the HTTP handlers ([`http`]), which [`serve`]
 //!   serves on the scrape and findings listeners, with bounds, TLS and basic auth;
 //!   [`findings_api`]: `/findings`, filtered and encoded from a snapshot of the store.
+//! - [`allocator`]: glibc's malloc arenas capped before any thread starts, and the
+//!   pages start-up freed given back once it is done.
 //! - [`fds`]: the open-files limit raised at start, and the share HTTP may take;
 //!   [`failing`]: work retried every tick warns once while it fails.
 //! - [`metrics`]: the Prometheus registry, fed kernel totals and findings.
@@ -39,6 +41,7 @@
 //! per key per second; the rest of their count is read from the kernel's `VERDICT_AGG`
 //! map on every tick.
 
+pub(crate) mod allocator;
 mod blackholes;
 mod coalesce;
 mod conntrack_watch;
@@ -548,6 +551,9 @@ impl Agent {
             }));
         }
         agent.refresh_mtu().await;
+        // Start-up's scratch (the kernel's BTF parsed, the programs' objects relocated
+        // and verified) is freed by now; the pages it leaves free go back.
+        allocator::release_free();
         if let Some(path) = &agent.opts.ready_file
             && let Err(source) = std::fs::write(
                 path,

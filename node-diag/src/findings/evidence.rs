@@ -85,13 +85,13 @@ impl Evidence {
             _ => return,
         };
         e.policy = rule.comment.as_deref().and_then(policy_of);
-        e.rule = Some(rule.clone());
+        e.rule = Some(Box::new(rule.clone()));
     }
 
     /// Names the eBPF program that dropped a connect verdict's packet.
     pub(crate) fn set_program(&mut self, program: HookProgram) {
         match self {
-            Self::Connect(e) => e.program = Some(program),
+            Self::Connect(e) => e.program = Some(Box::new(program)),
             Self::Inbound(e) => e.program = Some(program),
             Self::Path(e) => e.base.set_program(program),
             _ => {}
@@ -209,7 +209,7 @@ pub(crate) struct ConnectEvidence {
     pub(crate) syn_retransmits: Option<u32>,
     /// The SYN or SYN-ACK drop this node recorded for the flow.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
-    pub(crate) drop: Option<DropEvidence>,
+    pub(crate) drop: Option<Box<DropEvidence>>,
     /// An ICMP error this node generated for the flow.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub(crate) icmp_sent: Option<IcmpSent>,
@@ -223,7 +223,7 @@ pub(crate) struct ConnectEvidence {
     /// Where this node discarded the flow's packet, when its drop reason did not say:
     /// the route or tunnel towards the destination.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
-    pub(crate) drop_site: Option<DropSite>,
+    pub(crate) drop_site: Option<Box<DropSite>>,
     /// The namespace's conntrack counters around a netfilter drop of the flow.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub(crate) conntrack: Option<ConntrackEvidence>,
@@ -231,13 +231,13 @@ pub(crate) struct ConnectEvidence {
     pub(crate) conntrack_cause: Option<ConntrackCause>,
     /// The netfilter rule whose counter rose with the flow's drop (`agent::rule_watch`).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) rule: Option<Rule>,
+    pub(crate) rule: Option<Box<Rule>>,
     /// The NetworkPolicy that rule's comment names.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) policy: Option<String>,
     /// The eBPF program at the TC hook that dropped the packet.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) program: Option<HookProgram>,
+    pub(crate) program: Option<Box<HookProgram>>,
     /// For a refusal: whether a RST answered the SYN.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) rst_received: Option<bool>,
@@ -555,11 +555,11 @@ mod tests {
     fn absent_connect_fields_are_left_out_and_flattened_groups_are_flat() {
         let e = Evidence::Connect(Box::new(ConnectEvidence {
             errno: Some("ECONNREFUSED"),
-            drop: Some(DropEvidence {
+            drop: Some(Box::new(DropEvidence {
                 drop_reason: "NETFILTER_DROP".into(),
                 syn_drops: 2,
                 ..Default::default()
-            }),
+            })),
             rst_received: Some(false),
             ..Default::default()
         }));

@@ -10,12 +10,14 @@
 //! needs it, outside the store's lock.
 
 use std::{
-    collections::{HashMap, VecDeque},
-    hash::{DefaultHasher, Hash, Hasher},
+    collections::VecDeque,
+    hash::{BuildHasher, DefaultHasher, Hash, Hasher, RandomState},
     net::{IpAddr, SocketAddr},
     sync::{Arc, OnceLock},
     time::{Duration, Instant, SystemTime},
 };
+
+use hashbrown::HashTable;
 
 use super::{Finding, Kind, Layer, Status, rfc3339};
 
@@ -23,7 +25,8 @@ impl Finding {
     /// The aggregation key: the source port changes with every attempt, so it is left out.
     /// The pods are in it: a pod re-created with the same address (and, the kernel
     /// reusing inode numbers, possibly the same netns inode) makes findings of its own.
-    fn key(&self) -> Key {
+    /// Borrowed from the finding: the store keeps no copy of it.
+    fn key(&self) -> Key<'_> {
         Key {
             kind: self.kind,
             layer: self.layer,
@@ -32,24 +35,25 @@ impl Finding {
             dport: self.dport,
             netns: self.netns,
             listener: self.listener,
-            interface: self.interface.clone(),
-            pod: self.pod.as_ref().map(|p| p.uid.clone()),
-            peer_pod: self.peer_pod.as_ref().map(|p| p.uid.clone()),
+            interface: self.interface.as_deref(),
+            pod: self.pod.as_ref().map(|p| p.uid.as_str()),
+            peer_pod: self.peer_pod.as_ref().map(|p| p.uid.as_str()),
         }
     }
 }
 
 /// The entry's id: the node and the key, hashed. SipHash with fixed keys: the same
-/// for the life of the entry (and of the agent's build), different across nodes.
-fn entry_id(node: &str, key: &Key) -> String {
+/// for the life of the entry (and of the agent's build), different across nodes. (A
+/// borrowed string hashes as the owned one did, so the ids are those of earlier builds.)
+fn entry_id(node: &str, key: &Key<'_>) -> String {
     let mut h = DefaultHasher::new();
     node.hash(&mut h);
     key.hash(&mut h);
     format!("{:016x}", h.finish())
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct Key {
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Key<'a> {
     kind: Kind,
     layer: Layer,
     src: Option<IpAddr>,
@@ -57,10 +61,10 @@ struct Key {
     dport: Option<u16>,
     netns: Option<u32>,
     listener: Option<SocketAddr>,
-    interface: Option<String>,
+    interface: Option<&'a str>,
     /// Pod uids.
-    pod: Option<String>,
-    peer_pod: Option<String>,
+    pod: Option<&'a str>,
+    peer_pod: Option<&'a str>,
 }
 
 /// One version of a stored finding, shared between the store and the snapshots
@@ -125,12 +129,15 @@ impl Entry {
 
 /// Aggregated findings, in first-seen order.
 ///
-/// `entries` maps a key to its entry's position counted from the first entry ever
-/// kept, so pushing out the oldest (`base` moves on) changes no other position: a full
-/// store takes a storm of new findings (20,000 refused ports) at O(1) each, not a shift
-/// of every entry and index.
+/// `entries` holds each entry's position counted from the first entry ever kept, so
+/// pushing out the oldest (`base` moves on) changes no other position: a full store
+/// takes a storm of new findings (20,000 refused ports) at O(1) each, not a shift of
+/// every entry and index. It is hashed by the entry's key, borrowed from its finding
+/// in `list` when needed: a map from a copy of each key would cost a full store about
+/// 1.3 MB (the table sized for 8,192 keys of 152 bytes), eight bytes per slot here.
 pub(crate) struct Store {
-    entries: HashMap<Key, u64>,
+    entries: HashTable<u64>,
+    hasher: RandomState,
     list: VecDeque<Entry>,
     /// The position of `list[0]`.
     base: u64,
@@ -147,7 +154,8 @@ pub(crate) struct Store {
 impl Store {
     pub(crate) fn new(repeat_interval: Duration, max_entries: usize) -> Self {
         Self {
-            entries: HashMap::new(),
+            entries: HashTable::new(),
+            hasher: RandomState::new(),
             list: VecDeque::new(),
             base: 0,
             repeat_interval,
@@ -182,9 +190,8 @@ impl Store {
     /// Records an occurrence. Returns the aggregated finding when it should be printed:
     /// the first time, and then at most once per repeat interval while it keeps recurring.
     pub(crate) fn record(&mut self, mut finding: Finding, now: Instant) -> Option<Finding> {
-        let key = finding.key();
         self.snapshot = None;
-        if let Some(&pos) = self.entries.get(&key) {
+        if let Some(pos) = self.position(&finding) {
             let idx = self.index(pos);
             let entry = &mut self.list[idx];
             let agg = entry.finding_mut();
@@ -206,7 +213,7 @@ impl Store {
             return None;
         }
         finding.count = finding.count.max(1);
-        finding.id = entry_id(&self.node, &key);
+        finding.id = entry_id(&self.node, &finding.key());
         finding.node.clone_from(&self.node);
         if self.list.len() >= self.max_entries {
             // Bounded memory: the oldest event finding makes room. An active condition
@@ -226,27 +233,35 @@ impl Store {
             let Some(victim) = victim else {
                 return Some(finding);
             };
-            if let Some(old) = self.list.remove(victim) {
-                self.entries.remove(&old.finding().key());
+            let hash = self.hasher.hash_one(self.list[victim].finding().key());
+            let gone = self.base + victim as u64;
+            if let Ok(slot) = self.entries.find_entry(hash, |&pos| pos == gone) {
+                slot.remove();
             }
+            self.list.remove(victim);
             if victim == 0 {
                 self.base += 1;
             } else {
                 // Behind active conditions: the rare case, positions after it move.
                 let moved = self.base + victim as u64;
-                for pos in self.entries.values_mut() {
+                for pos in self.entries.iter_mut() {
                     if *pos > moved {
                         *pos -= 1;
                     }
                 }
             }
         }
-        self.entries.insert(key, self.base + self.list.len() as u64);
+        let hash = self.hasher.hash_one(finding.key());
         self.list.push_back(Entry {
             held: Arc::new(Held::new(finding.clone())),
             printed_at: now,
             printed_count: finding.count,
         });
+        let (list, base, hasher) = (&self.list, self.base, &self.hasher);
+        self.entries
+            .insert_unique(hash, base + list.len() as u64 - 1, |&pos| {
+                hasher.hash_one(list[(pos - base) as usize].finding().key())
+            });
         Some(finding)
     }
 
@@ -255,16 +270,25 @@ impl Store {
         (pos - self.base) as usize
     }
 
+    /// The position of the entry `finding` would aggregate into.
+    fn position(&self, finding: &Finding) -> Option<u64> {
+        let key = finding.key();
+        self.entries
+            .find(self.hasher.hash_one(key), |&pos| {
+                self.list[self.index(pos)].finding().key() == key
+            })
+            .copied()
+    }
+
     /// Whether the store holds an entry `finding` would aggregate into.
     pub(crate) fn contains(&self, finding: &Finding) -> bool {
-        self.entries.contains_key(&finding.key())
+        self.position(finding).is_some()
     }
 
     /// Whether the entry `finding` would aggregate into has been resolved.
     pub(crate) fn is_resolved(&self, finding: &Finding) -> bool {
-        self.entries
-            .get(&finding.key())
-            .is_some_and(|&pos| self.list[self.index(pos)].finding().status == Status::Resolved)
+        self.position(finding)
+            .is_some_and(|pos| self.list[self.index(pos)].finding().status == Status::Resolved)
     }
 
     /// Makes the active findings of `kinds` equal to `current`, for conditions that are
@@ -279,9 +303,10 @@ impl Store {
         now: Instant,
     ) -> Vec<Finding> {
         let mut out = Vec::new();
-        let keys: Vec<Key> = current.iter().map(Finding::key).collect();
+        // A few conditions (one per interface or namespace): copied for their keys.
+        let holding = current.clone();
         for finding in current {
-            match self.entries.get(&finding.key()).map(|&pos| self.index(pos)) {
+            match self.position(&finding).map(|pos| self.index(pos)) {
                 Some(idx) if self.list[idx].finding().status == Status::Active => {
                     self.snapshot = None;
                     let agg = self.list[idx].finding_mut();
@@ -293,7 +318,7 @@ impl Store {
             }
         }
         out.extend(self.resolve(
-            |f| kinds.contains(&f.kind) && !keys.contains(&f.key()),
+            |f| kinds.contains(&f.kind) && !holding.iter().any(|h| h.key() == f.key()),
             now_sys,
         ));
         out

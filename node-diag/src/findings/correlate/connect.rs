@@ -139,15 +139,17 @@ fn gather(kind: EventKind, ev: &Event, ctx: &Context<'_>) -> Seen {
     } else {
         "its SYN"
     };
-    evidence.drop = drop_reason.as_ref().map(|reason| DropEvidence {
-        drop_reason: reason.clone(),
-        syn_drops: ev.drop.count,
-        return_path,
-        drop_netns: (ev.drop.netns != 0).then_some(ev.drop.netns),
-        drop_ifindex: (ev.drop.ifindex != 0).then_some(ev.drop.ifindex),
-        drop_interface: (ev.drop.ifindex != 0)
-            .then(|| ctx.names.interface(ev.drop.netns, ev.drop.ifindex))
-            .flatten(),
+    evidence.drop = drop_reason.as_ref().map(|reason| {
+        Box::new(DropEvidence {
+            drop_reason: reason.clone(),
+            syn_drops: ev.drop.count,
+            return_path,
+            drop_netns: (ev.drop.netns != 0).then_some(ev.drop.netns),
+            drop_ifindex: (ev.drop.ifindex != 0).then_some(ev.drop.ifindex),
+            drop_interface: (ev.drop.ifindex != 0)
+                .then(|| ctx.names.interface(ev.drop.netns, ev.drop.ifindex))
+                .flatten(),
+        })
     });
     let icmp = (ev.icmp.last_ns != 0).then_some(ev.icmp);
     evidence.icmp_sent = icmp.map(|i| IcmpSent {
@@ -173,7 +175,11 @@ fn gather(kind: EventKind, ev: &Event, ctx: &Context<'_>) -> Seen {
     // `policyDenyResponse: icmp`, firewalld's reject), not a router on the way.
     let from_destination = sender == Some(dst);
     evidence.icmp_from_destination = from_destination && received.is_some();
-    evidence.drop_site = ctx.drop_site.clone().filter(|s| *s != DropSite::default());
+    evidence.drop_site = ctx
+        .drop_site
+        .clone()
+        .filter(|s| *s != DropSite::default())
+        .map(Box::new);
     let by_drop = drop_reason.as_deref().and_then(|r| {
         drop_cause(
             r,

@@ -711,12 +711,12 @@ mod tests {
         let Evidence::Connect(e) = &mut unreachable.evidence else {
             unreachable!("connect evidence");
         };
-        e.drop = Some(DropEvidence {
+        e.drop = Some(Box::new(DropEvidence {
             drop_reason: "NEIGH_FAILED".into(),
             syn_drops: 3,
             drop_interface: Some("vx0".into()),
             ..Default::default()
-        });
+        }));
         assert_eq!(question(&unreachable), Some(Question::Tunnel));
         let check = PathCheck {
             peer: leg(POD_B, None, None),
