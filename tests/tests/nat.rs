@@ -388,3 +388,69 @@ fn direct_refused_connect_to_an_endpoint_names_no_service_or_backend() {
         "no NAT, no candidates: {f:#}"
     );
 }
+
+/// Polls the agent's count of Service ports until it is `want`; returns how long it
+/// took, or panics past `within` (unscaled: the 2 s are the promise under test).
+fn wait_services(agent: &Agent, want: f64, within: Duration) -> Duration {
+    let start = Instant::now();
+    loop {
+        let now = agent.metric("node_diag_services");
+        if now == Some(want) {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < within,
+            "node_diag_services is {now:?}, not {want} within {within:?} of the change\n{}",
+            agent.metrics_text()
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A Service created while the agent runs is in its catalog within 2 s (kube-proxy's
+/// rules followed by change, not re-read every 10 s), and a refused connect to its
+/// ClusterIP right then names it; removed, it leaves the catalog within 2 s.
+fn service_created_while_running_is_named(mode: Mode) {
+    let topo = Topology::new();
+    topo.route_service_range(&topo.node_a);
+    let agent = Agent::start_ready(&topo);
+    assert_eq!(
+        agent.wait_metric("node_diag_services", STEP),
+        0.0,
+        "{mode:?}: no Service yet"
+    );
+
+    let vip = Ipv4Addr::new(10, 96, 0, 31);
+    install(&topo, mode, &service("late", vip, &[]));
+    let took = wait_services(&agent, 1.0, Duration::from_secs(2));
+    let outcome = tcp_connect(&topo.pod_a, SocketAddrV4::new(vip, 80).into(), STEP);
+    assert!(
+        matches!(outcome, ConnectOutcome::Refused),
+        "{mode:?}: {outcome:?}"
+    );
+    let f = agent.wait_finding(
+        on_flow("tcp_refused", "service", (topo.pod_a_ip, vip, 80)),
+        STEP,
+    );
+    assert_eq!(field(&f, "service"), "shop/late:http", "{mode:?}: {f:#}");
+    eprintln!("{mode:?}: Service in the catalog {took:?} after its rules");
+
+    node_diag_tests::kube_proxy::remove_kube_proxy_rules(&topo.node_a);
+    let took = wait_services(&agent, 0.0, Duration::from_secs(2));
+    eprintln!("{mode:?}: Service out of the catalog {took:?} after its rules went");
+}
+
+#[test]
+fn service_created_while_running_is_named_with_iptables_nft() {
+    service_created_while_running_is_named(Mode::Iptables(IptablesBackend::Nft));
+}
+
+#[test]
+fn service_created_while_running_is_named_with_iptables_legacy() {
+    service_created_while_running_is_named(Mode::Iptables(IptablesBackend::Legacy));
+}
+
+#[test]
+fn service_created_while_running_is_named_with_nftables() {
+    service_created_while_running_is_named(Mode::Nftables);
+}

@@ -39,10 +39,10 @@
 mod blackholes;
 mod conntrack_watch;
 mod drop_sites;
-mod health;
 mod failing;
 mod fds;
 mod findings_api;
+mod health;
 mod http;
 pub(crate) mod icmp_watch;
 pub(crate) mod metrics;
@@ -354,6 +354,7 @@ impl Agent {
         ));
         let names = Names::for_this_node(loaded.drop_reasons.clone());
         let service_failures = shared.metrics().service_rules_failures();
+        let service_count = shared.metrics().services();
         let mut agent = Self {
             loaded,
             maps,
@@ -362,7 +363,7 @@ impl Agent {
             watch,
             shared,
             pods: crate::pods::watch(opts.cri_socket.clone()).await,
-            translator: Translator::start(service_failures),
+            translator: Translator::start(service_failures, service_count),
             drop_sites: drop_sites::DropSites::default(),
             names,
             ephemeral_ports: crate::host_network::local_port_range(),
