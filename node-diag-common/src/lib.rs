@@ -87,6 +87,16 @@ pub const MAP_VERDICT_AGG: &str = "VERDICT_AGG";
 /// classifier reads the first byte it decides on straight from an Ethernet frame, and
 /// through a helper call (relative to the network header) everywhere else.
 pub const MAP_LINK_HDR: &str = "LINK_HDR";
+/// Hash map [`pod_link::key`] (the agent's namespace, a pod veth's node-side ifindex) ->
+/// the pod's netns inode: where a forwarded packet leaving by that device is going.
+/// Written by the agent with the scope.
+pub const MAP_POD_LINKS: &str = "POD_LINKS";
+/// Hash map [`InboundKey`] -> [`InboundAgg`]: SYNs towards a pod of this node that a
+/// filter on this node dropped, aggregated per client address, pod address and port.
+/// The first drop of a key sends one [`Event`] ([`event_kind::INBOUND_SYN_DROPPED`]);
+/// the rest only count here. A plain hash map: the agent reads the counts and deletes
+/// idle keys, so no entry is evicted unread.
+pub const MAP_INBOUND: &str = "INBOUND";
 /// Read-only global holding [`Config`].
 pub const GLOBAL_CONFIG: &str = "CONFIG";
 
@@ -97,6 +107,11 @@ pub const GLOBAL_CONFIG: &str = "CONFIG";
 pub const FLOW_MAP_ENTRIES: u32 = 8192;
 /// Capacity of the netns scope map (one entry per pod on the node, plus the host).
 pub const SCOPE_MAP_ENTRIES: u32 = 4096;
+/// Capacity of [`MAP_POD_LINKS`] (one entry per pod veth of the node).
+pub const POD_LINK_MAP_ENTRIES: u32 = 4096;
+/// Capacity of [`MAP_INBOUND`]: distinct (client, pod, port, reason) keys dropped within
+/// the agent's idle window. A drop that finds it full is counted lost.
+pub const INBOUND_MAP_ENTRIES: u32 = 8192;
 /// Drop reasons counted in [`MAP_DROP_REASONS`]'s array; the core `enum skb_drop_reason`
 /// has about 130 values in Linux 6.18.
 pub const DROP_REASON_SLOTS: u32 = 256;
@@ -195,7 +210,63 @@ pub mod event_kind {
     /// kernel's own black-hole detection (`tcp_mtu_probing`) shrank the MSS. `len` is
     /// the segment before, `mtu` the MSS after, the window the stall's length.
     pub const MSS_SHRUNK: u32 = 11;
+    /// A SYN towards a pod of this node, from a client elsewhere, dropped here by a
+    /// filter: the first drop of its [`super::InboundKey`]. `flow` is that SYN's (client
+    /// first), `netns` the pod's namespace, `drop` the drop (its `last_ns` the key's
+    /// `first_ns`), `icmp` the ICMP error this node sent for it (a REJECT), `len` the
+    /// ifindex of the pod's veth it was going to.
+    pub const INBOUND_SYN_DROPPED: u32 = 12;
 }
+
+/// The key of [`MAP_POD_LINKS`].
+pub mod pod_link {
+    /// A device `ifindex` of namespace `netns`.
+    #[inline(always)]
+    pub const fn key(netns: u32, ifindex: u32) -> u64 {
+        (netns as u64) << 32 | ifindex as u64
+    }
+}
+
+/// What makes inbound SYN drops one finding: the client's address (not its port, new
+/// with every attempt), the pod's address and port, the pod's namespace and the drop
+/// reason.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct InboundKey {
+    pub saddr: [u8; 16],
+    pub daddr: [u8; 16],
+    /// The destination pod's network namespace (inode).
+    pub netns: u32,
+    /// `skb_drop_reason` value.
+    pub reason: u32,
+    /// Host byte order.
+    pub dport: u16,
+    pub family: u16,
+    pub _pad: u32,
+}
+const _: () = assert!(core::mem::size_of::<InboundKey>() == 48);
+
+/// The drops of one [`InboundKey`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InboundAgg {
+    /// When the entry was made: with the key, which entry an event announced.
+    pub first_ns: u64,
+    pub last_ns: u64,
+    /// Drops counted (added atomically: every CPU counts into the one entry).
+    pub count: u64,
+    /// The namespace whose filter dropped it (the node's).
+    pub drop_netns: u32,
+    /// The device the SYN came in on.
+    pub ifindex: u32,
+    /// The pod's veth it was going to (node side).
+    pub pod_ifindex: u32,
+    /// The ICMP error this node sent for the first SYN (a REJECT's), 0/0 for none: only
+    /// destination-unreachable errors are recorded, so type 0 never means one.
+    pub icmp_type: u16,
+    pub icmp_code: u16,
+}
+const _: () = assert!(core::mem::size_of::<InboundAgg>() == 40);
 
 /// [`FlowState::flags`] bits.
 pub mod flow_flag {
@@ -804,8 +875,12 @@ pub struct Config {
     pub cast_dst_entry: u32,
     /// `struct sk_buff`: a raw tracepoint's skb argument read with plain loads.
     pub cast_sk_buff: u32,
+
+    /// Bit `r` set: a SYN towards a pod of this node dropped with `skb_drop_reason` `r`
+    /// is an inbound drop ([`MAP_INBOUND`]): the filters' reasons.
+    pub firewall_reasons: [u64; 4],
 }
-const _: () = assert!(core::mem::size_of::<Config>() == 32 + 16 + 128 + 24 + 16 + 8 + 40);
+const _: () = assert!(core::mem::size_of::<Config>() == 32 + 16 + 128 + 24 + 16 + 8 + 40 + 32);
 
 /// The helper id the eBPF programs call in place of the `bpf_rdonly_cast` kfunc: aya
 /// cannot relocate kfunc calls, so the agent rewrites every `call` with this immediate
@@ -868,5 +943,7 @@ mod user {
     unsafe impl aya::Pod for NatInfo {}
     unsafe impl aya::Pod for VerdictKey {}
     unsafe impl aya::Pod for VerdictAgg {}
+    unsafe impl aya::Pod for InboundKey {}
+    unsafe impl aya::Pod for InboundAgg {}
     unsafe impl aya::Pod for Config {}
 }

@@ -18,7 +18,7 @@ use aya_log_ebpf::{
     warn,
 };
 use node_diag_common::{
-    DropInfo, DropKey, Event, FlowKey, IcmpInfo, VerdictAgg, VerdictKey, WINDOW_ALL,
+    DropInfo, DropKey, Event, FlowKey, IcmpInfo, InboundAgg, VerdictAgg, VerdictKey, WINDOW_ALL,
     aggregated_kind, counter, drop_flag, event_flag, event_kind, icmp_key, verdict_class,
 };
 
@@ -193,15 +193,86 @@ fn aggregate(vkey: &VerdictKey, now_ns: u64) -> Aggregated {
 /// CPU may count into the same entry. Uncontended, as no other CPU writes it.
 #[inline(always)]
 unsafe fn count_one(agg: *mut VerdictAgg) {
-    // SAFETY: the caller's pointer comes from the map; u64 map values are 8-aligned.
-    // The result is unused, so this is a plain BPF atomic add (no BPF_FETCH needed):
-    // `core`'s atomic types have no read-modify-write methods on the BPF target.
+    // SAFETY: the caller's pointer comes from the map.
+    unsafe { add_one(&raw mut (*agg).count) }
+}
+
+/// Adds one to a `u64` in a map value, atomically.
+///
+/// # Safety
+/// `count` points into a map value, 8-aligned (every `u64` of a map value is).
+#[inline(always)]
+pub unsafe fn add_one(count: *mut u64) {
+    // SAFETY: see above. The result is unused, so this is a plain BPF atomic add (no
+    // BPF_FETCH needed): `core`'s atomic types have no read-modify-write methods on the
+    // BPF target.
     unsafe {
         core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(
-            &raw mut (*agg).count,
-            1,
+            count, 1,
         );
     }
+}
+
+/// Announces a new inbound SYN drop key (`agg` its fresh entry, `flow` the dropped SYN's,
+/// `pod_netns` the pod's namespace): one event, the key's later drops only counted. A
+/// failed reservation is counted lost; the agent still finds the key in the map.
+#[inline(always)]
+pub fn emit_inbound<C: EbpfContext>(
+    ctx: &C,
+    flow: &FlowKey,
+    pod_netns: u32,
+    reason: u32,
+    agg: &InboundAgg,
+) {
+    let Some(mut entry) = EVENTS.reserve::<Event>(0) else {
+        inc(counter::EVENTS_LOST);
+        warn!(ctx, "event ring buffer full: inbound SYN drop lost");
+        return;
+    };
+    let ev = entry.as_mut_ptr();
+    let rejected = agg.icmp_type != 0;
+    // SAFETY: `ev` points at the reserved record, written field by field in place (see
+    // `emit`).
+    unsafe {
+        (*ev).ts_ns = now();
+        (*ev).kind = event_kind::INBOUND_SYN_DROPPED;
+        (*ev).error = 0;
+        (*ev).flow = *flow;
+        (*ev).netns = pod_netns;
+        (*ev).retrans = 0;
+        (*ev).drop = DropInfo {
+            last_ns: agg.first_ns,
+            reason,
+            count: 1,
+            netns: agg.drop_netns,
+            ifindex: agg.ifindex,
+            flags: 0,
+            mtu: 0,
+        };
+        (*ev).icmp = IcmpInfo {
+            last_ns: if rejected { agg.first_ns } else { 0 },
+            icmp_type: agg.icmp_type as u32,
+            icmp_code: agg.icmp_code as u32,
+            netns: if rejected { agg.drop_netns } else { 0 },
+            ifindex: 0,
+            mtu: 0,
+            count: rejected as u32,
+            from: [0; 16],
+        };
+        (*ev).icmp_rcvd = IcmpInfo::default();
+        (*ev).frag_dropped = DropInfo::default();
+        (*ev).mtu = 0;
+        (*ev).len = agg.pod_ifindex;
+        (*ev).flags = 0;
+        (*ev).class = 0;
+        (*ev).count = 1;
+        (*ev).icmp_key = 0;
+        (*ev).cpu = 0;
+        (*ev).window_ms = WINDOW_ALL;
+        (*ev)._pad = 0;
+    }
+    entry.submit(0);
+    inc(counter::EVENTS_SENT);
 }
 
 /// Pushes a verdict for `key`, attaching the ICMP evidence the maps hold for the flow.

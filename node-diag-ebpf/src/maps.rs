@@ -9,8 +9,9 @@ use aya_ebpf::{
 };
 use node_diag_common::{
     DEV_MAP_ENTRIES, DROP_MAP_ENTRIES, DROP_REASON_SLOTS, DropInfo, DropKey, DropSlot,
-    EVENTS_BYTES, FLOW_MAP_ENTRIES, FlowKey, FlowState, IcmpInfo, LINK_MAP_ENTRIES, NatInfo,
-    RetransState, SCOPE_MAP_ENTRIES, VERDICT_MAP_ENTRIES, VerdictAgg, VerdictKey, counter,
+    EVENTS_BYTES, FLOW_MAP_ENTRIES, FlowKey, FlowState, INBOUND_MAP_ENTRIES, IcmpInfo, InboundAgg,
+    InboundKey, LINK_MAP_ENTRIES, NatInfo, POD_LINK_MAP_ENTRIES, RetransState, SCOPE_MAP_ENTRIES,
+    VERDICT_MAP_ENTRIES, VerdictAgg, VerdictKey, counter,
 };
 
 #[map]
@@ -64,3 +65,8 @@ pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::C
 #[map]
 pub static VERDICT_AGG: HashMap<VerdictKey, VerdictAgg> =
     HashMap::with_max_entries(VERDICT_MAP_ENTRIES, 0);
+#[map]
+pub static POD_LINKS: HashMap<u64, u32> = HashMap::with_max_entries(POD_LINK_MAP_ENTRIES, 0);
+#[map]
+pub static INBOUND: HashMap<InboundKey, InboundAgg> =
+    HashMap::with_max_entries(INBOUND_MAP_ENTRIES, 0);

@@ -1,21 +1,27 @@
 //! `skb:kfree_skb` (raw): every drop aggregated by reason, netns and device; SYN drops
 //! with a reason the agent asked for are remembered per flow as timeout evidence, DF
 //! packets too big for their route and frag-needed dropped by netfilter as MTU evidence.
+//! A SYN from elsewhere on its way to a pod of this node that a filter here dropped is
+//! counted per client, pod and port in `INBOUND`, its first drop announced.
 
 use core::mem::MaybeUninit;
 
 use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
 use node_diag_common::{
-    AF_INET6, DROP_REASON_SLOTS, DropInfo, DropKey, counter, drop_flag, event_kind, icmpv6, ipproto,
+    AF_INET6, DROP_REASON_SLOTS, DropInfo, DropKey, InboundAgg, InboundKey, counter, drop_flag,
+    event_kind, icmpv6, ipproto, pod_link,
 };
 
 use crate::{
     config::{config, in_scope, in_scope_cached, now},
-    emit::{Extra, bump, bump_lru, emit, inc, note_evidence},
+    emit::{Extra, add_one, bump, bump_lru, emit, emit_inbound, inc, note_evidence},
     flow::reverse,
     icmp::note_sent,
     kernel::{btf_read, kread, skb_dev_btf},
-    maps::{DROP_REASONS, DROPS, FRAG_DROPPED, OVERSIZE, OVERSIZE_BY_DEV, SYN_DROPS},
+    maps::{
+        DROP_REASONS, DROPS, FRAG_DROPPED, ICMP_SENT, INBOUND, OVERSIZE, OVERSIZE_BY_DEV,
+        POD_LINKS, SYN_DROPS,
+    },
     nat::nat_join,
     packet::{Packet, TCP_FLAG_ACK, TCP_FLAG_SYN, ip_flow, is_frag_needed},
 };
@@ -103,10 +109,103 @@ fn evidence(
         frag_needed_dropped(p, protocol, netns, ifindex);
     }
     if flow_reason(reason) && l4proto == ipproto::TCP && p.flags & TCP_FLAG_SYN != 0 {
+        // Before `syn_dropped`, which turns `p` around and into the NAT's original flow.
+        if p.flags & TCP_FLAG_ACK == 0 && firewall_reason(reason) {
+            inbound(ctx, skb, p, reason, netns, ifindex);
+        }
         syn_dropped(skb, p, reason, netns, ifindex);
     }
     Some(())
 }
+
+/// How long after this node sent an ICMP error for a SYN its drop still counts as that
+/// REJECT's: the error goes out just before the drop, in the same hook, and a
+/// rate-limited error is not sent at all (the retransmits of one attempt keep their
+/// port, so the first SYN's error still tells).
+const REJECT_WINDOW_NS: u64 = 1_000_000_000;
+
+/// A SYN (no ACK) dropped by a filter (`reason`) in namespace `netns`, which came in on
+/// device `ifindex`: when its route leaves by a pod's veth ([`POD_LINKS`]) and it did
+/// not come from one, it is a client elsewhere connecting to a pod of this node, counted
+/// in [`INBOUND`]; the key's first drop sends an event. A SYN sent from this node (no
+/// device before its output hook, or leaving by the one it is on) or by one of its pods
+/// is left to that connect's own verdict. Out of line, see [`evidence`].
+#[inline(never)]
+fn inbound(
+    ctx: &BtfTracePointContext,
+    skb: u64,
+    p: &Packet,
+    reason: u32,
+    netns: u32,
+    ifindex: u32,
+) -> Option<()> {
+    let dev: u64 = btf_read(skb, config!(skb_dev));
+    if dev == 0 || netns == 0 {
+        return None;
+    }
+    let refdst = btf_read::<u64>(skb, config!(skb_refdst)) & !1;
+    let out_dev = kread::<u64>(refdst, config!(dst_dev))?;
+    let out = kread::<u32>(out_dev, config!(dev_ifindex))?;
+    if out == ifindex {
+        return None;
+    }
+    // SAFETY: the value is copied out at once.
+    let pod_netns = unsafe { *POD_LINKS.get(&pod_link::key(netns, out))? };
+    if POD_LINKS.get_ptr(&pod_link::key(netns, ifindex)).is_some() {
+        return None;
+    }
+    let key = InboundKey {
+        saddr: p.flow.saddr,
+        daddr: p.flow.daddr,
+        netns: pod_netns,
+        reason,
+        dport: p.flow.dport,
+        family: p.flow.family,
+        _pad: 0,
+    };
+    let now_ns = now();
+    if let Some(agg) = INBOUND.get_ptr_mut(&key) {
+        // SAFETY: the pointer comes from the map; the count is added atomically, the
+        // timestamp is one aligned store.
+        unsafe {
+            add_one(&raw mut (*agg).count);
+            core::ptr::write_volatile(&raw mut (*agg).last_ns, now_ns);
+        }
+        return Some(());
+    }
+    // SAFETY: the value is copied out at once.
+    let (icmp_type, icmp_code) = match unsafe { ICMP_SENT.get(&p.flow) } {
+        Some(i) if now_ns.saturating_sub(i.last_ns) < REJECT_WINDOW_NS => {
+            (i.icmp_type as u16, i.icmp_code as u16)
+        }
+        _ => (0, 0),
+    };
+    let fresh = InboundAgg {
+        first_ns: now_ns,
+        last_ns: now_ns,
+        count: 1,
+        drop_netns: netns,
+        ifindex,
+        pod_ifindex: out,
+        icmp_type,
+        icmp_code,
+    };
+    if INBOUND.insert(&key, &fresh, BPF_NOEXIST).is_ok() {
+        emit_inbound(ctx, &p.flow, pod_netns, reason, &fresh);
+        return Some(());
+    }
+    match INBOUND.get_ptr_mut(&key) {
+        // Another CPU made the entry first: this drop only counts.
+        // SAFETY: as above.
+        Some(agg) => unsafe { add_one(&raw mut (*agg).count) },
+        // The map is full: the drop is lost to the agent, and counted so.
+        None => inc(counter::EVENTS_LOST),
+    }
+    Some(())
+}
+
+/// `BPF_NOEXIST`: create the entry only if no other CPU just did.
+const BPF_NOEXIST: u64 = 1;
 
 /// A SYN (or SYN-ACK, `p` a TCP packet with SYN set) dropped for a reason the agent asked
 /// for: remembered under the connecting side's flow as timeout evidence. Last of the
@@ -148,6 +247,21 @@ fn flow_reason(reason: u32) -> bool {
         1 => config!(flow_reasons[1]),
         2 => config!(flow_reasons[2]),
         _ => config!(flow_reasons[3]),
+    };
+    word & (1u64 << (reason % 64)) != 0
+}
+
+/// Whether `reason` is a filter's ([`node_diag_common::Config::firewall_reasons`]).
+#[inline(always)]
+fn firewall_reason(reason: u32) -> bool {
+    if reason >= 256 {
+        return false;
+    }
+    let word = match reason / 64 {
+        0 => config!(firewall_reasons[0]),
+        1 => config!(firewall_reasons[1]),
+        2 => config!(firewall_reasons[2]),
+        _ => config!(firewall_reasons[3]),
     };
     word & (1u64 << (reason % 64)) != 0
 }

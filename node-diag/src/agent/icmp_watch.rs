@@ -143,9 +143,11 @@ impl IcmpWatch {
             | EventKind::PmtudStall
             | EventKind::TcpStall
             | EventKind::MssShrunk => true,
-            EventKind::EstablishedReset | EventKind::ConnectGaveUp | EventKind::ConnectLate => {
-                false
-            }
+            // A drop seen here, which the classifier could not explain better.
+            EventKind::EstablishedReset
+            | EventKind::ConnectGaveUp
+            | EventKind::ConnectLate
+            | EventKind::InboundSynDropped => false,
         };
         if trouble {
             self.last_trouble = Some(now);

@@ -19,6 +19,8 @@
 //! - [`translate`]: the Service and NAT behind a verdict's destination (kube-proxy's
 //!   rules on their own thread, conntrack off the loop).
 //! - [`verdicts`]: exact counts for the verdicts the kernel aggregates.
+//! - [`inbound`]: exact counts for the inbound SYN drops the kernel aggregates (a
+//!   client elsewhere's SYNs to a pod of this node, dropped here by a filter).
 //! - [`icmp_watch`]: when the TC classifier is attached (always, or while trouble
 //!   shows), and whether an event's evidence window was watched.
 //! - [`rule_watch`]: the netfilter rule behind a firewall or service verdict, named
@@ -45,6 +47,7 @@ mod findings_api;
 mod health;
 mod http;
 pub(crate) mod icmp_watch;
+mod inbound;
 pub(crate) mod metrics;
 mod mtu_refresh;
 mod path_findings;
@@ -89,7 +92,8 @@ use crate::{
     findings::{
         Finding, Kind, Layer, Status, Store,
         correlate::{
-            Context, ShrunkBy, Withdrawal, addr, correlate, path::reprobed, superseded, withdrawn,
+            Context, ShrunkBy, Withdrawal, addr, correlate, inbound as inbound_verdict,
+            path::reprobed, superseded, withdrawn,
         },
         names::Names,
     },
@@ -291,6 +295,7 @@ struct Agent {
     names: Names,
     ephemeral_ports: RangeInclusive<u16>,
     verdicts: verdicts::VerdictTracker,
+    inbound: inbound::InboundTracker,
     blackholes: BlackholeWatch,
     stalls: blackholes::StallRecheck,
     path_probes: path_probe::PathProbes,
@@ -368,6 +373,7 @@ impl Agent {
             names,
             ephemeral_ports: crate::host_network::local_port_range(),
             verdicts: verdicts::VerdictTracker::default(),
+            inbound: inbound::InboundTracker::default(),
             blackholes: BlackholeWatch::default(),
             stalls: blackholes::StallRecheck::default(),
             path_probes: path_probe::PathProbes::new(path_probe::Limits {
@@ -422,6 +428,10 @@ impl Agent {
     /// resolves the timeout it had been reported as, and a refusal or unreachable ending
     /// that attempt supersedes it.
     async fn on_event(&mut self, kind: EventKind, ev: Event) {
+        if kind == EventKind::InboundSynDropped {
+            self.on_inbound(&ev);
+            return;
+        }
         if kind == EventKind::MssShrunk {
             let by = blackholes::shrunk_by(&ev).await;
             if by != ShrunkBy::MtuProbing {
@@ -508,6 +518,103 @@ impl Agent {
         }
     }
 
+    /// The first drop of an inbound key (a client elsewhere's SYN to a pod of this node,
+    /// dropped here): its finding, unless a map read made it first; either way the
+    /// rule behind it is followed from this SYN.
+    fn on_inbound(&mut self, ev: &Event) {
+        let (key, agg) = inbound_verdict::entry_of(ev);
+        let reason = self.names.drop_reason(ev.drop.reason);
+        if self.inbound.seen(&key, agg.first_ns) {
+            if let Some(template) = self.inbound.template(&key).cloned() {
+                self.rules.verdict(&template, ev, &reason);
+            }
+            return;
+        }
+        // Read now: the counters around the first drop tell a full table from a rule.
+        let window = self.conntrack.window(ev, &self.names);
+        let finding = self.inbound_finding(&key, &agg, ev, window.as_ref());
+        if let Some(cause) = finding.evidence.conntrack_cause() {
+            self.shared
+                .metrics()
+                .conntrack_drops(cause.as_str(), u32::try_from(agg.count).unwrap_or(u32::MAX));
+        }
+        self.rules.verdict(&finding, ev, &reason);
+        self.inbound.start(key, &agg, &finding);
+        self.record(finding);
+    }
+
+    /// The finding of an inbound entry, its pods, Service and program named.
+    fn inbound_finding(
+        &mut self,
+        key: &node_diag_common::InboundKey,
+        agg: &node_diag_common::InboundAgg,
+        ev: &Event,
+        window: Option<&crate::findings::conntrack::Window>,
+    ) -> Finding {
+        let mut f =
+            inbound_verdict::finding(key, agg, agg.count, &self.names, SystemTime::now(), window);
+        let (client, pod) = (inbound_verdict::client(key), inbound_verdict::pod_addr(key));
+        let pods = self.pods.current();
+        // The local side is the pod the SYN was going to. A client pod of this node is
+        // rare here (its own SYN from its veth is left to its connect's verdict): one
+        // whose SYN came back in from elsewhere, routed through another node unSNATed.
+        f.pod = pods
+            .by_netns
+            .get(&key.netns)
+            .or_else(|| pods.by_ip.get(&pod))
+            .cloned();
+        f.peer_pod = pods.by_ip.get(&client).cloned();
+        f.service = self.translator.service_of_backend(pod, key.dport);
+        let reason = self.names.drop_reason(key.reason);
+        if let Some(program) = self.rules.program(ev, &reason) {
+            f.evidence.set_program(program);
+        }
+        f
+    }
+
+    /// Every tick: what the inbound entries counted since the last read, the entries no
+    /// event announced, and the idle ones deleted with their last counts.
+    fn read_inbound(&mut self, stamp: &str) {
+        let (entries, now_ns) = self.maps.inbound_counts();
+        let read = self.inbound.read(&entries, now_ns, stamp);
+        for (key, agg, finding) in read.grown {
+            // A later drop (a retransmit, or the client's next attempt from another
+            // port): the rule read it may call for compares against the baseline.
+            let mut ev = inbound_verdict::event_of(&key, &agg);
+            ev.drop.last_ns = agg.last_ns;
+            let reason = self.names.drop_reason(key.reason);
+            self.rules.verdict(&finding, &ev, &reason);
+            if let Some(cause) = finding.evidence.conntrack_cause() {
+                self.shared.metrics().conntrack_drops(
+                    cause.as_str(),
+                    u32::try_from(finding.count).unwrap_or(u32::MAX),
+                );
+            }
+            self.record(finding);
+        }
+        for (key, agg) in read.new {
+            let ev = inbound_verdict::event_of(&key, &agg);
+            let window = self.conntrack.window(&ev, &self.names);
+            let finding = self.inbound_finding(&key, &agg, &ev, window.as_ref());
+            if let Some(cause) = finding.evidence.conntrack_cause() {
+                self.shared.metrics().conntrack_drops(
+                    cause.as_str(),
+                    u32::try_from(finding.count).unwrap_or(u32::MAX),
+                );
+            }
+            let reason = self.names.drop_reason(key.reason);
+            self.rules.verdict(&finding, &ev, &reason);
+            self.inbound.start(key, &agg, &finding);
+            self.record(finding);
+        }
+        for key in read.idle {
+            let last = self.maps.take_inbound(&key);
+            if let Some(finding) = self.inbound.taken(&key, last, stamp) {
+                self.record(finding);
+            }
+        }
+    }
+
     /// Ends the findings `w` covers with `status` and prints them again.
     fn withdraw(&self, w: Withdrawal, status: Status) {
         let ended = self
@@ -536,6 +643,7 @@ impl Agent {
                 self.record(finding);
             }
         }
+        self.read_inbound(&stamp);
         let counts = self.maps.counts();
         let now = Instant::now();
         if self.watch.counters(&counts, now) {
@@ -582,6 +690,9 @@ impl Agent {
         if let Some((key, rule)) = self.rules.done(done) {
             self.shared
                 .store()
+                .update(|f| key.covers(f), |f| f.evidence.set_rule(&rule));
+            // Later counts of an inbound drop are added from its template: it keeps the rule.
+            self.inbound
                 .update(|f| key.covers(f), |f| f.evidence.set_rule(&rule));
         }
     }
@@ -661,6 +772,10 @@ impl Agent {
     fn refresh_namespaces(&mut self) -> Option<LocalNode> {
         if self.opts.all_netns {
             self.conntrack.refresh(None);
+            // No scope to keep, but the pods' veths still tell inbound drops apart.
+            if let Ok(node) = crate::host_network::local_node() {
+                self.maps.set_pod_links(node.own, &node.pod_links);
+            }
             return None;
         }
         let Some(node) = refresh_scope(&mut self.maps) else {
@@ -713,6 +828,7 @@ fn flow_matches(f: &Finding, key: &FlowKey) -> bool {
 fn refresh_scope(maps: &mut KernelMaps) -> Option<LocalNode> {
     let node = LIST_NAMESPACES.check(crate::host_network::local_node())?;
     maps.set_scope(&node.scope);
+    maps.set_pod_links(node.own, &node.pod_links);
     Some(node)
 }
 

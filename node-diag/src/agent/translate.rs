@@ -103,6 +103,17 @@ impl Translator {
     }
 }
 
+impl Translator {
+    /// The Service `ip:port` (a pod's address and port, as a client elsewhere reached
+    /// it) is an endpoint of, as kube-proxy's rules on this node name it.
+    pub(super) fn service_of_backend(&self, ip: std::net::IpAddr, port: u16) -> Option<String> {
+        let services = self.services.read().unwrap_or_else(PoisonError::into_inner);
+        services
+            .by_backend(ip, ipproto::TCP, port)
+            .map(|s| s.name.clone())
+    }
+}
+
 /// Destinations conntrack recently had no translation for: a storm of failures to one
 /// destination asks conntrack once per [`Untranslated::TTL`], not once per connect.
 #[derive(Default)]

@@ -22,6 +22,8 @@ use crate::{
 pub(crate) enum Evidence {
     /// `tcp_refused`, `tcp_timeout`, `tcp_unreachable`, `tcp_reset`.
     Connect(Box<ConnectEvidence>),
+    /// `tcp_syn_dropped`: a client elsewhere's SYNs to a pod of this node, dropped here.
+    Inbound(Box<InboundEvidence>),
     /// `tcp_stall`: the peer went silent.
     Stall(StallEvidence),
     /// `pmtud_blackhole`.
@@ -58,7 +60,7 @@ impl Evidence {
             Self::Recovered(e) => &mut e.candidate_backends,
             Self::Oversize(e) => &mut e.candidate_backends,
             Self::Path(e) => return e.base.set_candidates(candidates),
-            Self::Mtu(_) | Self::Sysctl(_) | Self::Received(_) => return,
+            Self::Inbound(_) | Self::Mtu(_) | Self::Sysctl(_) | Self::Received(_) => return,
         };
         slot.clone_from(&candidates.to_vec());
     }
@@ -68,6 +70,18 @@ impl Evidence {
         let e = match self {
             Self::Connect(e) => e,
             Self::Path(e) => return e.base.set_rule(rule),
+            Self::Inbound(e) => {
+                e.policy = rule.comment.as_deref().and_then(policy_of);
+                // The rule says what it did: a `tcp reset` REJECT sends nothing this
+                // node's ICMP tracepoint shows.
+                e.action = Some(if rule.verdict == "reject" {
+                    InboundAction::Reject
+                } else {
+                    InboundAction::Drop
+                });
+                e.rule = Some(rule.clone());
+                return;
+            }
             _ => return,
         };
         e.policy = rule.comment.as_deref().and_then(policy_of);
@@ -78,6 +92,7 @@ impl Evidence {
     pub(crate) fn set_program(&mut self, program: HookProgram) {
         match self {
             Self::Connect(e) => e.program = Some(program),
+            Self::Inbound(e) => e.program = Some(program),
             Self::Path(e) => e.base.set_program(program),
             _ => {}
         }
@@ -87,6 +102,7 @@ impl Evidence {
     pub(crate) fn conntrack_cause(&self) -> Option<ConntrackCause> {
         match self {
             Self::Connect(e) => e.conntrack_cause,
+            Self::Inbound(e) => e.conntrack_cause,
             Self::Path(e) => e.base.conntrack_cause(),
             _ => None,
         }
@@ -96,6 +112,7 @@ impl Evidence {
     pub(crate) fn to_map(&self) -> serde_json::Map<String, serde_json::Value> {
         let value = match self {
             Self::Connect(e) => serde_json::to_value(e),
+            Self::Inbound(e) => serde_json::to_value(e),
             Self::Stall(e) => serde_json::to_value(e),
             Self::Blackhole(e) => serde_json::to_value(e),
             Self::Recovered(e) => serde_json::to_value(e),
@@ -233,6 +250,47 @@ pub(crate) struct ConnectEvidence {
     pub(crate) last_client: Option<SocketAddr>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub(crate) candidate_backends: Vec<SocketAddr>,
+}
+
+/// What the filter did with an inbound SYN, when this node can tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum InboundAction {
+    /// Dropped silently: the client times out.
+    Drop,
+    /// Answered (an ICMP error this node sent, or a rule whose verdict is `reject`): the
+    /// client is refused or unreachable at once.
+    Reject,
+}
+
+/// The evidence of a `tcp_syn_dropped`: the drop (reason, namespace, the interface it
+/// came in on), the pod's veth it was going to, the ICMP error a REJECT sent, and the
+/// rule or program behind it when named.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub(crate) struct InboundEvidence {
+    /// `drop`, `reject`; absent when nothing tells (a drop whose rule is not named
+    /// may be a `reject with tcp reset`, which sends no ICMP).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) action: Option<InboundAction>,
+    #[serde(flatten)]
+    pub(crate) drop: DropEvidence,
+    /// The pod's veth (node side) the SYN was routed to.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) pod_interface: Option<String>,
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub(crate) icmp_sent: Option<IcmpSent>,
+    /// The drop namespace's conntrack counters around the first drop.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub(crate) conntrack: Option<ConntrackEvidence>,
+    /// `table_full`: conntrack, not a rule, dropped the SYNs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) conntrack_cause: Option<ConntrackCause>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) rule: Option<Rule>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) policy: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) program: Option<HookProgram>,
 }
 
 /// A drop of the flow's SYN (or, on the return path, its SYN-ACK) on this node.

@@ -46,6 +46,8 @@ pub(crate) enum Kind {
     DfOversizeDrop,
     PmtudBlackhole,
     PmtudDisabled,
+    /// A client elsewhere's SYNs to a pod of this node, dropped or rejected here.
+    TcpSynDropped,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -131,6 +133,7 @@ names!(Kind {
     DfOversizeDrop => "df_oversize_drop",
     PmtudBlackhole => "pmtud_blackhole",
     PmtudDisabled => "pmtud_disabled",
+    TcpSynDropped => "tcp_syn_dropped",
 });
 names!(Layer {
     Listener => "listener",

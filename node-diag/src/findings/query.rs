@@ -520,7 +520,7 @@ mod tests {
             e.to_string(),
             "unknown kind \"nope\": valid kinds are tcp_refused, tcp_timeout, tcp_unreachable, \
              tcp_reset, tcp_stall, overlay_mtu_mismatch, df_oversize_drop, pmtud_blackhole, \
-             pmtud_disabled"
+             pmtud_disabled, tcp_syn_dropped"
         );
         assert_eq!(
             parse("severity=warn").unwrap_err().to_string(),

@@ -210,6 +210,10 @@ pub(crate) struct LocalNode {
     /// The network namespaces this node's agent reports for (by inode): its own, and
     /// each namespace holding the peer of one of its pods' veths.
     pub(crate) scope: BTreeSet<u32>,
+    /// The agent's own namespace (inode; 0 when unreadable).
+    pub(crate) own: u32,
+    /// Each pod veth (ifindex, this namespace's side) with its pod's namespace (inode).
+    pub(crate) pod_links: Vec<(u32, u32)>,
 }
 
 /// Looks at this node once (see [`LocalNode`]).
@@ -220,7 +224,9 @@ pub(crate) fn local_node() -> Result<LocalNode, NetlinkError> {
     let mut scope = BTreeSet::from([own]);
     scope.extend(peers.iter().map(|(_, f)| f.inode));
     Ok(LocalNode {
-        pod_veths: peers.into_iter().map(|(index, _)| index).collect(),
+        pod_veths: peers.iter().map(|(index, _)| *index).collect(),
+        pod_links: peers.iter().map(|(index, f)| (*index, f.inode)).collect(),
+        own,
         scope,
         links,
     })

@@ -79,6 +79,15 @@ pub(crate) fn flow_reasons() -> impl Iterator<Item = &'static str> {
         .chain(std::iter::once("PKT_TOO_BIG"))
 }
 
+/// The filters' reasons: a SYN towards a pod of this node dropped with one of these is
+/// an inbound drop (`node_diag_common::MAP_INBOUND`).
+pub(crate) fn firewall_reasons() -> impl Iterator<Item = &'static str> {
+    FAMILIES
+        .iter()
+        .filter(|(_, f)| *f == DropFamily::Firewall)
+        .map(|(n, _)| *n)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -95,5 +104,9 @@ mod tests {
         assert_eq!(family("NOT_SPECIFIED"), Some(DropFamily::Unspecified));
         assert_eq!(family("TCP_CSUM"), None);
         assert!(flow_reasons().any(|n| n == "PKT_TOO_BIG"));
+        assert!(firewall_reasons().any(|n| n == "NETFILTER_DROP"));
+        // A full listener queue or a missing route is never a filter's inbound drop.
+        assert!(!firewall_reasons().any(|n| n == "TCP_LISTEN_OVERFLOW" || n == "IP_NOROUTE"));
+        assert!(firewall_reasons().all(|n| flow_reasons().any(|f| f == n)));
     }
 }

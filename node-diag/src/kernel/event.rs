@@ -28,6 +28,9 @@ pub(crate) enum EventKind {
     ConnectLate,
     /// A stall without MTU evidence ended with its segment sent again smaller.
     MssShrunk,
+    /// A SYN from elsewhere towards a pod of this node, dropped here by a filter: the
+    /// first of its client, pod and port.
+    InboundSynDropped,
 }
 
 /// A record whose kind this agent does not know: a mismatched build of the programs.
@@ -51,6 +54,7 @@ impl TryFrom<u32> for EventKind {
             event_kind::CONNECT_ABANDONED => Self::ConnectAbandoned,
             event_kind::CONNECT_LATE => Self::ConnectLate,
             event_kind::MSS_SHRUNK => Self::MssShrunk,
+            event_kind::INBOUND_SYN_DROPPED => Self::InboundSynDropped,
             other => return Err(UnknownKind(other)),
         })
     }
@@ -62,10 +66,10 @@ mod tests {
 
     #[test]
     fn every_kernel_kind_decodes_and_others_do_not() {
-        for n in 1..=11 {
+        for n in 1..=12 {
             assert!(EventKind::try_from(n).is_ok(), "{n}");
         }
         assert_eq!(EventKind::try_from(0), Err(UnknownKind(0)));
-        assert_eq!(EventKind::try_from(12), Err(UnknownKind(12)));
+        assert_eq!(EventKind::try_from(13), Err(UnknownKind(13)));
     }
 }

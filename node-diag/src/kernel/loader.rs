@@ -125,6 +125,13 @@ fn prepare(opts: &Options) -> Result<Prepared, LoadError> {
             config.flow_reasons[(v / 64) as usize] |= 1 << (v % 64);
         }
     }
+    for name in drop_family::firewall_reasons() {
+        if let Some(v) = drop_reasons.value(name)
+            && v < 256
+        {
+            config.firewall_reasons[(v / 64) as usize] |= 1 << (v % 64);
+        }
+    }
     // The casts only serve reads at the BTF offsets: without those, neither.
     let (btf_ok, rdonly_cast) = match btf.and_then(|btf| fill_btf(&mut config, &btf).map(|()| btf))
     {

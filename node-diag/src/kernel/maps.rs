@@ -1,7 +1,8 @@
 //! The agent's view of the kernel maps it polls: per-CPU counters and drop aggregates
 //! (summed over CPUs, still keyed by the kernel's numbers: naming them is the findings
 //! layer's job), the socket map of full-size retransmitters (which flows are black-holed
-//! now), and the maps the agent writes (the netns scope and its generation).
+//! now), the inbound SYN drops aggregated per client, pod and port, and the maps the
+//! agent writes (the netns scope and its generation, the pods' veths).
 
 use std::{
     collections::{BTreeSet, HashMap},
@@ -17,11 +18,11 @@ use aya::{
     },
 };
 use node_diag_common::{
-    AF_INET, DROP_REASON_SLOTS, DropInfo, DropKey, DropSlot, FlowKey, IcmpInfo, MAP_COUNTERS,
-    MAP_DROP_REASONS, MAP_DROPS, MAP_EVENTS, MAP_FRAG_DROPPED, MAP_ICMP_RCVD, MAP_ICMP_SENT,
-    MAP_NAT, MAP_OVERSIZE, MAP_OVERSIZE_BY_DEV, MAP_RETRANS, MAP_SCOPE, MAP_SCOPE_GEN,
-    MAP_SYN_DROPS, MAP_VERDICT_AGG, NatInfo, RETRANS_REPORTED_PMTUD, RetransState, VerdictAgg,
-    VerdictKey, counter,
+    AF_INET, DROP_REASON_SLOTS, DropInfo, DropKey, DropSlot, FlowKey, IcmpInfo, InboundAgg,
+    InboundKey, MAP_COUNTERS, MAP_DROP_REASONS, MAP_DROPS, MAP_EVENTS, MAP_FRAG_DROPPED,
+    MAP_ICMP_RCVD, MAP_ICMP_SENT, MAP_INBOUND, MAP_NAT, MAP_OVERSIZE, MAP_OVERSIZE_BY_DEV,
+    MAP_POD_LINKS, MAP_RETRANS, MAP_SCOPE, MAP_SCOPE_GEN, MAP_SYN_DROPS, MAP_VERDICT_AGG, NatInfo,
+    RETRANS_REPORTED_PMTUD, RetransState, VerdictAgg, VerdictKey, counter, pod_link,
 };
 use tracing::warn;
 
@@ -79,6 +80,9 @@ pub(crate) struct KernelMaps {
     verdict_agg: BpfHashMap<MapData, VerdictKey, VerdictAgg>,
     scope: BpfHashMap<MapData, u32, u32>,
     scope_gen: Array<MapData, u64>,
+    /// The pods' veths in the agent's namespace, for the inbound drops.
+    pod_links: BpfHashMap<MapData, u64, u32>,
+    inbound: BpfHashMap<MapData, InboundKey, InboundAgg>,
 }
 
 /// The per-flow evidence maps the programs fill.
@@ -141,6 +145,8 @@ impl KernelMaps {
                 verdict_agg: take(ebpf, MAP_VERDICT_AGG, BpfHashMap::try_from)?,
                 scope: take(ebpf, MAP_SCOPE, BpfHashMap::try_from)?,
                 scope_gen: take(ebpf, MAP_SCOPE_GEN, Array::try_from)?,
+                pod_links: take(ebpf, MAP_POD_LINKS, BpfHashMap::try_from)?,
+                inbound: take(ebpf, MAP_INBOUND, BpfHashMap::try_from)?,
             },
         ))
     }
@@ -277,41 +283,44 @@ impl KernelMaps {
     /// which then goes out as an event. `None`: already gone, or the kernel cannot
     /// (before 5.14; the key is then deleted after a plain lookup).
     pub(crate) fn take_verdict(&mut self, key: &VerdictKey) -> Option<VerdictAgg> {
-        let fd = self.verdict_agg.map().fd().as_fd().as_raw_fd();
-        let mut value = VerdictAgg::default();
-        // The `BPF_MAP_*_ELEM` commands' part of `union bpf_attr`.
-        #[repr(C)]
-        struct ElemAttr {
-            map_fd: u32,
-            _pad: u32,
-            key: u64,
-            value: u64,
-            flags: u64,
+        take_entry(&mut self.verdict_agg, key)
+    }
+
+    /// Every inbound SYN drop key with its counts, and the kernel's clock now.
+    pub(crate) fn inbound_counts(&self) -> (Vec<(InboundKey, InboundAgg)>, u64) {
+        let now = monotonic_ns();
+        (self.inbound.iter().flatten().collect(), now)
+    }
+
+    /// Deletes an idle inbound key and returns its last counts, as [`Self::take_verdict`].
+    pub(crate) fn take_inbound(&mut self, key: &InboundKey) -> Option<InboundAgg> {
+        take_entry(&mut self.inbound, key)
+    }
+
+    /// Makes the kernel's pod veth map equal to `links`: `(ifindex, pod netns)` of each
+    /// pod veth in the agent's namespace `own`.
+    pub(crate) fn set_pod_links(&mut self, own: u32, links: &[(u32, u32)]) {
+        let wanted: HashMap<u64, u32> = links
+            .iter()
+            .map(|&(ifindex, pod)| (pod_link::key(own, ifindex), pod))
+            .collect();
+        let stale: Vec<u64> = self
+            .pod_links
+            .keys()
+            .flatten()
+            .filter(|k| !wanted.contains_key(k))
+            .collect();
+        for k in stale {
+            let _ = self.pod_links.remove(&k);
         }
-        const BPF_MAP_LOOKUP_AND_DELETE_ELEM: libc::c_long = 21;
-        let attr = ElemAttr {
-            map_fd: fd as u32,
-            _pad: 0,
-            key: (key as *const VerdictKey) as u64,
-            value: (&raw mut value) as u64,
-            flags: 0,
-        };
-        // SAFETY: `attr` is a valid bpf_attr prefix for this command; key and value point
-        // at objects of the map's key and value sizes that outlive the call.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_MAP_LOOKUP_AND_DELETE_ELEM,
-                &raw const attr,
-                size_of::<ElemAttr>() as libc::c_uint,
-            )
-        };
-        if rc == 0 {
-            return Some(value);
+        for (k, pod) in wanted {
+            if self.pod_links.get(&k, 0).ok() == Some(pod) {
+                continue;
+            }
+            if let Err(e) = self.pod_links.insert(k, pod, 0) {
+                warn!(netns = pod, error = %e, "pod link map full; drops towards this pod are not seen as inbound");
+            }
         }
-        let last = self.verdict_agg.get(key, 0).ok();
-        let _ = self.verdict_agg.remove(key);
-        last
     }
 
     /// Makes the kernel's scope map equal to `scope`, this node's current set of
@@ -339,6 +348,52 @@ impl KernelMaps {
             warn!(error = %e, "cannot bump the scope generation; drop counts may use a stale scope");
         }
     }
+}
+
+/// Deletes `key` from `map` and returns its last value, read by the same syscall
+/// (`BPF_MAP_LOOKUP_AND_DELETE_ELEM`), so a count the kernel added after the agent's
+/// last read is not deleted unseen. `None`: already gone, or the kernel cannot (before
+/// 5.14; the key is then deleted after a plain lookup).
+fn take_entry<K: aya::Pod, V: aya::Pod + Default>(
+    map: &mut BpfHashMap<MapData, K, V>,
+    key: &K,
+) -> Option<V> {
+    let fd = map.map().fd().as_fd().as_raw_fd();
+    let mut value = V::default();
+    // The `BPF_MAP_*_ELEM` commands' part of `union bpf_attr`.
+    #[repr(C)]
+    struct ElemAttr {
+        map_fd: u32,
+        _pad: u32,
+        key: u64,
+        value: u64,
+        flags: u64,
+    }
+    const BPF_MAP_LOOKUP_AND_DELETE_ELEM: libc::c_long = 21;
+    let attr = ElemAttr {
+        map_fd: fd as u32,
+        _pad: 0,
+        key: (key as *const K) as u64,
+        value: (&raw mut value) as u64,
+        flags: 0,
+    };
+    // SAFETY: `attr` is a valid bpf_attr prefix for this command; key and value point
+    // at objects of the map's key and value sizes (the map's own types) that outlive
+    // the call.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_MAP_LOOKUP_AND_DELETE_ELEM,
+            &raw const attr,
+            size_of::<ElemAttr>() as libc::c_uint,
+        )
+    };
+    if rc == 0 {
+        return Some(value);
+    }
+    let last = map.get(key, 0).ok();
+    let _ = map.remove(key);
+    last
 }
 
 /// CLOCK_MONOTONIC in nanoseconds, the clock of `bpf_ktime_get_ns`.

@@ -127,6 +127,13 @@ pub(super) const KERNEL_SUBSET: &[&str] = &[
     "dropping_rule_of_a_timing_out_connect_is_named",
     "tc_program_that_dropped_the_syn_is_named",
     "cgroup_egress_program_that_dropped_the_syn_is_named",
+    // inbound: a forwarded SYN's route and devices read at its drop, on this kernel
+    "syn_dropped_by_an_ingress_policy_is_an_inbound_firewall_finding",
+    "syn_rejected_by_an_ingress_policy_is_an_inbound_reject",
+    "syn_reset_by_an_ingress_policy_is_named_a_reject_by_its_rule",
+    "a_connect_from_this_node_is_its_own_verdict_not_an_inbound_one",
+    "a_connect_from_a_pod_of_this_node_is_its_own_verdict_not_an_inbound_one",
+    "an_ipv6_ingress_policy_drop_is_the_same_inbound_finding",
     // every real tunnel kind
     "tunnels",
 ];

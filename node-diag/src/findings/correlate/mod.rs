@@ -7,10 +7,12 @@
 //! - [`stall`]: stalls, PMTUD black holes and oversize drops (the MTU family);
 //! - [`nat`]: the Service and NAT behind a flow's destination;
 //! - [`path`]: what probing a flow's path makes of a stall or a timeout;
-//! - [`conntrack`]: whether conntrack, not a rule, dropped a flow's packet.
+//! - [`conntrack`]: whether conntrack, not a rule, dropped a flow's packet;
+//! - [`inbound`]: a client elsewhere's SYNs to a pod of this node, dropped here.
 
 mod connect;
 mod conntrack;
+pub(crate) mod inbound;
 mod nat;
 pub(crate) mod path;
 mod stall;
@@ -79,7 +81,8 @@ pub(crate) fn correlate(kind: EventKind, ev: &Event, ctx: &Context<'_>) -> Optio
         | EventKind::ConnectAbandoned
         | EventKind::ConnectUnreachable
         | EventKind::EstablishedReset => connect::verdict(kind, ev, ctx),
-        EventKind::ConnectGaveUp | EventKind::ConnectLate => None,
+        // Judged from the inbound map's entry (`inbound`), not from the event alone.
+        EventKind::ConnectGaveUp | EventKind::ConnectLate | EventKind::InboundSynDropped => None,
     }?;
     ctx.translation.apply(&mut f);
     Some(f)
