@@ -307,6 +307,11 @@ pub(crate) const LEGACY_CHECK: Duration = Duration::from_secs(1);
 /// Without the feed (no nf_tables, no permission), the nftables-backed rulesets are
 /// read this often, as before the feed existed.
 pub(crate) const POLL_WITHOUT_FEED: Duration = Duration::from_secs(10);
+/// After a read that found nothing readable, everything is read again this soon (not
+/// only on the next change): each such read counts in
+/// `node_diag_service_rules_read_failures_total`, which keeps rising while the rules
+/// stay unreadable, as it did when they were read every 10 s.
+pub(crate) const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(10);
 
 /// A catalog followed by change: the feed, the legacy signatures, the parts.
 pub(crate) struct Follower {
@@ -315,6 +320,8 @@ pub(crate) struct Follower {
     feed: Option<Notifications>,
     legacy: HashMap<Kind, LegacySignature>,
     last_full: Instant,
+    /// Set while the last read failed: when to read everything again.
+    retry_at: Option<Instant>,
 }
 
 impl Follower {
@@ -343,6 +350,7 @@ impl Follower {
             feed,
             legacy: HashMap::new(),
             last_full: Instant::now(),
+            retry_at: None,
         };
         for kind in [Kind::IptablesLegacy4, Kind::IptablesLegacy6] {
             me.legacy.insert(kind, legacy_signature(kind));
@@ -365,6 +373,7 @@ impl Follower {
         let started = Instant::now();
         let read = self.parts.read(kinds);
         debug!(?kinds, took = ?started.elapsed(), "read kube-proxy's rules again");
+        self.retry_at = read.is_err().then(|| Instant::now() + RETRY_AFTER_FAILURE);
         self.watcher.apply(read)
     }
 
@@ -420,6 +429,9 @@ impl Follower {
                         changed.insert(*kind);
                     }
                 }
+            }
+            if self.retry_at.is_some_and(|at| Instant::now() >= at) {
+                changed.extend(Kind::ALL);
             }
             if self.last_full.elapsed() >= FULL_READ {
                 self.last_full = Instant::now();

@@ -120,7 +120,7 @@ mod tests {
         let fail = Arc::new(Mutex::new(false));
         let (t, f) = (text.clone(), fail.clone());
         let mut w = CatalogWatcher::new();
-        let mut read = move || {
+        let read = move || {
             if *f.lock().unwrap() {
                 return Err(ServicesError::NothingReadable(Vec::new()));
             }
