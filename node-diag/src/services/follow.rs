@@ -279,7 +279,16 @@ impl Parts {
     ) -> Result<(ServiceCatalog, Vec<Source>), ServicesError> {
         for kind in Kind::ALL {
             if kinds.contains(&kind) || !self.parts.contains_key(&kind) {
-                self.parts.insert(kind, read_one(kind));
+                let (catalog, source) = read_one(kind);
+                match self.parts.get_mut(&kind) {
+                    // A ruleset that was read and now is not (its dump timed out on a
+                    // large ruleset, or failed once): its last catalog is kept, as the
+                    // whole catalog is when nothing is readable; the source says why.
+                    Some((_, last)) if !source.is_read() && last.is_read() => *last = source,
+                    _ => {
+                        self.parts.insert(kind, (catalog, source));
+                    }
+                }
             }
         }
         let mut catalog = ServiceCatalog::new();
