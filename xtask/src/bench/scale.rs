@@ -117,6 +117,9 @@ fn specs(n: u32, first: u32) -> Vec<ServiceSpec> {
 #[derive(Debug, Clone, Default, Serialize)]
 pub(crate) struct Results {
     pub services: Vec<ServicesRow>,
+    /// Cases that could not be measured (the agent never read every Service, a
+    /// command failed), each with why: the table shows them, and the other cases run.
+    pub failures: Vec<String>,
 }
 
 /// Runs every scale workload `settings` asks for, in node A of `topo`.
@@ -125,14 +128,21 @@ pub(super) fn measure(binary: &Path, topo: &Topology, settings: &Settings) -> Re
     for &workload in &settings.scale {
         check_interrupted()?;
         match workload {
-            ScaleWorkload::ScaleServices => results.services = services(binary, topo, settings)?,
+            ScaleWorkload::ScaleServices => {
+                results.services = services(binary, topo, settings, &mut results.failures)?;
+            }
         }
     }
     Ok(results)
 }
 
 /// Every shape at every size, in node A of `topo`.
-fn services(binary: &Path, topo: &Topology, settings: &Settings) -> Result<Vec<ServicesRow>> {
+fn services(
+    binary: &Path,
+    topo: &Topology,
+    settings: &Settings,
+    failures: &mut Vec<String>,
+) -> Result<Vec<ServicesRow>> {
     let (idle, counts) = if settings.smoke {
         (IDLE_SMOKE, &SERVICE_COUNTS_SMOKE[..])
     } else {
@@ -147,8 +157,17 @@ fn services(binary: &Path, topo: &Topology, settings: &Settings) -> Result<Vec<S
             // Whatever happened, the next size starts from no rules.
             let flushed = flush_services(&topo.node_a, shape.backend())
                 .with_context(|| format!("cannot remove the {} rules", shape.label()));
-            let row = row?;
             flushed?;
+            let row = match row {
+                Ok(row) => row,
+                Err(err) => {
+                    check_interrupted()?;
+                    let err = format!("{err:#}");
+                    say(format_args!("not measured: {err}"));
+                    failures.push(err);
+                    continue;
+                }
+            };
             say(format_args!(
                 "scale_services {} {:>6} Services: idle CPU {:.2} % over {:.0} s, RSS {:.1} MiB \
                  (peak {:.1}), one more seen after {}, full read {:.2} s ({:.2} s CPU)",
@@ -397,6 +416,9 @@ impl Report {
                 verdict,
             );
         }
+        for failure in &self.results.failures {
+            let _ = writeln!(out, "\nNot measured: {failure}");
+        }
         out
     }
 
@@ -465,7 +487,10 @@ mod tests {
             command: String::new(),
             machine: Machine::describe(),
             elapsed_s: 0.0,
-            results: Results { services: rows },
+            results: Results {
+                services: rows,
+                failures: vec!["scale_services: 20,000 Services, nftables: no catalog".into()],
+            },
         };
         let r = report(vec![
             row(Shape::IptablesNft, 0, 0.3, 20.0),
@@ -483,6 +508,7 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("FAIL"), "{md}");
+        assert!(md.contains("Not measured: scale_services: 20,000"), "{md}");
 
         let r = report(vec![row(Shape::Nftables, 20_000, 0.5, 80.0)]);
         assert!(
