@@ -434,6 +434,83 @@ pub fn remove_kube_proxy_rules(netns: &str) -> Result<()> {
     Ok(())
 }
 
+/// Installs every Service of `svcs` in `netns` at once, as one kube-proxy sync writes
+/// them: one `iptables-restore --noflush` (through `backend`) or, with `None`, one
+/// `nft -f` input (table `ip kube-proxy`). For thousands of Services (the bench's
+/// scale workload), where one command per Service would take minutes.
+pub fn install_services(
+    netns: &str,
+    backend: Option<IptablesBackend>,
+    svcs: &[ServiceSpec],
+) -> Result<()> {
+    let Some(backend) = backend else {
+        let mut input = String::new();
+        if !cmd::try_run_in(netns, &["nft", "list", "table", "ip", "kube-proxy"])?
+            .status
+            .success()
+        {
+            input += NFT_BASE;
+        }
+        for svc in svcs {
+            input += &nft_service_rules(svc);
+        }
+        return nft(netns, &input);
+    };
+    ensure_iptables_base(netns, backend)?;
+    // One block per table: its chain declarations first, then its rules.
+    let mut tables: [(&str, String, String); 2] = [
+        ("nat", String::new(), String::new()),
+        ("filter", String::new(), String::new()),
+    ];
+    for svc in svcs {
+        let mut table = None;
+        for line in iptables_service_rules(svc).lines() {
+            if let Some(name) = line.strip_prefix('*') {
+                table = tables.iter().position(|(t, _, _)| *t == name);
+            } else if line == "COMMIT" {
+                table = None;
+            } else if let Some(i) = table {
+                let part = if line.starts_with(':') {
+                    &mut tables[i].1
+                } else {
+                    &mut tables[i].2
+                };
+                part.push_str(line);
+                part.push('\n');
+            }
+        }
+    }
+    let mut input = String::new();
+    for (table, chains, rules) in &tables {
+        if !chains.is_empty() || !rules.is_empty() {
+            input += &format!("*{table}\n{chains}{rules}COMMIT\n");
+        }
+    }
+    restore(netns, backend.restore(), &input)
+}
+
+/// Removes every kube-proxy rule [`install_services`] wrote with `backend` at once: the
+/// `nat` and `filter` tables flushed whole (every chain in them, not only KUBE-*), or
+/// table `ip kube-proxy` deleted. For namespaces that hold nothing else there.
+pub fn flush_services(netns: &str, backend: Option<IptablesBackend>) -> Result<()> {
+    match backend {
+        Some(backend) => pipe(
+            netns,
+            &[backend.restore()],
+            "*nat\nCOMMIT\n*filter\nCOMMIT\n",
+        ),
+        None => {
+            if cmd::try_run_in(netns, &["nft", "list", "table", "ip", "kube-proxy"])?
+                .status
+                .success()
+            {
+                cmd::run_in(netns, &["nft", "delete", "table", "ip", "kube-proxy"])?;
+            }
+            Ok(())
+        }
+    }
+}
+
 /// Runs `restore --noflush` in `netns` with `input` on stdin: only the chains the input
 /// declares are flushed, everything else stays.
 fn restore(netns: &str, restore: &str, input: &str) -> Result<()> {

@@ -388,3 +388,97 @@ fn direct_refused_connect_to_an_endpoint_names_no_service_or_backend() {
         "no NAT, no candidates: {f:#}"
     );
 }
+
+/// What the agent promises for a Service created (or removed) while it runs: named
+/// from its rules this soon after they are written. Unscaled: the bound is the claim.
+const FOLLOW_BOUND: Duration = Duration::from_secs(2);
+
+/// Polls the agent's count of Service ports until it is `want`, at most until `since`
+/// plus [`FOLLOW_BOUND`]; panics past it.
+fn wait_services(agent: &Agent, want: f64, since: Instant) {
+    loop {
+        let now = agent.metric("node_diag_services");
+        if now == Some(want) {
+            return;
+        }
+        assert!(
+            since.elapsed() < FOLLOW_BOUND,
+            "node_diag_services is {now:?}, not {want}, {:?} after the change\n{}",
+            since.elapsed(),
+            agent.metrics_text()
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A Service created while the agent runs (kube-proxy's rules followed by change, not
+/// re-read every 10 s) is named in a finding within 2 s of its rules being written: a
+/// refused connect to its ClusterIP as soon as the agent's catalog holds it is the
+/// Service's (no endpoints) finding naming it, all within the bound. Removed, it
+/// leaves the catalog within 2 s too.
+fn service_created_while_running_is_named(mode: Mode) {
+    let topo = Topology::new();
+    topo.route_service_range(&topo.node_a);
+    let agent = Agent::start_ready(&topo);
+    assert_eq!(
+        agent.wait_metric("node_diag_services", STEP),
+        0.0,
+        "{mode:?}: no Service yet"
+    );
+
+    let vip = Ipv4Addr::new(10, 96, 0, 31);
+    install(&topo, mode, &service("late", vip, &[]));
+    let written = Instant::now();
+    wait_services(&agent, 1.0, written);
+    let in_catalog = written.elapsed();
+    let outcome = tcp_connect(&topo.pod_a, SocketAddrV4::new(vip, 80).into(), STEP);
+    assert!(
+        matches!(outcome, ConnectOutcome::Refused),
+        "{mode:?}: {outcome:?}"
+    );
+    let f = agent.wait_finding(
+        |f| {
+            on_flow("tcp_refused", "service", (topo.pod_a_ip, vip, 80))(f)
+                && f.get("service").is_some()
+        },
+        FOLLOW_BOUND.saturating_sub(written.elapsed()),
+    );
+    let named = written.elapsed();
+    assert!(
+        named <= FOLLOW_BOUND,
+        "{mode:?}: the Service named {named:?} after its rules were written: {f:#}"
+    );
+    assert_shape(&f);
+    assert_eq!(field(&f, "layer"), "service", "{mode:?}: {f:#}");
+    assert_eq!(field(&f, "service"), "shop/late:http", "{mode:?}: {f:#}");
+    assert!(
+        field(&f, "summary").contains("Service shop/late:http has no ready endpoints"),
+        "{mode:?}: {f:#}"
+    );
+    eprintln!(
+        "{mode:?}: Service in the catalog {in_catalog:?}, named in a finding {named:?} after its rules"
+    );
+
+    node_diag_tests::kube_proxy::remove_kube_proxy_rules(&topo.node_a);
+    let removed = Instant::now();
+    wait_services(&agent, 0.0, removed);
+    eprintln!(
+        "{mode:?}: Service out of the catalog {:?} after its rules went",
+        removed.elapsed()
+    );
+}
+
+#[test]
+fn service_created_while_running_is_named_with_iptables_nft() {
+    service_created_while_running_is_named(Mode::Iptables(IptablesBackend::Nft));
+}
+
+#[test]
+fn service_created_while_running_is_named_with_iptables_legacy() {
+    service_created_while_running_is_named(Mode::Iptables(IptablesBackend::Legacy));
+}
+
+#[test]
+fn service_created_while_running_is_named_with_nftables() {
+    service_created_while_running_is_named(Mode::Nftables);
+}

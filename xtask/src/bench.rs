@@ -28,6 +28,10 @@
 //! kernel reads its clock twice around every program run, which on a nested VM costs more
 //! than most of the programs themselves and would be charged to the agent.
 //!
+//! The `scale` workloads (`scale::`) are no pairs: with `--workload scale` the agent
+//! idles in node A while the cluster around it grows (kube-proxy's rules of thousands of
+//! Services), and its own CPU and memory are the figures, in a table of their own.
+//!
 //! Ratios are agent ÷ baseline of each back-to-back pair; the table shows their median
 //! and their spread (min–max). The targets are judged by people reading the table: the
 //! command fails only when the benchmark itself breaks (a workload, the topology or the
@@ -38,6 +42,7 @@ mod floor;
 mod load;
 mod report;
 mod sample;
+mod scale;
 mod scale_pods;
 mod settings;
 mod signal;
@@ -116,25 +121,50 @@ pub fn run(options: &Options) -> Result<()> {
         settings.conn_rate,
         settings.storm_connects
     ));
-    let started = Instant::now();
-    let samples = (|| {
-        let _stats = BpfStats::set(false)?;
-        let bench = Bench::new(&binary, &settings)?;
-        bench.measure_all()
-    })()
-    .map_err(|err| {
+    let cleaned = |err: anyhow::Error| {
         if interrupted() {
             anyhow::anyhow!("interrupted; namespaces, agent and sysctl cleaned up ({err:#})")
         } else {
             err
         }
-    })?;
-    let report = Report::new(command_line, settings, machine, samples, started.elapsed());
-    println!();
-    print!("{}", report.markdown());
-    report.write_json(&out)?;
-    println!();
-    say(format_args!("JSON: {}", out.display()));
+    };
+    if !settings.workloads.is_empty() {
+        let started = Instant::now();
+        let samples = (|| {
+            let _stats = BpfStats::set(false)?;
+            let bench = Bench::new(&binary, &settings)?;
+            bench.measure_all()
+        })()
+        .map_err(cleaned)?;
+        let report = Report::new(
+            command_line.clone(),
+            settings.clone(),
+            machine.clone(),
+            samples,
+            started.elapsed(),
+        );
+        println!();
+        print!("{}", report.markdown());
+        report.write_json(&out)?;
+        println!();
+        say(format_args!("JSON: {}", out.display()));
+    }
+    if !settings.scale.is_empty() {
+        let started = Instant::now();
+        let results = (|| {
+            say("topology for the scale workloads: two nodes, vxlan overlay, a pod per node");
+            let topo = build_topology()?;
+            scale::measure(&binary, &topo, &settings)
+        })()
+        .map_err(cleaned)?;
+        let out = scale::json_path(&out);
+        let report = scale::Report::new(command_line, machine, results, started.elapsed());
+        println!();
+        print!("{}", report.markdown());
+        report.write_json(&out)?;
+        println!();
+        say(format_args!("JSON (scale): {}", out.display()));
+    }
     Ok(())
 }
 

@@ -157,6 +157,7 @@ pub(crate) struct Metrics {
     programs: Family<ProgramLabels, Gauge>,
     runtime_up: Family<SocketLabel, Gauge>,
     service_rules_failures: Counter,
+    services: Gauge,
     scope_failures: Counter,
     mtu_failures: Counter,
     findings_evicted: Counter,
@@ -272,6 +273,12 @@ impl Metrics {
             "Reads of kube-proxy's rules (for Service names) that failed; the last Service catalog read is kept",
             service_rules_failures.clone(),
         );
+        let services = Gauge::default();
+        registry.register(
+            "node_diag_services",
+            "Service ports in the catalog read from kube-proxy's rules (followed by change); what findings name Services from",
+            services.clone(),
+        );
         let scope_failures = Counter::default();
         registry.register(
             "node_diag_scope_refresh_failures",
@@ -339,6 +346,7 @@ impl Metrics {
             programs,
             runtime_up,
             service_rules_failures,
+            services,
             scope_failures,
             mtu_failures,
             findings_evicted,
@@ -375,6 +383,11 @@ impl Metrics {
     /// The failure counter of kube-proxy rule reads, for the thread that reads them.
     pub(crate) fn service_rules_failures(&self) -> Counter {
         self.service_rules_failures.clone()
+    }
+
+    /// The number of Service ports, set by the thread that follows kube-proxy's rules.
+    pub(crate) fn services(&self) -> Gauge {
+        self.services.clone()
     }
 
     pub(crate) fn scope_refresh_failed(&self) {

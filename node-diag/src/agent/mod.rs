@@ -502,6 +502,7 @@ impl Agent {
         ));
         let names = Names::for_this_node(loaded.drop_reasons.clone());
         let service_failures = shared.metrics().service_rules_failures();
+        let service_count = shared.metrics().services();
         let mut agent = Self {
             loaded,
             maps,
@@ -511,7 +512,7 @@ impl Agent {
             shared,
             pods: crate::pods::watch(opts.cri_socket.clone()).await,
             pods_named: 0,
-            translator: Translator::start(service_failures),
+            translator: Translator::start(service_failures, service_count),
             drop_sites: drop_sites::DropSites::default(),
             names,
             ephemeral_ports: crate::host_network::local_port_range(),

@@ -1,5 +1,5 @@
-//! The Service and NAT behind a verdict's destination: kube-proxy's rules read on a
-//! thread of their own (running `iptables-save`/`nft` may take a moment), conntrack
+//! The Service and NAT behind a verdict's destination: kube-proxy's rules followed by
+//! change on a thread of their own (running `iptables-save`/`nft` may take a moment), conntrack
 //! asked off the event loop, the kernel's NAT map for translations conntrack never
 //! confirmed.
 
@@ -11,33 +11,29 @@ use std::{
 };
 
 use node_diag_common::{Event, ipproto};
-use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::{counter::Counter, gauge::Gauge};
 use tracing::{debug, info, warn};
 
 use crate::{
     findings::correlate::{Translation, addr},
     kernel::maps::KernelMaps,
-    services::{CatalogWatcher, ServiceCatalog, SourceStatus},
+    services::{Follower, ServiceCatalog, SourceStatus},
 };
-
-/// How often kube-proxy's rules are re-read for Service names. kube-proxy itself
-/// resyncs on change and at least every 30 s to an hour; a Service created since the
-/// last read is named from the next one.
-const SERVICES_REFRESH: Duration = Duration::from_secs(10);
 
 /// Finds the Service and NAT behind verdicts' destinations.
 pub(super) struct Translator {
-    services: Arc<RwLock<ServiceCatalog>>,
+    /// Swapped whole on a change: a verdict's lookup holds the lock for a pointer copy.
+    services: Arc<RwLock<Arc<ServiceCatalog>>>,
     untranslated: Untranslated,
 }
 
 impl Translator {
     /// Reads kube-proxy's rules once now (so findings from the start can name Services),
-    /// then every [`SERVICES_REFRESH`] on a thread of its own.
-    /// `failures` counts the reads that failed.
-    pub(super) fn start(failures: Counter) -> Self {
+    /// then follows their changes on a thread of its own. `failures` counts the reads
+    /// that failed, `size` holds the number of Service ports.
+    pub(super) fn start(failures: Counter, size: Gauge) -> Self {
         Self {
-            services: watch_services(failures),
+            services: watch_services(failures, size),
             untranslated: Untranslated::default(),
         }
     }
@@ -81,7 +77,7 @@ impl Translator {
             maps.nat(flow)
                 .map(|n| SocketAddr::new(addr(flow, &n.backend), n.backend_port))
         });
-        let services = self.services.read().unwrap_or_else(PoisonError::into_inner);
+        let services = Arc::clone(&self.services.read().unwrap_or_else(PoisonError::into_inner));
         let service = services
             .by_frontend(dst.ip(), ipproto::TCP, dst.port())
             .or_else(|| backend.and_then(|b| services.by_backend(b.ip(), ipproto::TCP, b.port())));
@@ -143,43 +139,44 @@ impl Untranslated {
     }
 }
 
-/// The Service catalog from kube-proxy's rules in the agent's namespace, kept current
-/// by a thread of its own.
-fn watch_services(failures: Counter) -> Arc<RwLock<ServiceCatalog>> {
-    let mut watcher = CatalogWatcher::new();
-    match watcher.refresh() {
+/// The Service catalog from kube-proxy's rules in the agent's namespace, followed by
+/// change on a thread of its own (`services::Follower`). `size` is set to the number
+/// of Service ports after every read.
+fn watch_services(failures: Counter, size: Gauge) -> Arc<RwLock<Arc<ServiceCatalog>>> {
+    let (follower, first) = Follower::start();
+    match first {
         Ok(_) => {
-            let read: Vec<String> = watcher
+            let read: Vec<String> = follower
                 .sources()
                 .iter()
                 .filter(|s| matches!(s.status, SourceStatus::Read { .. }))
                 .map(|s| s.name.clone())
                 .collect();
-            info!(services = watcher.catalog().len(), from = ?read, "Service names from kube-proxy's rules");
+            info!(services = follower.catalog().len(), from = ?read, "Service names from kube-proxy's rules");
         }
         Err(e) => {
             failures.inc();
             warn!(error = %e, "no Service names: kube-proxy's rules cannot be read");
         }
     }
-    let catalog = Arc::new(RwLock::new(watcher.catalog().clone()));
+    size.set(i64::try_from(follower.catalog().len()).unwrap_or(i64::MAX));
+    let catalog = Arc::new(RwLock::new(Arc::new(follower.catalog().clone())));
     let shared = Arc::clone(&catalog);
     let spawned = std::thread::Builder::new()
         .name("services".into())
         .spawn(move || {
-            loop {
-                std::thread::sleep(SERVICES_REFRESH);
-                // Errors are logged by the watcher when what can be read changes.
-                if watcher.refresh().is_ok() {
-                    *shared.write().unwrap_or_else(PoisonError::into_inner) =
-                        watcher.catalog().clone();
-                } else {
+            follower.run(
+                |c| {
+                    size.set(i64::try_from(c.len()).unwrap_or(i64::MAX));
+                    *shared.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(c.clone());
+                },
+                || {
                     failures.inc();
-                }
-            }
+                },
+            )
         });
     if let Err(e) = spawned {
-        warn!(error = %e, "cannot start the Service catalog refresh: names stay as read at start");
+        warn!(error = %e, "cannot start following the Service rules: names stay as read at start");
     }
     catalog
 }

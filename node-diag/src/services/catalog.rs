@@ -1,8 +1,10 @@
 //! The catalog itself: Services keyed by kube-proxy's name and protocol, and the two
-//! indexes findings look them up by (frontend address, backend address).
+//! indexes findings look them up by (frontend address, backend address). Every map is
+//! hashed: a verdict's lookup costs two hash probes whatever the cluster's size (20,000
+//! Services or more); only the listing (`node-diag services`, the change log) sorts.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::HashMap,
     net::{IpAddr, SocketAddr},
 };
 
@@ -52,7 +54,7 @@ type L4 = (IpAddr, u8, u16);
 /// Every Service kube-proxy programmed on this node, read from its rules.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct ServiceCatalog {
-    services: BTreeMap<Key, Service>,
+    services: HashMap<Key, Service>,
     frontends: HashMap<L4, Key>,
     backends: HashMap<L4, Key>,
 }
@@ -90,9 +92,12 @@ impl ServiceCatalog {
         self.services.is_empty()
     }
 
-    /// Every Service port, ordered by name then protocol.
+    /// Every Service port, ordered by name then protocol (sorted on each call: for
+    /// listings, not for lookups).
     pub(crate) fn services(&self) -> impl Iterator<Item = &Service> {
-        self.services.values()
+        let mut all: Vec<&Service> = self.services.values().collect();
+        all.sort_unstable_by(|a, b| (&a.name, a.proto).cmp(&(&b.name, b.proto)));
+        all.into_iter()
     }
 
     /// Number of Service ports kube-proxy rejects for lack of endpoints.
@@ -103,7 +108,11 @@ impl ServiceCatalog {
     /// Adds everything `other` holds: Services, their frontends and backends, and
     /// their no-endpoints marks (the IPv4 and IPv6 rules of one Service merge into one).
     pub(crate) fn merge(&mut self, other: ServiceCatalog) {
-        for svc in other.services.into_values() {
+        // In name order, so that which Service an endpoint shared by several maps to
+        // (the first one added) does not depend on the hash's order.
+        let mut services: Vec<Service> = other.services.into_values().collect();
+        services.sort_unstable_by(|a, b| (&a.name, a.proto).cmp(&(&b.name, b.proto)));
+        for svc in services {
             let entry = self.service(&svc.name, svc.proto);
             entry.no_endpoints |= svc.no_endpoints;
             for f in svc.frontends {

@@ -13,7 +13,9 @@
 //! - `netfilter_rules`: every dropping or rejecting rule with its packet counter (any
 //!   table, not only kube-proxy's), what names the rule behind a firewall verdict.
 //! - `catalog`: the [`ServiceCatalog`] both fill, looked up by frontend or backend.
-//! - `watch`: [`CatalogWatcher`], re-reading on the agent's tick and logging changes.
+//! - `watch`: [`CatalogWatcher`], taking each read and logging changes.
+//! - `follow`: [`Follower`], reading again only the ruleset nftables' change feed (or,
+//!   for iptables-legacy, the tables' size) says changed, and everything every 5 min.
 //! - `report`: `node-diag services`' output.
 //!
 //! # Where the rule shapes come from
@@ -49,6 +51,7 @@
 mod catalog;
 #[cfg(test)]
 mod fixtures;
+mod follow;
 mod iptables;
 pub(crate) mod netfilter_rules;
 mod nftables;
@@ -57,6 +60,7 @@ mod sources;
 mod watch;
 
 pub(crate) use catalog::{Service, ServiceCatalog};
+pub(crate) use follow::Follower;
 pub(crate) use report::Report;
 pub(crate) use sources::{Source, SourceStatus, read};
 pub(crate) use watch::CatalogWatcher;

@@ -82,49 +82,98 @@ enum Parser {
 pub(crate) fn read() -> Result<(ServiceCatalog, Vec<Source>), ServicesError> {
     let mut catalog = ServiceCatalog::new();
     let mut sources = Vec::new();
-
-    for (nft_tool, plain_tool) in [
-        ("iptables-nft-save", "iptables-save"),
-        ("ip6tables-nft-save", "ip6tables-save"),
-    ] {
-        let (name, path) = match find_tool(nft_tool) {
-            Some(path) => (nft_tool, Some(path)),
-            None => (plain_tool, find_tool(plain_tool)),
-        };
-        sources.push(dump(name, path, &[], Parser::Iptables, &mut catalog));
+    for kind in Kind::ALL {
+        let (found, source) = read_one(kind);
+        catalog.merge(found);
+        sources.push(source);
     }
-
-    for (tool, names_file) in [
-        ("iptables-legacy-save", "ip_tables_names"),
-        ("ip6tables-legacy-save", "ip6_tables_names"),
-    ] {
-        let Some(path) = find_tool(tool) else {
-            sources.push(unavailable(tool, "not installed"));
-            continue;
-        };
-        // Legacy tables are in use only when the kernel lists some for this namespace.
-        // Not running the tool otherwise also keeps it from loading ip_tables modules.
-        let names = Path::new("/proc/thread-self/net").join(names_file);
-        match std::fs::read_to_string(&names) {
-            Ok(s) if !s.trim().is_empty() => {
-                sources.push(dump(tool, Some(path), &[], Parser::Iptables, &mut catalog));
-            }
-            _ => sources.push(Source::new(tool, SourceStatus::Absent)),
-        }
-    }
-
-    let nft = find_tool("nft");
-    for family in ["ip", "ip6"] {
-        let args = ["-j", "list", "table", family, "kube-proxy"];
-        let name = format!("nft {}", args.join(" "));
-        sources.push(dump(&name, nft.clone(), &args, Parser::Nft, &mut catalog));
-    }
-
     if sources.iter().any(Source::is_read) {
         Ok((catalog, sources))
     } else {
         Err(ServicesError::NothingReadable(sources))
     }
+}
+
+/// One of the rulesets [`read`] reads, which [`read_one`] reads alone: what a change
+/// notification of one table asks to read again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Kind {
+    /// `iptables-nft-save` (or `iptables-save`): nftables tables `filter`, `nat`...
+    /// of family `ip`.
+    IptablesNft4,
+    IptablesNft6,
+    /// `iptables-legacy-save`: x_tables, which send no notification.
+    IptablesLegacy4,
+    IptablesLegacy6,
+    /// `nft -j list table ip kube-proxy`.
+    Nft4,
+    Nft6,
+}
+
+impl Kind {
+    pub(crate) const ALL: [Kind; 6] = [
+        Kind::IptablesNft4,
+        Kind::IptablesNft6,
+        Kind::IptablesLegacy4,
+        Kind::IptablesLegacy6,
+        Kind::Nft4,
+        Kind::Nft6,
+    ];
+}
+
+/// Reads the one ruleset `kind` in the calling thread's network namespace.
+pub(crate) fn read_one(kind: Kind) -> (ServiceCatalog, Source) {
+    let mut catalog = ServiceCatalog::new();
+    let source = match kind {
+        Kind::IptablesNft4 | Kind::IptablesNft6 => {
+            let (nft_tool, plain_tool) = if kind == Kind::IptablesNft4 {
+                ("iptables-nft-save", "iptables-save")
+            } else {
+                ("ip6tables-nft-save", "ip6tables-save")
+            };
+            let (name, path) = match find_tool(nft_tool) {
+                Some(path) => (nft_tool, Some(path)),
+                None => (plain_tool, find_tool(plain_tool)),
+            };
+            dump(name, path, &[], Parser::Iptables, &mut catalog)
+        }
+        Kind::IptablesLegacy4 | Kind::IptablesLegacy6 => {
+            let (tool, names_file) = if kind == Kind::IptablesLegacy4 {
+                ("iptables-legacy-save", "ip_tables_names")
+            } else {
+                ("ip6tables-legacy-save", "ip6_tables_names")
+            };
+            match find_tool(tool) {
+                None => unavailable(tool, "not installed"),
+                Some(path) => {
+                    // Legacy tables are in use only when the kernel lists some for this
+                    // namespace. Not running the tool otherwise also keeps it from
+                    // loading ip_tables modules.
+                    if legacy_table_names(names_file).is_empty() {
+                        Source::new(tool, SourceStatus::Absent)
+                    } else {
+                        dump(tool, Some(path), &[], Parser::Iptables, &mut catalog)
+                    }
+                }
+            }
+        }
+        Kind::Nft4 | Kind::Nft6 => {
+            let family = if kind == Kind::Nft4 { "ip" } else { "ip6" };
+            let args = ["-j", "list", "table", family, "kube-proxy"];
+            let name = format!("nft {}", args.join(" "));
+            dump(&name, find_tool("nft"), &args, Parser::Nft, &mut catalog)
+        }
+    };
+    (catalog, source)
+}
+
+/// The legacy x_tables tables the kernel lists for the calling thread's namespace
+/// (`ip_tables_names` or `ip6_tables_names`); none when the module is not loaded.
+pub(super) fn legacy_table_names(names_file: &str) -> Vec<String> {
+    let names = Path::new("/proc/thread-self/net").join(names_file);
+    std::fs::read_to_string(names)
+        .map(|s| s.split_whitespace().map(str::to_owned).collect())
+        .unwrap_or_default()
 }
 
 fn unavailable(name: &str, reason: impl Into<String>) -> Source {

@@ -1,15 +1,12 @@
-//! Keeping a catalog current: re-read on demand (the agent calls it on its interface
-//! snapshot tick), and say so in the log only when something changed.
+//! Keeping a catalog current: re-read on demand (or given a read made by
+//! [`super::follow`]), and say so in the log only when something changed.
 
 use tracing::{info, warn};
 
-use super::{Service, ServiceCatalog, ServicesError, Source, read};
+use super::{Service, ServiceCatalog, ServicesError, Source};
 
-type Reader = Box<dyn FnMut() -> Result<(ServiceCatalog, Vec<Source>), ServicesError> + Send>;
-
-/// A catalog kept current by [`CatalogWatcher::refresh`].
+/// A catalog kept current by [`CatalogWatcher::apply`].
 pub(crate) struct CatalogWatcher {
-    reader: Reader,
     catalog: ServiceCatalog,
     sources: Vec<Source>,
     /// What the last change log line described: each Service port and whether it had
@@ -34,18 +31,9 @@ impl Default for CatalogWatcher {
 }
 
 impl CatalogWatcher {
-    /// A watcher reading this thread's network namespace with [`read`]; empty until the
-    /// first [`CatalogWatcher::refresh`].
+    /// An empty watcher, until the first [`CatalogWatcher::apply`].
     pub(crate) fn new() -> Self {
-        Self::with_reader(read)
-    }
-
-    /// A watcher reading through `reader` instead (tests; another namespace).
-    pub(crate) fn with_reader(
-        reader: impl FnMut() -> Result<(ServiceCatalog, Vec<Source>), ServicesError> + Send + 'static,
-    ) -> Self {
         Self {
-            reader: Box::new(reader),
             catalog: ServiceCatalog::new(),
             sources: Vec::new(),
             summary: None,
@@ -62,16 +50,20 @@ impl CatalogWatcher {
         &self.sources
     }
 
-    /// Re-reads the rules. Returns whether the set of Service ports, or which of them
-    /// have no endpoints, changed (the first read counts as a change); logs the counts
-    /// when it did, and the sources when what could be read changed. The catalog itself
+    /// Takes a read of the rules (by [`super::follow`]: only the rulesets that
+    /// changed). Returns whether the set of Service ports, or which of them have no
+    /// endpoints, changed (the first read counts as a change); logs the counts when it
+    /// did, and the sources when what could be read changed. The catalog itself
     /// (backends included) is replaced on every successful read.
     ///
     /// # Errors
     ///
-    /// What [`read`] returns; the previous catalog is kept.
-    pub(crate) fn refresh(&mut self) -> Result<bool, ServicesError> {
-        let (catalog, sources) = match (self.reader)() {
+    /// `read`'s error; the previous catalog is kept.
+    pub(crate) fn apply(
+        &mut self,
+        read: Result<(ServiceCatalog, Vec<Source>), ServicesError>,
+    ) -> Result<bool, ServicesError> {
+        let (catalog, sources) = match read {
             Ok(read) => read,
             Err(e) => {
                 warn!("cannot read kube-proxy's rules, keeping the last Service catalog: {e}");
@@ -127,7 +119,8 @@ mod tests {
         let text = Arc::new(Mutex::new(IPTABLES_NFT_SAVE_V4.to_owned()));
         let fail = Arc::new(Mutex::new(false));
         let (t, f) = (text.clone(), fail.clone());
-        let mut w = CatalogWatcher::with_reader(move || {
+        let mut w = CatalogWatcher::new();
+        let read = move || {
             if *f.lock().unwrap() {
                 return Err(ServicesError::NothingReadable(Vec::new()));
             }
@@ -139,16 +132,16 @@ mod tests {
                 },
             };
             Ok((catalog, vec![source]))
-        });
-        assert!(w.refresh().unwrap(), "the first read is a change");
+        };
+        assert!(w.apply(read()).unwrap(), "the first read is a change");
         assert_eq!(w.catalog().len(), 5);
-        assert!(!w.refresh().unwrap(), "same rules");
+        assert!(!w.apply(read()).unwrap(), "same rules");
         assert!(w.sources()[0].is_read());
 
         // A new backend alone is no change worth a log line, but the catalog has it.
         let more = IPTABLES_NFT_SAVE_V4.replace("10.244.2.6:8080", "10.244.2.66:8080");
         *text.lock().unwrap() = more;
-        assert!(!w.refresh().unwrap());
+        assert!(!w.apply(read()).unwrap());
         assert!(
             w.catalog()
                 .by_backend("10.244.2.66".parse().unwrap(), 6, 8080)
@@ -162,11 +155,11 @@ mod tests {
             .map(|l| format!("{l}\n"))
             .collect();
         *text.lock().unwrap() = fixed;
-        assert!(w.refresh().unwrap());
+        assert!(w.apply(read()).unwrap());
         assert_eq!(w.catalog().no_endpoints_count(), 0);
 
         *fail.lock().unwrap() = true;
-        assert!(w.refresh().is_err());
+        assert!(w.apply(read()).is_err());
         assert_eq!(w.catalog().len(), 4, "the last catalog is kept");
     }
 }

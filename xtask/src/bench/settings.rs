@@ -5,7 +5,10 @@ use std::{path::PathBuf, time::Duration};
 
 use serde::Serialize;
 
-use super::{sample::Mode, workload::Workload};
+use super::{
+    sample::Mode,
+    workload::{Choice, ScaleWorkload, Workload},
+};
 
 /// Pairs per workload, and seconds per measurement, by default. Many short pairs rather
 /// than a few long ones: this host's speed drifts by 10–20 % over tens of seconds, and
@@ -43,10 +46,12 @@ pub(crate) struct Options {
     /// Refused connects in the storm (default 50000; 2000 with --smoke).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     pub storm: Option<u64>,
-    /// Measure only this workload (repeatable; default all). Rows of the workloads
-    /// left out are left out of the table.
+    /// Measure only this workload (repeatable; default every baseline/agent pair
+    /// workload). `scale` (or one `scale_*` workload) measures the agent idle as the
+    /// cluster grows, only when named: it takes minutes. Rows of the workloads left
+    /// out are left out of the table.
     #[arg(long = "workload", value_name = "NAME")]
-    pub workloads: Vec<Workload>,
+    pub workloads: Vec<Choice>,
     /// A null run: both measurements of every pair without the agent, and no profile.
     /// Its ratios show what this machine's noise alone does to them: how far from
     /// 1.000 a median lands when the agent costs nothing.
@@ -71,8 +76,10 @@ pub(crate) struct Settings {
     pub conn_rate: u32,
     /// Refused connects in the storm.
     pub storm_connects: u64,
-    /// The workloads measured, in the bench's order.
+    /// The pair workloads measured, in the bench's order.
     pub workloads: Vec<Workload>,
+    /// The scale workloads measured, in the group's order.
+    pub scale: Vec<ScaleWorkload>,
     /// A null (A/A) run: the "agent" measurement of each pair runs without the agent
     /// too, and there is no profile, so the ratios measure the machine's noise alone.
     pub null: bool,
@@ -104,7 +111,16 @@ impl Settings {
                 .max(1),
             workloads: Workload::ALL
                 .into_iter()
-                .filter(|w| options.workloads.is_empty() || options.workloads.contains(w))
+                .filter(|w| {
+                    options.workloads.is_empty() || options.workloads.contains(&Choice::Pair(*w))
+                })
+                .collect(),
+            scale: ScaleWorkload::ALL
+                .into_iter()
+                .filter(|w| {
+                    options.workloads.contains(&Choice::ScaleGroup)
+                        || options.workloads.contains(&Choice::Scale(*w))
+                })
                 .collect(),
             null: options.null,
         }

@@ -98,3 +98,82 @@ impl Workload {
         }
     }
 }
+
+/// One workload of the scale group: what the agent costs, idle, as the cluster grows
+/// around it (`scale`). Not a baseline/agent pair: the agent's own CPU and memory are
+/// the figures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub(crate) enum ScaleWorkload {
+    /// kube-proxy-shaped rules of 0, 5,000 and 20,000 Services (iptables-nft and
+    /// nftables shapes) in node A, the agent idle there.
+    ScaleServices,
+}
+
+impl ScaleWorkload {
+    /// The `scale` group, in the order it runs: a new scale workload is added here.
+    pub(super) const ALL: [Self; 1] = [Self::ScaleServices];
+
+    pub fn name(self) -> String {
+        clap::ValueEnum::to_possible_value(&self)
+            .map(|v| v.get_name().to_owned())
+            .unwrap_or_default()
+    }
+}
+
+/// `--workload`'s name of the whole scale group.
+const SCALE_GROUP: &str = "scale";
+
+/// What `--workload` takes: a pair workload, a scale workload, or the whole `scale`
+/// group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Choice {
+    Pair(Workload),
+    Scale(ScaleWorkload),
+    ScaleGroup,
+}
+
+/// Every [`Choice`], for clap: built from the two lists, so a workload added to either
+/// is a value of `--workload` without more.
+const CHOICES: [Choice; Workload::ALL.len() + ScaleWorkload::ALL.len() + 1] = {
+    let mut out = [Choice::ScaleGroup; Workload::ALL.len() + ScaleWorkload::ALL.len() + 1];
+    let mut i = 0;
+    while i < Workload::ALL.len() {
+        out[i] = Choice::Pair(Workload::ALL[i]);
+        i += 1;
+    }
+    let mut j = 0;
+    while j < ScaleWorkload::ALL.len() {
+        out[i + j] = Choice::Scale(ScaleWorkload::ALL[j]);
+        j += 1;
+    }
+    out
+};
+
+impl clap::ValueEnum for Choice {
+    fn value_variants<'a>() -> &'a [Self] {
+        &CHOICES
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        match self {
+            Self::Pair(w) => clap::ValueEnum::to_possible_value(w),
+            Self::Scale(w) => clap::ValueEnum::to_possible_value(w),
+            Self::ScaleGroup => {
+                Some(clap::builder::PossibleValue::new(SCALE_GROUP).help("every scale_* workload"))
+            }
+        }
+    }
+}
+
+impl Choice {
+    /// The name `--workload` takes.
+    pub fn name(self) -> String {
+        match self {
+            Self::Pair(w) => w.name(),
+            Self::Scale(w) => w.name(),
+            Self::ScaleGroup => SCALE_GROUP.to_owned(),
+        }
+    }
+}
