@@ -51,8 +51,8 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(75 * 60);
 /// Options of `cargo xtask integration`.
 #[derive(Debug, clap::Args)]
 pub struct Options {
-    /// Kernels: host, 6.1, 6.12 or all (host, 6.1 and 6.12 on x86_64, plus the
-    /// arm64 subset on 6.1). Repeatable.
+    /// Kernels: host, 6.1, 6.12, 5.10 or all (host, 6.1, 6.12 and 5.10 on x86_64, plus
+    /// the arm64 subset on 6.1). Repeatable.
     #[arg(long = "kernel", value_name = "KERNEL", default_value = "host")]
     pub kernels: Vec<String>,
     /// Only this guest architecture (aarch64 runs a subset unless --filter is given).
@@ -317,8 +317,8 @@ fn run_vm(
 ) -> Result<Outcome> {
     qemu::require(arch)?;
     let cache = root.join("cache");
-    let package = series.newest_package(arch)?;
-    let kernel = kernel::fetch(&package, arch, &cache)?;
+    let package = series.newest_package(arch, &cache)?;
+    let kernel = kernel::fetch(&series, &package, arch, &cache)?;
     say(format_args!("{package}: kernel {}", kernel.release));
     let run_dir = root.join("runs").join(format!("{}-{arch}", series.name));
     if run_dir.exists() {
