@@ -8,10 +8,10 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
 use node_diag_common::{
-    DEV_MAP_ENTRIES, DROP_MAP_ENTRIES, DROP_REASON_SLOTS, DROP_SITE_ENTRIES, DropInfo, DropKey, DropSite, DropSlot,
-    EVENTS_BYTES, FLOW_MAP_ENTRIES, FlowKey, FlowState, INBOUND_MAP_ENTRIES, IcmpInfo, InboundAgg,
-    InboundKey, LINK_MAP_ENTRIES, NatInfo, POD_LINK_MAP_ENTRIES, RetransState, SCOPE_MAP_ENTRIES,
-    VERDICT_MAP_ENTRIES, VerdictAgg, VerdictKey, counter,
+    DEV_MAP_ENTRIES, DROP_MAP_ENTRIES, DROP_REASON_SLOTS, DROP_SITE_ENTRIES, DropInfo, DropKey,
+    DropSite, DropSlot, EVENTS_BYTES, FLOW_MAP_ENTRIES, FlowKey, FlowState, INBOUND_MAP_ENTRIES,
+    IcmpInfo, InboundAgg, InboundKey, LINK_MAP_ENTRIES, NatInfo, POD_LINK_MAP_ENTRIES,
+    RetransState, SCOPE_MAP_ENTRIES, VERDICT_MAP_ENTRIES, VerdictAgg, VerdictKey, counter,
 };
 
 #[map]

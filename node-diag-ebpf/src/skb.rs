@@ -13,8 +13,8 @@ use core::mem::MaybeUninit;
 
 use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
 use node_diag_common::{
-    AF_INET6, DROP_REASON_SLOTS, DROP_SITE_ENTRIES, DROP_SITE_UNKNOWN, DropInfo, DropKey, InboundAgg, InboundKey, counter, drop_flag,
-    event_kind, icmpv6, ipproto, pod_link,
+    AF_INET6, DROP_REASON_SLOTS, DROP_SITE_ENTRIES, DROP_SITE_UNKNOWN, DropInfo, DropKey,
+    InboundAgg, InboundKey, counter, drop_flag, event_kind, icmpv6, ipproto, pod_link,
 };
 
 use crate::{
@@ -24,8 +24,8 @@ use crate::{
     icmp::note_sent,
     kernel::{btf_read, kread, skb_dev_btf},
     maps::{
-        DROP_REASONS, DROP_SITES, DROPS, FRAG_DROPPED, ICMP_SENT, INBOUND, OVERSIZE, OVERSIZE_BY_DEV,
-        POD_LINKS, SYN_DROPS,
+        DROP_REASONS, DROP_SITES, DROPS, FRAG_DROPPED, ICMP_SENT, INBOUND, OVERSIZE,
+        OVERSIZE_BY_DEV, POD_LINKS, SYN_DROPS,
     },
     nat::nat_join,
     packet::{Packet, TCP_FLAG_ACK, TCP_FLAG_SYN, ip_flow, is_frag_needed},
@@ -53,22 +53,23 @@ fn try_kfree_skb(ctx: &BtfTracePointContext) -> Option<()> {
 /// Both are the agent's numbering ([`DROP_SITES`]).
 #[btf_tracepoint(function = "kfree_skb")]
 pub fn nd_kfree_site(ctx: BtfTracePointContext) -> i32 {
-    let skb: u64 = ctx.arg(0);
-    let location: u64 = ctx.arg(1);
-    let mut reason = site_reason(location);
-    // `ip_forward` and `ip6_forward` drop for other causes too (hop limit, policy):
-    // only a packet longer than its route's MTU is the too-big drop.
-    if reason == config!(reason_pkt_too_big) && !longer_than_route(skb) {
-        reason = DROP_SITE_UNKNOWN;
-    }
-    match dropped(&ctx, skb, reason) {
+    // The site is resolved out of line and the skb read again after it, so that this
+    // frame holds no more than `nd_kfree_skb`'s: before 6.13 the deepest path's frames
+    // (this one, `evidence`, `oversize`, ...) share 512 bytes, and one more spilled
+    // register here rounds this frame up by 32.
+    let reason = site_reason(&ctx);
+    match dropped(&ctx, ctx.arg(0), reason) {
         Some(()) | None => 0,
     }
 }
 
-/// The reason of the [`DROP_SITES`] entry whose function holds `location`.
+/// The reason of the [`DROP_SITES`] entry whose function holds the drop's location;
+/// `ip_forward` and `ip6_forward` drop for other causes too (hop limit, policy), so
+/// there only a packet longer than its route's MTU is the too-big drop.
 #[inline(never)]
-fn site_reason(location: u64) -> u32 {
+fn site_reason(ctx: &BtfTracePointContext) -> u32 {
+    let location: u64 = ctx.arg(1);
+    let mut reason = DROP_SITE_UNKNOWN;
     for i in 0..DROP_SITE_ENTRIES {
         let Some(site) = DROP_SITES.get(i) else {
             break;
@@ -77,14 +78,18 @@ fn site_reason(location: u64) -> u32 {
             break;
         }
         if location >= site.start && location < site.end {
-            return site.reason;
+            reason = site.reason;
+            break;
         }
     }
-    DROP_SITE_UNKNOWN
+    if reason == config!(reason_pkt_too_big) && !longer_than_route(ctx.arg(0)) {
+        return DROP_SITE_UNKNOWN;
+    }
+    reason
 }
 
 /// Whether `skb` is longer than its route's device MTU (its route already attached).
-#[inline(never)]
+#[inline(always)]
 fn longer_than_route(skb: u64) -> bool {
     let mtu = kread::<u64>(skb, config!(skb_refdst))
         .and_then(|dst| kread::<u64>(dst & !1, config!(dst_dev)))

@@ -41,10 +41,10 @@
 mod blackholes;
 mod conntrack_watch;
 mod drop_sites;
-mod health;
 mod failing;
 mod fds;
 mod findings_api;
+mod health;
 mod http;
 pub(crate) mod icmp_watch;
 mod inbound;

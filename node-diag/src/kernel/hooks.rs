@@ -153,3 +153,23 @@ pub(crate) const HOOKS: &[Hook] = &[
         }),
     },
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_fentry_fallback_function_is_looked_up_in_btf() {
+        for hook in HOOKS {
+            if let Some(f) = hook.fallback
+                && f.kind == FallbackKind::Fentry
+            {
+                assert!(
+                    super::super::btf::KFUNCS.contains(&f.function),
+                    "{} is not among btf::KFUNCS",
+                    f.function
+                );
+            }
+        }
+    }
+}

@@ -7,17 +7,14 @@ use std::path::PathBuf;
 
 use aya::{
     Ebpf, EbpfLoader,
-    programs::{
-        BtfTracePoint, FEntry, ProgramError, RawTracePoint, SchedClassifier, TracePoint,
-    },
+    programs::{BtfTracePoint, FEntry, ProgramError, RawTracePoint, SchedClassifier, TracePoint},
 };
 use node_diag_common::{Config, GLOBAL_CONFIG};
 use tracing::{debug, info, warn};
 
 use super::{
     btf::Btf,
-    drop_family, ebpf_log,
-    drop_sites,
+    drop_family, drop_sites, ebpf_log,
     hooks::{FULLSIZE_RETRANS_THRESHOLD, Fallback, FallbackKind, HOOKS, Hook},
     tracefs::{self, DropReasons, Format, TracefsError},
 };
@@ -415,7 +412,9 @@ fn fill_drop_sites(ebpf: &mut Ebpf, reasons: &DropReasons) {
         }
     };
     if sites.is_empty() {
-        warn!("no dropping function found in /proc/kallsyms (addresses hidden?): drops without a reason family");
+        warn!(
+            "no dropping function found in /proc/kallsyms (addresses hidden?): drops without a reason family"
+        );
         return;
     }
     let Some(map) = ebpf.map_mut(node_diag_common::MAP_DROP_SITES) else {
@@ -435,7 +434,10 @@ fn fill_drop_sites(ebpf: &mut Ebpf, reasons: &DropReasons) {
             return;
         }
     }
-    info!(sites = sites.len(), "drop reasons resolved from the dropping functions");
+    info!(
+        sites = sites.len(),
+        "drop reasons resolved from the dropping functions"
+    );
 }
 
 /// Loads and attaches a fallback's program; errors as [`attach`]'s.
