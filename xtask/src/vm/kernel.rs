@@ -33,6 +33,8 @@ pub struct Series {
     infix: &'static str,
     /// The Debian release whose lists carry it, when not the machine's own.
     release: Option<&'static str>,
+    /// The tests `--subset` runs in its x86_64 guest (see [`super::subset`]).
+    pub subset: &'static [&'static str],
 }
 
 /// The kernels nodes really run: Debian 12's 6.1 and the 6.12 of Debian 13 (shipped to
@@ -45,18 +47,21 @@ pub const SERIES: &[Series] = &[
         prefix: "linux-image-6.1.0-",
         infix: "-",
         release: None,
+        subset: super::subset::KERNEL_SUBSET,
     },
     Series {
         name: "6.12",
         prefix: "linux-image-6.12.",
         infix: "+deb12-",
         release: None,
+        subset: super::subset::KERNEL_SUBSET,
     },
     Series {
         name: "5.10",
         prefix: "linux-image-5.10.0-",
         infix: "-",
         release: Some("bullseye"),
+        subset: super::subset::FALLBACK_SUBSET,
     },
 ];
 
@@ -82,8 +87,13 @@ fn apt_options(series: &Series, arch: Arch, cache: &Path) -> Result<Vec<String>>
         fs::create_dir_all(dir.join("cache").join("archives").join("partial"))?;
         fs::write(&sources, sources_list(release))?;
         say(format_args!("apt-get update of {release}'s lists"));
-        cmd::output(cmd::command("apt-get").arg("update").arg("-q").args(&options))
-            .with_context(|| format!("failed to fetch Debian {release}'s package lists"))?;
+        cmd::output(
+            cmd::command("apt-get")
+                .arg("update")
+                .arg("-q")
+                .args(&options),
+        )
+        .with_context(|| format!("failed to fetch Debian {release}'s package lists"))?;
         fs::write(&stamp, b"")?;
     }
     Ok(options)
@@ -117,11 +127,11 @@ impl Series {
     pub fn newest_package(&self, arch: Arch, cache: &Path) -> Result<String> {
         let pattern = format!("^{}", self.prefix.replace('.', "\\."));
         let options = apt_options(self, arch, cache)?;
-        let listing = cmd::output(
-            cmd::command("apt-cache")
-                .args(&options)
-                .args(["search", "--names-only", &pattern]),
-        )
+        let listing = cmd::output(cmd::command("apt-cache").args(&options).args([
+            "search",
+            "--names-only",
+            &pattern,
+        ]))
         .context("apt-cache is needed to find Debian's kernel packages")?;
         newest(self, arch, &listing).with_context(|| {
             format!(
