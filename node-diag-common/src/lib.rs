@@ -97,6 +97,16 @@ pub const MAP_POD_LINKS: &str = "POD_LINKS";
 /// the rest only count here. A plain hash map: the agent reads the counts and deletes
 /// idle keys, so no entry is evicted unread.
 pub const MAP_INBOUND: &str = "INBOUND";
+/// Array of [`DropSite`]: on kernels whose `skb:kfree_skb` carries no drop reason (before
+/// 5.17), the functions that drop for a known reason (`nf_hook_slow`, `ip_error`, ...),
+/// resolved from kallsyms at load time; the drop's location (its caller's return
+/// address) falls in one of them or in none. Filled up to the first entry with `end` 0.
+pub const MAP_DROP_SITES: &str = "DROP_SITES";
+/// Capacity of [`MAP_DROP_SITES`].
+pub const DROP_SITE_ENTRIES: u32 = 16;
+/// The reason of a drop located in none of [`MAP_DROP_SITES`]' functions; the agent names
+/// it `NOT_SPECIFIED` (the value newer kernels give that name).
+pub const DROP_SITE_UNKNOWN: u32 = 2;
 /// Read-only global holding [`Config`].
 pub const GLOBAL_CONFIG: &str = "CONFIG";
 
@@ -570,6 +580,19 @@ pub struct DropSlot {
 }
 const _: () = assert!(core::mem::size_of::<DropSlot>() == 24);
 
+/// A kernel function's text, `[start, end)`, and the drop reason a `kfree_skb` called
+/// from it stands for ([`MAP_DROP_SITES`]); the reason is one of the agent's own
+/// numbering on such kernels, named like the newer kernels' `enum skb_drop_reason`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DropSite {
+    pub start: u64,
+    pub end: u64,
+    pub reason: u32,
+    pub _pad: u32,
+}
+const _: () = assert!(core::mem::size_of::<DropSite>() == 24);
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DropInfo {
@@ -935,6 +958,7 @@ mod user {
     unsafe impl aya::Pod for FlowKey {}
     unsafe impl aya::Pod for FlowState {}
     unsafe impl aya::Pod for DropSlot {}
+    unsafe impl aya::Pod for DropSite {}
     unsafe impl aya::Pod for DropInfo {}
     unsafe impl aya::Pod for IcmpInfo {}
     unsafe impl aya::Pod for DropKey {}

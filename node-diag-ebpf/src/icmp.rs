@@ -2,10 +2,18 @@
 //! namespace), remembered per offending flow. The record carries ports for UDP only, so
 //! the flow is parsed from the offending skb. Frag-needed generated in this node's
 //! namespaces is counted.
+//!
+//! Kernels without that tracepoint (before 5.14, e.g. Debian 11's 5.10) get the same
+//! evidence from an fentry program on `__icmp_send(skb_in, type, code, info, opt)`, the
+//! function the tracepoint sits in; the agent picks it only when the tracepoint is
+//! missing.
 
 use core::mem::MaybeUninit;
 
-use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
+use aya_ebpf::{
+    macros::{fentry, tracepoint},
+    programs::{FEntryContext, TracePointContext},
+};
 use node_diag_common::{FlowKey, IcmpInfo, counter, eth_p, icmp, ipproto};
 
 use crate::{
@@ -32,6 +40,28 @@ fn try_icmp_send(ctx: &TracePointContext) -> Option<()> {
     }
     let icmp_code = field::<u32>(ctx, config!(icmp_code))?;
     let skb = field::<u64>(ctx, config!(icmp_skbaddr))?;
+    icmp_sent(skb, icmp_type, icmp_code)
+}
+
+/// `__icmp_send(skb_in, type, code, info, opt)`: the fallback of [`nd_icmp_send`] where
+/// `icmp:icmp_send` does not exist. `type` and `code` are `int` arguments.
+#[fentry(function = "__icmp_send")]
+pub fn nd_icmp_fentry(ctx: FEntryContext) -> i32 {
+    let icmp_type = ctx.arg::<u64>(1) as u32;
+    if icmp_type != icmp::DEST_UNREACH {
+        return 0;
+    }
+    let skb: u64 = ctx.arg(0);
+    let icmp_code = ctx.arg::<u64>(2) as u32;
+    match icmp_sent(skb, icmp_type, icmp_code) {
+        Some(()) | None => 0,
+    }
+}
+
+/// A destination-unreachable of `icmp_code` this kernel sends about `skb`, the offending
+/// packet: remembered under its flow.
+#[inline(always)]
+fn icmp_sent(skb: u64, icmp_type: u32, icmp_code: u32) -> Option<()> {
     let (netns, ifindex) = skb_dev(skb);
     let mut mtu = 0;
     if icmp_code == icmp::FRAG_NEEDED {

@@ -8,10 +8,10 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
 use node_diag_common::{
-    DEV_MAP_ENTRIES, DROP_MAP_ENTRIES, DROP_REASON_SLOTS, DropInfo, DropKey, DropSlot,
-    EVENTS_BYTES, FLOW_MAP_ENTRIES, FlowKey, FlowState, INBOUND_MAP_ENTRIES, IcmpInfo, InboundAgg,
-    InboundKey, LINK_MAP_ENTRIES, NatInfo, POD_LINK_MAP_ENTRIES, RetransState, SCOPE_MAP_ENTRIES,
-    VERDICT_MAP_ENTRIES, VerdictAgg, VerdictKey, counter,
+    DEV_MAP_ENTRIES, DROP_MAP_ENTRIES, DROP_REASON_SLOTS, DROP_SITE_ENTRIES, DropInfo, DropKey,
+    DropSite, DropSlot, EVENTS_BYTES, FLOW_MAP_ENTRIES, FlowKey, FlowState, INBOUND_MAP_ENTRIES,
+    IcmpInfo, InboundAgg, InboundKey, LINK_MAP_ENTRIES, NatInfo, POD_LINK_MAP_ENTRIES,
+    RetransState, SCOPE_MAP_ENTRIES, VERDICT_MAP_ENTRIES, VerdictAgg, VerdictKey, counter,
 };
 
 #[map]
@@ -70,3 +70,5 @@ pub static POD_LINKS: HashMap<u64, u32> = HashMap::with_max_entries(POD_LINK_MAP
 #[map]
 pub static INBOUND: HashMap<InboundKey, InboundAgg> =
     HashMap::with_max_entries(INBOUND_MAP_ENTRIES, 0);
+#[map]
+pub static DROP_SITES: Array<DropSite> = Array::with_max_entries(DROP_SITE_ENTRIES, 0);

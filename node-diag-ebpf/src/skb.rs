@@ -3,13 +3,18 @@
 //! packets too big for their route and frag-needed dropped by netfilter as MTU evidence.
 //! A SYN from elsewhere on its way to a pod of this node that a filter here dropped is
 //! counted per client, pod and port in `INBOUND`, its first drop announced.
+//!
+//! Kernels before 5.17 give `kfree_skb` no reason: there `nd_kfree_site` reads the drop's
+//! location instead (the return address into the function that dropped), looks it up
+//! among the functions the agent resolved at load time ([`DROP_SITES`]) and goes on with
+//! the reason that function stands for, through the same paths.
 
 use core::mem::MaybeUninit;
 
 use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
 use node_diag_common::{
-    AF_INET6, DROP_REASON_SLOTS, DropInfo, DropKey, InboundAgg, InboundKey, counter, drop_flag,
-    event_kind, icmpv6, ipproto, pod_link,
+    AF_INET6, DROP_REASON_SLOTS, DROP_SITE_ENTRIES, DROP_SITE_UNKNOWN, DropInfo, DropKey,
+    InboundAgg, InboundKey, counter, drop_flag, event_kind, icmpv6, ipproto, pod_link,
 };
 
 use crate::{
@@ -19,8 +24,8 @@ use crate::{
     icmp::note_sent,
     kernel::{btf_read, kread, skb_dev_btf},
     maps::{
-        DROP_REASONS, DROPS, FRAG_DROPPED, ICMP_SENT, INBOUND, OVERSIZE, OVERSIZE_BY_DEV,
-        POD_LINKS, SYN_DROPS,
+        DROP_REASONS, DROP_SITES, DROPS, FRAG_DROPPED, ICMP_SENT, INBOUND, OVERSIZE,
+        OVERSIZE_BY_DEV, POD_LINKS, SYN_DROPS,
     },
     nat::nat_join,
     packet::{Packet, TCP_FLAG_ACK, TCP_FLAG_SYN, ip_flow, is_frag_needed},
@@ -40,8 +45,61 @@ pub fn nd_kfree_skb(ctx: BtfTracePointContext) -> i32 {
 }
 
 fn try_kfree_skb(ctx: &BtfTracePointContext) -> Option<()> {
-    let skb: u64 = ctx.arg(0);
-    let reason = ctx.arg::<u64>(2) as u32;
+    dropped(ctx, ctx.arg(0), ctx.arg::<u64>(2) as u32)
+}
+
+/// `kfree_skb(skb, location)` on kernels without drop reasons: the reason is that of the
+/// function the location falls in (see the module's note), else `NOT_SPECIFIED`'s.
+/// Both are the agent's numbering ([`DROP_SITES`]).
+#[btf_tracepoint(function = "kfree_skb")]
+pub fn nd_kfree_site(ctx: BtfTracePointContext) -> i32 {
+    // The site is resolved out of line and the skb read again after it, so that this
+    // frame holds no more than `nd_kfree_skb`'s: before 6.13 the deepest path's frames
+    // (this one, `evidence`, `oversize`, ...) share 512 bytes, and one more spilled
+    // register here rounds this frame up by 32.
+    let reason = site_reason(&ctx);
+    match dropped(&ctx, ctx.arg(0), reason) {
+        Some(()) | None => 0,
+    }
+}
+
+/// The reason of the [`DROP_SITES`] entry whose function holds the drop's location;
+/// `ip_forward` and `ip6_forward` drop for other causes too (hop limit, policy), so
+/// there only a packet longer than its route's MTU is the too-big drop.
+#[inline(never)]
+fn site_reason(ctx: &BtfTracePointContext) -> u32 {
+    let location: u64 = ctx.arg(1);
+    let mut reason = DROP_SITE_UNKNOWN;
+    for i in 0..DROP_SITE_ENTRIES {
+        let Some(site) = DROP_SITES.get(i) else {
+            break;
+        };
+        if site.end == 0 {
+            break;
+        }
+        if location >= site.start && location < site.end {
+            reason = site.reason;
+            break;
+        }
+    }
+    if reason == config!(reason_pkt_too_big) && !longer_than_route(ctx.arg(0)) {
+        return DROP_SITE_UNKNOWN;
+    }
+    reason
+}
+
+/// Whether `skb` is longer than its route's device MTU (its route already attached).
+#[inline(always)]
+fn longer_than_route(skb: u64) -> bool {
+    let mtu = kread::<u64>(skb, config!(skb_refdst))
+        .and_then(|dst| kread::<u64>(dst & !1, config!(dst_dev)))
+        .and_then(|dev| kread::<u32>(dev, config!(dev_mtu)));
+    let len = kread::<u32>(skb, config!(skb_len));
+    matches!((len, mtu), (Some(len), Some(mtu)) if mtu != 0 && len > mtu)
+}
+
+#[inline(always)]
+fn dropped(ctx: &BtfTracePointContext, skb: u64, reason: u32) -> Option<()> {
     let (netns, ifindex) = skb_dev_btf(skb);
     if reason < DROP_REASON_SLOTS {
         let slot = DROP_REASONS.get_ptr_mut(reason)?;

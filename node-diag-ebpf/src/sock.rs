@@ -4,6 +4,12 @@
 //! `inet_sk_error_report` (the regular record carries no socket pointer; BTF-typed, so
 //! the socket's fields are plain loads) judges the socket error.
 //!
+//! Kernels before 5.14 have no `inet_sk_error_report`: its call sites (`tcp_reset`,
+//! `tcp_v4_err`, `tcp_write_err`, the error queue) then call the socket's
+//! `sk_error_report` callback directly, `sock_def_error_report` for every TCP socket an
+//! application opens. An fentry program there (`nd_err_fentry`) runs the same judgement
+//! at the same moments; the agent picks it only when the tracepoint is missing.
+//!
 //! The error is read from the socket itself: `sk_err`, or `sk_err_soft` when an ICMP error
 //! arrived while the connecting thread held the socket lock (the kernel then reports with
 //! `sk_err` still 0). When both read 0 (the application, woken first, took the error with
@@ -11,8 +17,9 @@
 //! its flow. Each verdict is reported once per connecting socket.
 
 use aya_ebpf::{
-    macros::{btf_tracepoint, raw_tracepoint},
-    programs::{BtfTracePointContext, RawTracePointContext},
+    EbpfContext,
+    macros::{btf_tracepoint, fentry, raw_tracepoint},
+    programs::{BtfTracePointContext, FEntryContext, RawTracePointContext},
 };
 use node_diag_common::{
     AF_INET, AF_INET6, FlowKey, FlowState, IcmpInfo, counter,
@@ -226,13 +233,23 @@ fn closed(sk: u64, connecting: bool) -> Option<(u32, u32, u32, u32, Extra)> {
 /// plain loads. It runs once per failed connect, so a refused storm runs it per connect.
 #[btf_tracepoint(function = "inet_sk_error_report")]
 pub fn nd_err_report(ctx: BtfTracePointContext) -> i32 {
-    match try_err_report(&ctx) {
+    match try_err_report(&ctx, ctx.arg(0)) {
         Some(()) | None => 0,
     }
 }
 
-fn try_err_report(ctx: &BtfTracePointContext) -> Option<()> {
-    let sk: u64 = ctx.arg(0);
+/// `sock_def_error_report(sk)`, where kernels without the `inet_sk_error_report`
+/// tracepoint (before 5.14) report a socket error. Its argument is BTF-typed as well, so
+/// the same plain loads apply.
+#[fentry(function = "sock_def_error_report")]
+pub fn nd_err_fentry(ctx: FEntryContext) -> i32 {
+    match try_err_report(&ctx, ctx.arg(0)) {
+        Some(()) | None => 0,
+    }
+}
+
+#[inline(always)]
+fn try_err_report<C: EbpfContext>(ctx: &C, sk: u64) -> Option<()> {
     if btf_read::<u16>(sk, config!(sk_protocol)) != u16::from(ipproto::TCP) {
         return None;
     }

@@ -158,8 +158,24 @@ pub(crate) fn run(cri_socket: Option<&std::path::Path>) -> Report {
                 .map_err(|e| e.to_string())
                 .and_then(|()| btf.as_ref().map_or(Ok(()), |b| loader::check_args(hook, b)))
             {
-                Ok(()) => check(name, Status::Ok, format!("used for {}", hook.feature)),
-                Err(e) => check(name, Status::Warn, format!("{e}; lost: {}", hook.feature)),
+                Ok(()) => check(
+                    name,
+                    Status::Ok,
+                    format!("tracepoint, used for {}", hook.feature),
+                ),
+                Err(e) => match btf.as_ref().and_then(|b| loader::fallback(hook, b)) {
+                    Some(f) => check(
+                        name,
+                        Status::Ok,
+                        format!(
+                            "{e}; {} ({}) instead, used for {}",
+                            f.mechanism(),
+                            f.program,
+                            hook.feature
+                        ),
+                    ),
+                    None => check(name, Status::Warn, format!("{e}; lost: {}", hook.feature)),
+                },
             },
         );
     }
@@ -395,8 +411,14 @@ fn programs(checks: &mut Vec<Check>) {
             for (program, result) in results {
                 let name = format!("program {program}");
                 checks.push(match result {
-                    Ok(()) => check(name, Status::Ok, "accepted by this kernel's verifier"),
-                    Err(e) => check(name, Status::Fail, format!("rejected: {e}")),
+                    Some(Ok(())) => check(name, Status::Ok, "accepted by this kernel's verifier"),
+                    Some(Err(e)) => check(name, Status::Fail, format!("rejected: {e}")),
+                    // Its tracepoint's check above says what is lost.
+                    None => check(
+                        name,
+                        Status::Warn,
+                        "not loaded: its tracepoint is unusable on this kernel",
+                    ),
                 });
             }
         }

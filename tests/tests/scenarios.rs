@@ -485,6 +485,32 @@ fn doctor_has_every_program_accepted_and_reads_as_this_kernel_allows() {
             "Linux {release}: {reads:#}"
         );
     }
+    // Every hook runs, through its tracepoint or, where that is missing or lacks the
+    // drop reason (5.10), its fallback, which the check names.
+    for hook in checks.iter().filter(|c| {
+        c["name"]
+            .as_str()
+            .is_some_and(|n| n.starts_with("tracepoint ") && n != "tracepoint programs")
+    }) {
+        assert_eq!(hook["status"], "ok", "Linux {release}: {hook:#}");
+        let detail = hook["detail"].as_str().unwrap_or_default();
+        assert!(
+            detail.starts_with("tracepoint, used for") || detail.contains(") instead, used for"),
+            "Linux {release}: {hook:#}"
+        );
+    }
+    let fallbacks = ["nd_err_fentry", "nd_kfree_site", "nd_icmp_fentry"];
+    let named = |p: &str| checks.iter().any(|c| c["name"] == format!("program {p}"));
+    if version < (5, 14) {
+        // No inet_sk_error_report, icmp_send or drop reasons: every fallback runs.
+        for p in fallbacks {
+            assert!(named(p), "Linux {release}: no program {p}: {report:#}");
+        }
+    } else if version >= (5, 17) {
+        for p in fallbacks {
+            assert!(!named(p), "Linux {release}: program {p} runs: {report:#}");
+        }
+    }
 }
 
 /// A pod namespace joined to node A by a veth made while the agent runs, with

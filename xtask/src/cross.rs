@@ -29,11 +29,14 @@ use crate::{agent, cmd, say::cross_builds as say};
 const PROGRAMS: &[(&str, &str)] = &[
     ("nd_set_state", "raw_tp"),
     ("nd_err_report", "tp_btf"),
+    ("nd_err_fentry", "fentry"),
     ("nd_retransmit", "tp_btf"),
     ("nd_rcv_reset", "raw_tp"),
     ("nd_snd_reset", "raw_tp"),
     ("nd_kfree_skb", "tp_btf"),
+    ("nd_kfree_site", "tp_btf"),
     ("nd_icmp_send", "tracepoint"),
+    ("nd_icmp_fentry", "fentry"),
     ("nd_tc_ingress", "classifier"),
 ];
 /// The section aya's `#[map]` puts map definitions in.

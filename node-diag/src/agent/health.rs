@@ -15,7 +15,14 @@ impl Agent {
         }
         let mut programs: Vec<(&str, Option<&str>, bool)> = HOOKS
             .iter()
-            .map(|h| (h.program, None, self.loaded.attached.contains(&h.program)))
+            .map(|h| {
+                // A hook whose fallback runs here is that program.
+                let program = h
+                    .fallback
+                    .filter(|f| self.loaded.attached.contains(&f.program))
+                    .map_or(h.program, |f| f.program);
+                (program, None, self.loaded.attached.contains(&program))
+            })
             .collect();
         // The classifier: loaded (attached on demand, see `icmp_watch`), then each
         // interface it is attached to, failed on or lost.

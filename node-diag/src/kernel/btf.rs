@@ -36,8 +36,10 @@ const KIND_TYPEDEF: u32 = 8;
 const KIND_FUNC: u32 = 12;
 const KIND_FUNC_PROTO: u32 = 13;
 const KIND_ENUM64: u32 = 19;
-/// The kernel functions whose BTF ids are kept (vmlinux has tens of thousands).
-pub(crate) const KFUNCS: &[&str] = &["bpf_rdonly_cast"];
+/// The kernel functions whose BTF ids are kept (vmlinux has tens of thousands): the
+/// kfunc the programs call, and the functions fentry fallbacks attach to (see
+/// [`super::hooks::Fallback`]).
+pub(crate) const KFUNCS: &[&str] = &["bpf_rdonly_cast", "sock_def_error_report", "__icmp_send"];
 /// Raw tracepoints' prototypes are typedefs named so.
 const TRACE_PREFIX: &str = "btf_trace_";
 

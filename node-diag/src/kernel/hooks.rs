@@ -24,6 +24,40 @@ pub(crate) struct Hook {
     /// A raw tracepoint's leading argument types as its program reads them (see
     /// [`super::btf::Btf::trace_args`]); checked against this kernel's BTF before attaching.
     pub(crate) args: &'static [&'static str],
+    /// What gives the same evidence on kernels without this tracepoint, if anything.
+    pub(crate) fallback: Option<Fallback>,
+}
+
+/// A program attached where a hook's tracepoint is missing or lacks what its program
+/// reads: chosen by probing (the tracepoint absent from tracefs or its arguments in BTF
+/// not as expected, the fallback's function or arguments present in the kernel's BTF),
+/// never by version number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Fallback {
+    pub(crate) program: &'static str,
+    /// The kernel function (fentry) or tracepoint (BTF tracepoint) it is attached to.
+    pub(crate) function: &'static str,
+    pub(crate) kind: FallbackKind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FallbackKind {
+    /// fentry on a kernel function, attached by its BTF id.
+    Fentry,
+    /// A BTF tracepoint reading fewer arguments: these leading types.
+    Tracepoint(&'static [&'static str]),
+}
+
+impl Fallback {
+    /// How `doctor` and the logs name it.
+    pub(crate) fn mechanism(&self) -> String {
+        match self.kind {
+            FallbackKind::Fentry => format!("fentry on {}", self.function),
+            FallbackKind::Tracepoint(_) => {
+                format!("{} by its drop site (kallsyms)", self.function)
+            }
+        }
+    }
 }
 
 impl Hook {
@@ -41,6 +75,7 @@ pub(crate) const HOOKS: &[Hook] = &[
         raw: true,
         btf: false,
         args: &["*sock", "int", "int"],
+        fallback: None,
     },
     Hook {
         program: "nd_err_report",
@@ -50,6 +85,12 @@ pub(crate) const HOOKS: &[Hook] = &[
         raw: true,
         btf: true,
         args: &["*sock"],
+        // Before 5.14 the tracepoint's call sites called the socket's callback directly.
+        fallback: Some(Fallback {
+            program: "nd_err_fentry",
+            function: "sock_def_error_report",
+            kind: FallbackKind::Fentry,
+        }),
     },
     Hook {
         program: "nd_retransmit",
@@ -59,6 +100,7 @@ pub(crate) const HOOKS: &[Hook] = &[
         raw: true,
         btf: true,
         args: &["*sock", "*sk_buff"],
+        fallback: None,
     },
     Hook {
         program: "nd_rcv_reset",
@@ -68,6 +110,7 @@ pub(crate) const HOOKS: &[Hook] = &[
         raw: true,
         btf: false,
         args: &["*sock"],
+        fallback: None,
     },
     Hook {
         program: "nd_snd_reset",
@@ -77,6 +120,7 @@ pub(crate) const HOOKS: &[Hook] = &[
         raw: true,
         btf: false,
         args: &["*sock", "*sk_buff"],
+        fallback: None,
     },
     Hook {
         program: "nd_kfree_skb",
@@ -86,6 +130,12 @@ pub(crate) const HOOKS: &[Hook] = &[
         raw: true,
         btf: true,
         args: &["*sk_buff", "*void", "skb_drop_reason"],
+        // Before 5.17 no reason: the drop's location stands for it (see `drop_sites`).
+        fallback: Some(Fallback {
+            program: "nd_kfree_site",
+            function: "kfree_skb",
+            kind: FallbackKind::Tracepoint(&["*sk_buff", "*void"]),
+        }),
     },
     Hook {
         program: "nd_icmp_send",
@@ -95,5 +145,31 @@ pub(crate) const HOOKS: &[Hook] = &[
         raw: false,
         btf: false,
         args: &[],
+        // Before 5.14 `__icmp_send` (where the tracepoint is now) had no tracepoint.
+        fallback: Some(Fallback {
+            program: "nd_icmp_fentry",
+            function: "__icmp_send",
+            kind: FallbackKind::Fentry,
+        }),
     },
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_fentry_fallback_function_is_looked_up_in_btf() {
+        for hook in HOOKS {
+            if let Some(f) = hook.fallback
+                && f.kind == FallbackKind::Fentry
+            {
+                assert!(
+                    super::super::btf::KFUNCS.contains(&f.function),
+                    "{} is not among btf::KFUNCS",
+                    f.function
+                );
+            }
+        }
+    }
+}

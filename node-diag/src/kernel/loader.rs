@@ -7,15 +7,15 @@ use std::path::PathBuf;
 
 use aya::{
     Ebpf, EbpfLoader,
-    programs::{BtfTracePoint, ProgramError, RawTracePoint, SchedClassifier, TracePoint},
+    programs::{BtfTracePoint, FEntry, ProgramError, RawTracePoint, SchedClassifier, TracePoint},
 };
 use node_diag_common::{Config, GLOBAL_CONFIG};
 use tracing::{debug, info, warn};
 
 use super::{
     btf::Btf,
-    drop_family, ebpf_log,
-    hooks::{FULLSIZE_RETRANS_THRESHOLD, HOOKS, Hook},
+    drop_family, drop_sites, ebpf_log,
+    hooks::{FULLSIZE_RETRANS_THRESHOLD, Fallback, FallbackKind, HOOKS, Hook},
     tracefs::{self, DropReasons, Format, TracefsError},
 };
 
@@ -78,7 +78,8 @@ struct Prepared {
     kernel_btf: Option<aya::Btf>,
     tracefs: PathBuf,
     mounted_tracefs: bool,
-    usable: Vec<&'static Hook>,
+    /// Each hook that can run here, with the fallback it runs as (if not its tracepoint).
+    usable: Vec<(&'static Hook, Option<Fallback>)>,
     degraded: Vec<(String, String)>,
     drop_reasons: DropReasons,
     btf_ok: bool,
@@ -109,11 +110,21 @@ fn prepare(opts: &Options) -> Result<Prepared, LoadError> {
                 Err(_) => Ok(()),
             });
         match checked {
-            Ok(()) => usable.push(hook),
-            Err(e) => {
-                warn!(tracepoint = %hook.label(), error = %e, lost = hook.feature, "tracepoint unusable; feature disabled");
-                degraded.push((hook.label(), e));
-            }
+            Ok(()) => usable.push((hook, None)),
+            Err(e) => match btf.as_ref().ok().and_then(|b| fallback(hook, b)) {
+                Some(f) => {
+                    info!(tracepoint = %hook.label(), error = %e, fallback = %f.mechanism(), program = f.program, "tracepoint unusable; its fallback takes over");
+                    if matches!(f.kind, FallbackKind::Tracepoint(_)) {
+                        // Drops by site: the agent's own reason numbering.
+                        drop_reasons = drop_sites::reasons();
+                    }
+                    usable.push((hook, Some(f)));
+                }
+                None => {
+                    warn!(tracepoint = %hook.label(), error = %e, lost = hook.feature, "tracepoint unusable; feature disabled");
+                    degraded.push((hook.label(), e));
+                }
+            },
         }
     }
     config.reason_pkt_too_big = drop_reasons.value("PKT_TOO_BIG").unwrap_or(u32::MAX);
@@ -169,6 +180,13 @@ fn prepare(opts: &Options) -> Result<Prepared, LoadError> {
         .override_global(GLOBAL_CONFIG, &config, true)
         .override_global(aya_log::LEVEL, &opts.ebpf_log.global(), true)
         .load(object.bytes())?;
+    let mut ebpf = ebpf;
+    if usable
+        .iter()
+        .any(|(_, f)| f.is_some_and(|f| matches!(f.kind, FallbackKind::Tracepoint(_))))
+    {
+        fill_drop_sites(&mut ebpf, &drop_reasons);
+    }
     Ok(Prepared {
         ebpf,
         kernel_btf,
@@ -181,15 +199,46 @@ fn prepare(opts: &Options) -> Result<Prepared, LoadError> {
     })
 }
 
-/// A program's name and what the verifier said of it.
-pub(crate) type Verdict = (&'static str, Result<(), String>);
+/// A program's name and what the verifier said of it; `None` when it was not loaded, as
+/// its hook cannot run on this kernel (which the hook's own check says).
+pub(crate) type Verdict = (&'static str, Option<Result<(), String>>);
 
 /// Loads every program into this kernel, configured as the agent would, and attaches
-/// none: what the verifier says of each (`doctor`). The error is the object's own.
+/// none: what the verifier says of each (`doctor`), a hook's fallback in its stead where
+/// that runs here. The error is the object's own.
 pub(crate) fn verify(opts: &Options) -> Result<Vec<Verdict>, LoadError> {
     let mut prepared = prepare(opts)?;
     let mut results = Vec::new();
     for hook in HOOKS {
+        // A hook whose fallback runs here is judged by the fallback's program.
+        let Some(chosen) = prepared
+            .usable
+            .iter()
+            .find(|(h, _)| h.program == hook.program)
+            .map(|(_, f)| *f)
+        else {
+            results.push((hook.program, None));
+            continue;
+        };
+        if let Some(f) = chosen {
+            let Some(program) = prepared.ebpf.program_mut(f.program) else {
+                return Err(LoadError::MissingProgram(f.program));
+            };
+            let result = match (&prepared.kernel_btf, f.kind) {
+                (Some(btf), FallbackKind::Fentry) => {
+                    <&mut FEntry>::try_from(program).and_then(|p| p.load(f.function, btf))
+                }
+                (Some(btf), FallbackKind::Tracepoint(_)) => {
+                    <&mut BtfTracePoint>::try_from(program).and_then(|p| p.load(f.function, btf))
+                }
+                (None, _) => {
+                    results.push((f.program, Some(Err("needs kernel BTF".to_owned()))));
+                    continue;
+                }
+            };
+            results.push((f.program, Some(result.map_err(|e| verifier_error(&e)))));
+            continue;
+        }
         let Some(program) = prepared.ebpf.program_mut(hook.program) else {
             return Err(LoadError::MissingProgram(hook.program));
         };
@@ -199,7 +248,7 @@ pub(crate) fn verify(opts: &Options) -> Result<Vec<Verdict>, LoadError> {
                     <&mut BtfTracePoint>::try_from(program).and_then(|p| p.load(hook.name, btf))
                 }
                 None => {
-                    results.push((hook.program, Err("needs kernel BTF".to_owned())));
+                    results.push((hook.program, Some(Err("needs kernel BTF".to_owned()))));
                     continue;
                 }
             }
@@ -208,14 +257,14 @@ pub(crate) fn verify(opts: &Options) -> Result<Vec<Verdict>, LoadError> {
         } else {
             <&mut TracePoint>::try_from(program).and_then(|p| p.load())
         };
-        results.push((hook.program, result.map_err(|e| verifier_error(&e))));
+        results.push((hook.program, Some(result.map_err(|e| verifier_error(&e)))));
     }
     let classifier = super::tc::PROGRAM;
     let Some(program) = prepared.ebpf.program_mut(classifier) else {
         return Err(LoadError::MissingProgram(classifier));
     };
     let result = <&mut SchedClassifier>::try_from(program).and_then(|p| p.load());
-    results.push((classifier, result.map_err(|e| verifier_error(&e))));
+    results.push((classifier, Some(result.map_err(|e| verifier_error(&e)))));
     Ok(results)
 }
 
@@ -260,18 +309,24 @@ pub(crate) fn load(opts: &Options) -> Result<Loaded, LoadError> {
         None
     });
     let mut attached = Vec::new();
-    for hook in usable {
-        if hook.raw && !btf_ok {
-            // Raw tracepoints read kernel structs: without BTF offsets they would read junk.
+    for (hook, fallback) in usable {
+        if (hook.raw || fallback.is_some()) && !btf_ok {
+            // Raw tracepoints and fallback programs read kernel structs: without BTF
+            // offsets they would read junk.
             degraded.push((hook.label(), "needs kernel BTF".to_string()));
             continue;
         }
-        match attach(&mut ebpf, hook, kernel_btf.as_ref())? {
-            Ok(()) => attached.push(hook.program),
+        let result = match fallback {
+            Some(f) => attach_fallback(&mut ebpf, f, kernel_btf.as_ref())?,
+            None => attach(&mut ebpf, hook, kernel_btf.as_ref())?,
+        };
+        let program = fallback.map_or(hook.program, |f| f.program);
+        match result {
+            Ok(()) => attached.push(program),
             Err(e) => {
                 // A verifier's refusal is its last words, not the whole log.
                 let e = verifier_error(&e);
-                warn!(program = hook.program, error = %e, lost = hook.feature, "load or attach failed; feature disabled");
+                warn!(program, error = %e, lost = hook.feature, "load or attach failed; feature disabled");
                 degraded.push((hook.label(), e));
             }
         }
@@ -331,6 +386,93 @@ fn attach(
         }
         Ok(program.attach(hook.category, hook.name).map(drop))
     }
+}
+
+/// The fallback of `hook` this kernel can run: an fentry program's function is in the
+/// kernel's BTF (fentry attaches by BTF id); a BTF tracepoint's leading arguments are
+/// the ones it reads.
+pub(crate) fn fallback(hook: &Hook, btf: &Btf) -> Option<Fallback> {
+    hook.fallback.filter(|f| match f.kind {
+        FallbackKind::Fentry => btf.func_id(f.function).is_some(),
+        FallbackKind::Tracepoint(args) => btf
+            .trace_args(f.function)
+            .is_ok_and(|found| found.len() >= args.len() && found[..args.len()] == *args),
+    })
+}
+
+/// Writes the drop sites this kernel's kallsyms resolves into `DROP_SITES`. Without them
+/// every drop counts as `NOT_SPECIFIED`: the families, and the verdicts resting on them,
+/// are lost, which the warning says.
+fn fill_drop_sites(ebpf: &mut Ebpf, reasons: &DropReasons) {
+    let sites = match std::fs::read_to_string("/proc/kallsyms") {
+        Ok(text) => drop_sites::resolve(&text, reasons),
+        Err(e) => {
+            warn!(error = %e, "cannot read /proc/kallsyms: drops without a reason family");
+            return;
+        }
+    };
+    if sites.is_empty() {
+        warn!(
+            "no dropping function found in /proc/kallsyms (addresses hidden?): drops without a reason family"
+        );
+        return;
+    }
+    let Some(map) = ebpf.map_mut(node_diag_common::MAP_DROP_SITES) else {
+        warn!("the object has no drop-site map");
+        return;
+    };
+    let mut array = match aya::maps::Array::<_, node_diag_common::DropSite>::try_from(map) {
+        Ok(a) => a,
+        Err(e) => {
+            warn!(error = %e, "drop-site map unusable");
+            return;
+        }
+    };
+    for (i, site) in sites.iter().enumerate() {
+        if let Err(e) = array.set(i as u32, site, 0) {
+            warn!(error = %e, "cannot write a drop site");
+            return;
+        }
+    }
+    info!(
+        sites = sites.len(),
+        "drop reasons resolved from the dropping functions"
+    );
+}
+
+/// Loads and attaches a fallback's program; errors as [`attach`]'s.
+fn attach_fallback(
+    ebpf: &mut Ebpf,
+    f: Fallback,
+    btf: Option<&aya::Btf>,
+) -> Result<Result<(), ProgramError>, LoadError> {
+    let program = ebpf
+        .program_mut(f.program)
+        .ok_or(LoadError::MissingProgram(f.program))?;
+    let Some(btf) = btf else {
+        return Ok(Err(ProgramError::IOError(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            "no kernel BTF to load a fallback program against",
+        ))));
+    };
+    let as_program = |source| LoadError::Program {
+        program: f.program,
+        source,
+    };
+    Ok(match f.kind {
+        FallbackKind::Fentry => {
+            let program: &mut FEntry = program.try_into().map_err(as_program)?;
+            program
+                .load(f.function, btf)
+                .and_then(|()| program.attach().map(drop))
+        }
+        FallbackKind::Tracepoint(_) => {
+            let program: &mut BtfTracePoint = program.try_into().map_err(as_program)?;
+            program
+                .load(f.function, btf)
+                .and_then(|()| program.attach().map(drop))
+        }
+    })
 }
 
 fn fill_config(
@@ -550,6 +692,7 @@ mod tests {
             raw,
             btf: false,
             args,
+            fallback: None,
         }
     }
 

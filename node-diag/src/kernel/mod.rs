@@ -20,6 +20,7 @@ pub(crate) mod batch;
 pub(crate) mod btf;
 pub(crate) mod caps;
 pub(crate) mod drop_family;
+pub(crate) mod drop_sites;
 pub(crate) mod ebpf_log;
 pub(crate) mod event;
 pub(crate) mod hook_programs;

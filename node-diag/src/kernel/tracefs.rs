@@ -217,6 +217,11 @@ impl DropReasons {
         Self(kfree_skb.symbols())
     }
 
+    /// The agent's own table, where the kernel has none (see [`super::drop_sites`]).
+    pub(crate) fn from_table(table: BTreeMap<u32, String>) -> Self {
+        Self(table)
+    }
+
     pub(crate) fn name(&self, value: u32) -> String {
         self.0
             .get(&value)

@@ -5,6 +5,10 @@
 //! several ABIs of 6.1 and 6.12 in bookworm and its security updates), fetched with
 //! `apt-get download` and unpacked with `dpkg-deb -x`; `depmod -b` then indexes its
 //! modules so that `modprobe` works inside the guest.
+//!
+//! Series of another Debian release (5.10 is bullseye's) are looked up in a private apt
+//! state under the cache (its own sources list, lists and archive cache), so the
+//! machine's own package lists stay untouched.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -27,22 +31,82 @@ pub struct Series {
     prefix: &'static str,
     /// Package name suffix between the ABI and the Debian architecture.
     infix: &'static str,
+    /// The Debian release whose lists carry it, when not the machine's own.
+    release: Option<&'static str>,
+    /// The tests `--subset` runs in its x86_64 guest (see [`super::subset`]).
+    pub subset: &'static [&'static str],
 }
 
 /// The kernels nodes really run: Debian 12's 6.1 and the 6.12 of Debian 13 (shipped to
-/// Debian 12 as `+deb12`).
+/// Debian 12 as `+deb12`), then Debian 11's 5.10 (the generation of Amazon Linux 2 and
+/// COS LTS), which comes from bullseye's lists. The first entry is the arm64 kernel of
+/// `--kernel all`.
 pub const SERIES: &[Series] = &[
     Series {
         name: "6.1",
         prefix: "linux-image-6.1.0-",
         infix: "-",
+        release: None,
+        subset: super::subset::KERNEL_SUBSET,
     },
     Series {
         name: "6.12",
         prefix: "linux-image-6.12.",
         infix: "+deb12-",
+        release: None,
+        subset: super::subset::KERNEL_SUBSET,
+    },
+    Series {
+        name: "5.10",
+        prefix: "linux-image-5.10.0-",
+        infix: "-",
+        release: Some("bullseye"),
+        subset: super::subset::FALLBACK_SUBSET,
     },
 ];
+
+/// `apt-get`/`apt-cache` options that point at a series' package lists: none for the
+/// machine's own release, else a private state under `cache` (created and updated once).
+fn apt_options(series: &Series, arch: Arch, cache: &Path) -> Result<Vec<String>> {
+    let Some(release) = series.release else {
+        return Ok(Vec::new());
+    };
+    let dir = cache.join(format!("apt-{release}"));
+    let lists = dir.join("lists");
+    let sources = dir.join("sources.list");
+    let options = vec![
+        format!("-o=Dir::Etc::SourceList={}", sources.display()),
+        "-o=Dir::Etc::SourceParts=/dev/null".to_owned(),
+        format!("-o=Dir::State::Lists={}", lists.display()),
+        format!("-o=Dir::Cache={}", dir.join("cache").display()),
+        format!("-o=APT::Architectures={}", arch.debian()),
+    ];
+    let stamp = dir.join(format!(".updated-{}", arch.debian()));
+    if !stamp.exists() {
+        fs::create_dir_all(lists.join("partial"))?;
+        fs::create_dir_all(dir.join("cache").join("archives").join("partial"))?;
+        fs::write(&sources, sources_list(release))?;
+        say(format_args!("apt-get update of {release}'s lists"));
+        cmd::output(
+            cmd::command("apt-get")
+                .arg("update")
+                .arg("-q")
+                .args(&options),
+        )
+        .with_context(|| format!("failed to fetch Debian {release}'s package lists"))?;
+        fs::write(&stamp, b"")?;
+    }
+    Ok(options)
+}
+
+/// The sources of a Debian release and its security updates (where kernel ABIs move).
+fn sources_list(release: &str) -> String {
+    let key = "signed-by=/usr/share/keyrings/debian-archive-keyring.gpg";
+    format!(
+        "deb [{key}] http://deb.debian.org/debian {release} main\n\
+         deb [{key}] http://deb.debian.org/debian-security {release}-security main\n"
+    )
+}
 
 /// Looks a series up by its command-line name.
 pub fn series(name: &str) -> Option<Series> {
@@ -60,11 +124,15 @@ impl Series {
     }
 
     /// The newest package of this series for `arch`, from the apt package lists.
-    pub fn newest_package(&self, arch: Arch) -> Result<String> {
+    pub fn newest_package(&self, arch: Arch, cache: &Path) -> Result<String> {
         let pattern = format!("^{}", self.prefix.replace('.', "\\."));
-        let listing =
-            cmd::output(cmd::command("apt-cache").args(["search", "--names-only", &pattern]))
-                .context("apt-cache is needed to find Debian's kernel packages")?;
+        let options = apt_options(self, arch, cache)?;
+        let listing = cmd::output(cmd::command("apt-cache").args(&options).args([
+            "search",
+            "--names-only",
+            &pattern,
+        ]))
+        .context("apt-cache is needed to find Debian's kernel packages")?;
         newest(self, arch, &listing).with_context(|| {
             format!(
                 "no {} kernel package for {} in the apt lists: run `apt-get update`{}",
@@ -101,8 +169,8 @@ pub struct Kernel {
     pub modules: PathBuf,
 }
 
-/// Downloads and unpacks `package` under `cache` unless already there.
-pub fn fetch(package: &str, arch: Arch, cache: &Path) -> Result<Kernel> {
+/// Downloads and unpacks `package` of `series` under `cache` unless already there.
+pub fn fetch(series: &Series, package: &str, arch: Arch, cache: &Path) -> Result<Kernel> {
     let dir = cache.join(package);
     let stamp = dir.join(".unpacked");
     if !stamp.exists() {
@@ -114,8 +182,10 @@ pub fn fetch(package: &str, arch: Arch, cache: &Path) -> Result<Kernel> {
             format!("{package}:{}", arch.debian())
         };
         say(format_args!("downloading {spec}"));
+        let options = apt_options(series, arch, cache)?;
         cmd::output(
             cmd::command("apt-get")
+                .args(&options)
                 .args(["download", "-q", &spec])
                 .current_dir(&download),
         )
@@ -268,6 +338,9 @@ linux-image-6.12.117+deb12-amd64 - Linux 6.12 for 64-bit PCs (signed)
 linux-image-6.12.99+deb12-amd64 - Linux 6.12 for 64-bit PCs (signed)
 linux-image-6.12.117+deb12-cloud-amd64 - Linux 6.12 for x86-64 cloud (signed)
 linux-image-6.12-amd64 - Linux for 64-bit PCs (meta-package)
+linux-image-5.10.0-46-amd64 - Linux 5.10 for 64-bit PCs (signed)
+linux-image-5.10.0-46-cloud-amd64 - Linux 5.10 for x86-64 cloud (signed)
+linux-image-5.10.0-9-amd64 - Linux 5.10 for 64-bit PCs (signed)
 ";
 
     #[test]
@@ -287,6 +360,10 @@ linux-image-6.12-amd64 - Linux for 64-bit PCs (meta-package)
             Some("linux-image-6.12.117+deb12-amd64")
         );
         assert_eq!(newest(&s612, Arch::Aarch64, LISTING), None);
+        assert_eq!(
+            newest(&series("5.10").unwrap(), Arch::X86_64, LISTING).as_deref(),
+            Some("linux-image-5.10.0-46-amd64")
+        );
     }
 
     #[test]

@@ -51,8 +51,8 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(75 * 60);
 /// Options of `cargo xtask integration`.
 #[derive(Debug, clap::Args)]
 pub struct Options {
-    /// Kernels: host, 6.1, 6.12 or all (host, 6.1 and 6.12 on x86_64, plus the
-    /// arm64 subset on 6.1). Repeatable.
+    /// Kernels: host, 6.1, 6.12, 5.10 or all (host, 6.1, 6.12 and 5.10 on x86_64, plus
+    /// the arm64 subset on 6.1). Repeatable.
     #[arg(long = "kernel", value_name = "KERNEL", default_value = "host")]
     pub kernels: Vec<String>,
     /// Only this guest architecture (aarch64 runs a subset unless --filter is given).
@@ -298,7 +298,7 @@ fn run_host(options: &Options) -> Result<Outcome> {
         arch: Arch::X86_64,
         release,
         accel: "host".into(),
-        suite: suite_name(&options.filters, false, Arch::X86_64),
+        suite: suite_name(&options.filters, false, Arch::X86_64, &[]),
         tests: Vec::new(),
         doctor: doctor.0,
         tc_attach: doctor.1,
@@ -317,8 +317,8 @@ fn run_vm(
 ) -> Result<Outcome> {
     qemu::require(arch)?;
     let cache = root.join("cache");
-    let package = series.newest_package(arch)?;
-    let kernel = kernel::fetch(&package, arch, &cache)?;
+    let package = series.newest_package(arch, &cache)?;
+    let kernel = kernel::fetch(&series, &package, arch, &cache)?;
     say(format_args!("{package}: kernel {}", kernel.release));
     let run_dir = root.join("runs").join(format!("{}-{arch}", series.name));
     if run_dir.exists() {
@@ -332,7 +332,7 @@ fn run_vm(
         Arch::Aarch64 => arm64::busybox(&arm64::userland(&cache)?),
     };
     let modules = kernel.modules_for(ROOT_MODULES)?;
-    let filters = guest_filters(&options.filters, options.subset, arch);
+    let filters = guest_filters(&options.filters, options.subset, arch, series.subset);
     let (root_dir, workspace) = match arch {
         Arch::X86_64 => (PathBuf::from("/"), None::<PathBuf>),
         Arch::Aarch64 => (
@@ -477,7 +477,7 @@ fn run_vm(
         arch,
         release: kernel.release,
         accel: accel.name().to_owned(),
-        suite: suite_name(&options.filters, options.subset, arch),
+        suite: suite_name(&options.filters, options.subset, arch, series.subset),
         tests,
         doctor,
         tc_attach,
@@ -544,11 +544,18 @@ mod tests {
     }
 
     #[test]
-    fn all_is_host_both_series_and_the_arm64_subset() {
+    fn all_is_host_every_series_and_the_arm64_subset() {
         assert_eq!(
             names(&["all"], None),
-            ["host", "6.1 x86_64", "6.12 x86_64", "6.1 aarch64"]
+            [
+                "host",
+                "6.1 x86_64",
+                "6.12 x86_64",
+                "5.10 x86_64",
+                "6.1 aarch64"
+            ]
         );
+        assert_eq!(names(&["5.10"], None), ["5.10 x86_64"]);
         assert_eq!(names(&["all"], Some(Arch::Aarch64)), ["6.1 aarch64"]);
         assert_eq!(names(&["6.1", "host", "6.1"], None), ["6.1 x86_64", "host"]);
         assert_eq!(names(&[], None), ["host"]);
