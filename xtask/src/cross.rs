@@ -334,7 +334,7 @@ mod tests {
     use super::*;
 
     /// The agent's eBPF object as this workspace built it (the build script's output),
-    /// when a build has run; the tests below need a real object to be meaningful.
+    /// the newest when a build has run; the tests below need a real object to be meaningful.
     fn built_object() -> Option<Vec<u8>> {
         let build = cmd::target_dir().ok()?.join("debug").join("build");
         fs::read_dir(build)
@@ -342,8 +342,11 @@ mod tests {
             .flatten()
             .filter(|e| e.file_name().to_string_lossy().starts_with("node-diag-"))
             .map(|e| e.path().join("out").join("node-diag"))
-            .find(|p| p.is_file())
-            .and_then(|p| fs::read(p).ok())
+            // Older build directories stay behind after the eBPF crate changes: the
+            // newest object is the one the current sources built.
+            .filter_map(|p| Some((fs::metadata(&p).ok()?.modified().ok()?, p)))
+            .max_by_key(|(modified, _)| *modified)
+            .and_then(|(_, p)| fs::read(p).ok())
     }
 
     #[test]
