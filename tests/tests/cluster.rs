@@ -534,3 +534,80 @@ fn the_cluster_view_over_tls_with_a_client_certificate() {
     let out = findings_cluster(&net, &[]);
     assert_eq!(out.status.code(), Some(1), "{out:?}");
 }
+
+/// The agents' own endpoint is not the workload: `node-diag findings --cluster` over TLS,
+/// run again and again, closes its connections without a TLS close_notify, so the
+/// agent's own TLS close meets a closed socket and the client's kernel answers with a
+/// reset; before the agent left its own listeners' connections out, every run left a
+/// `tcp_reset` / `peer` "accepted by the listener ... reset by their clients" finding
+/// about the agent's own port. None may appear, and the runs still answer. (The same
+/// resets of a workload's listener are still reported:
+/// `verdicts::server_side_resets_aggregate_per_listener`.)
+#[test]
+fn findings_over_tls_leave_no_finding_about_the_agents_own_listener() {
+    let (_topo, net) = cluster();
+    let dir = TempDir::new("cluster-own");
+    let mut names: Vec<String> = net.nodes.iter().map(|n| n.addr.to_string()).collect();
+    names.push(SERVER_NAME.to_string());
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    make_pki(&dir, "sre", Some(&names));
+    let web = dir.path("web.yml");
+    std::fs::write(
+        &web,
+        format!(
+            "tls_server_config:\n  cert_file: {}\n  key_file: {}\n  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: {}\n",
+            dir.arg("server.crt"),
+            dir.arg("server.key"),
+            dir.arg("sre-ca.crt"),
+        ),
+    )
+    .expect("write web.yml");
+    let web = web.display().to_string();
+    let agents: Vec<Agent> = net
+        .nodes
+        .iter()
+        .zip(NODES)
+        .map(|(n, name)| {
+            Agent::start_ready_in_listening(
+                n,
+                &n.listen(),
+                &["--node-name", name, "--web-config-file", &web],
+            )
+        })
+        .collect();
+    let (ca, cert, key) = (
+        dir.arg("sre-ca.crt"),
+        dir.arg("sre.crt"),
+        dir.arg("sre.key"),
+    );
+    let args = [
+        "-o",
+        "json",
+        "--tls-ca",
+        &ca,
+        "--tls-cert",
+        &cert,
+        "--tls-key",
+        &key,
+    ];
+    for run in 0..5 {
+        let out = findings_cluster(&net, &args);
+        assert!(out.status.success(), "run {run}: {out:?}");
+    }
+    for (agent, node) in agents.iter().zip(&net.nodes) {
+        let own = node.listen();
+        let port = own.rsplit(':').next().unwrap().parse::<u64>().unwrap();
+        agent.expect_no_finding(
+            |f| field(f, "listener") == own || f["sport"].as_u64() == Some(port),
+            Duration::from_secs(3),
+        );
+    }
+    // Nor does the next run serve one.
+    let out = findings_cluster(&net, &args);
+    assert!(out.status.success(), "{out:?}");
+    let lines = json_lines(&out);
+    assert!(
+        !lines.iter().any(|f| field(f, "kind") == "tcp_reset"),
+        "{lines:#?}"
+    );
+}
