@@ -12,7 +12,7 @@
 
 use std::collections::BTreeSet;
 use std::io::{BufRead as _, BufReader};
-use std::net::{SocketAddr, SocketAddrV4};
+use std::net::{SocketAddr, SocketAddrV4, TcpStream};
 use std::process::{Output, Stdio};
 use std::sync::mpsc;
 use std::thread;
@@ -22,10 +22,11 @@ use node_diag_testbed::cluster::{ClusterNet, Node, SERVICE};
 use node_diag_testbed::pki::{TempDir, make_pki};
 use node_diag_tests::finding::{field, flow_is};
 use node_diag_tests::{
-    Agent, ConnectOutcome, ServerMode, TcpServer, Topology, cmd, node_diag_bin, ok, tcp_connect,
-    unique_name,
+    Agent, ConnectOutcome, ServerMode, TcpServer, Topology, cmd, in_netns, node_diag_bin, ok,
+    tcp_connect, unique_name,
 };
 use serde_json::Value;
+use socket2::Socket;
 
 const NODES: [&str; 3] = ["node-a", "node-b", "node-c"];
 /// Long enough for a connect's SYN and its retransmits at 1 s and 3 s.
@@ -593,6 +594,22 @@ fn findings_over_tls_leave_no_finding_about_the_agents_own_listener() {
     for run in 0..5 {
         let out = findings_cluster(&net, &args);
         assert!(out.status.success(), "run {run}: {out:?}");
+    }
+    // Clients that abort outright (SO_LINGER 0: a RST to the accepted socket), as a
+    // scraper giving up would: the agent's own connections all the same.
+    for node in &net.nodes {
+        let addr: SocketAddr = node.listen().parse().unwrap();
+        in_netns(&net.mgmt, || {
+            for _ in 0..3 {
+                let stream =
+                    TcpStream::connect_timeout(&addr, Duration::from_secs(2)).expect("connect");
+                // Accepted and waiting for its TLS hello when the reset comes.
+                thread::sleep(Duration::from_millis(100));
+                Socket::from(stream)
+                    .set_linger(Some(Duration::ZERO))
+                    .expect("linger");
+            }
+        });
     }
     for (agent, node) in agents.iter().zip(&net.nodes) {
         let own = node.listen();
