@@ -12,7 +12,7 @@
 
 use std::collections::BTreeSet;
 use std::io::{BufRead as _, BufReader};
-use std::net::{SocketAddr, SocketAddrV4};
+use std::net::{SocketAddr, SocketAddrV4, TcpStream};
 use std::process::{Output, Stdio};
 use std::sync::mpsc;
 use std::thread;
@@ -22,10 +22,11 @@ use node_diag_testbed::cluster::{ClusterNet, Node, SERVICE};
 use node_diag_testbed::pki::{TempDir, make_pki};
 use node_diag_tests::finding::{field, flow_is};
 use node_diag_tests::{
-    Agent, ConnectOutcome, ServerMode, TcpServer, Topology, cmd, node_diag_bin, ok, tcp_connect,
-    unique_name,
+    Agent, ConnectOutcome, ServerMode, TcpServer, Topology, cmd, in_netns, node_diag_bin, ok,
+    tcp_connect, unique_name,
 };
 use serde_json::Value;
+use socket2::Socket;
 
 const NODES: [&str; 3] = ["node-a", "node-b", "node-c"];
 /// Long enough for a connect's SYN and its retransmits at 1 s and 3 s.
@@ -533,4 +534,97 @@ fn the_cluster_view_over_tls_with_a_client_certificate() {
     // Plain HTTP to a TLS listener is not an answer either.
     let out = findings_cluster(&net, &[]);
     assert_eq!(out.status.code(), Some(1), "{out:?}");
+}
+
+/// The agents' own endpoint is not the workload: `node-diag findings --cluster` over TLS,
+/// run again and again, closes its connections without a TLS close_notify, so the
+/// agent's own TLS close meets a closed socket and the client's kernel answers with a
+/// reset; before the agent left its own listeners' connections out, every run left a
+/// `tcp_reset` / `peer` "accepted by the listener ... reset by their clients" finding
+/// about the agent's own port. None may appear, and the runs still answer. (The same
+/// resets of a workload's listener are still reported:
+/// `verdicts::server_side_resets_aggregate_per_listener`.)
+#[test]
+fn findings_over_tls_leave_no_finding_about_the_agents_own_listener() {
+    let (_topo, net) = cluster();
+    let dir = TempDir::new("cluster-own");
+    let mut names: Vec<String> = net.nodes.iter().map(|n| n.addr.to_string()).collect();
+    names.push(SERVER_NAME.to_string());
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    make_pki(&dir, "sre", Some(&names));
+    let web = dir.path("web.yml");
+    std::fs::write(
+        &web,
+        format!(
+            "tls_server_config:\n  cert_file: {}\n  key_file: {}\n  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: {}\n",
+            dir.arg("server.crt"),
+            dir.arg("server.key"),
+            dir.arg("sre-ca.crt"),
+        ),
+    )
+    .expect("write web.yml");
+    let web = web.display().to_string();
+    let agents: Vec<Agent> = net
+        .nodes
+        .iter()
+        .zip(NODES)
+        .map(|(n, name)| {
+            Agent::start_ready_in_listening(
+                n,
+                &n.listen(),
+                &["--node-name", name, "--web-config-file", &web],
+            )
+        })
+        .collect();
+    let (ca, cert, key) = (
+        dir.arg("sre-ca.crt"),
+        dir.arg("sre.crt"),
+        dir.arg("sre.key"),
+    );
+    let args = [
+        "-o",
+        "json",
+        "--tls-ca",
+        &ca,
+        "--tls-cert",
+        &cert,
+        "--tls-key",
+        &key,
+    ];
+    for run in 0..5 {
+        let out = findings_cluster(&net, &args);
+        assert!(out.status.success(), "run {run}: {out:?}");
+    }
+    // Clients that abort outright (SO_LINGER 0: a RST to the accepted socket), as a
+    // scraper giving up would: the agent's own connections all the same.
+    for node in &net.nodes {
+        let addr: SocketAddr = node.listen().parse().unwrap();
+        in_netns(&net.mgmt, || {
+            for _ in 0..3 {
+                let stream =
+                    TcpStream::connect_timeout(&addr, Duration::from_secs(2)).expect("connect");
+                // Accepted and waiting for its TLS hello when the reset comes.
+                thread::sleep(Duration::from_millis(100));
+                Socket::from(stream)
+                    .set_linger(Some(Duration::ZERO))
+                    .expect("linger");
+            }
+        });
+    }
+    for (agent, node) in agents.iter().zip(&net.nodes) {
+        let own = node.listen();
+        let port = own.rsplit(':').next().unwrap().parse::<u64>().unwrap();
+        agent.expect_no_finding(
+            |f| field(f, "listener") == own || f["sport"].as_u64() == Some(port),
+            Duration::from_secs(3),
+        );
+    }
+    // Nor does the next run serve one.
+    let out = findings_cluster(&net, &args);
+    assert!(out.status.success(), "{out:?}");
+    let lines = json_lines(&out);
+    assert!(
+        !lines.iter().any(|f| field(f, "kind") == "tcp_reset"),
+        "{lines:#?}"
+    );
 }

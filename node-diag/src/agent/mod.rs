@@ -55,6 +55,7 @@ pub(crate) mod icmp_watch;
 mod inbound;
 pub(crate) mod metrics;
 mod mtu_refresh;
+mod own_endpoints;
 mod path_findings;
 mod path_probe;
 mod process;
@@ -82,7 +83,7 @@ use tokio::{
     sync::mpsc,
     task::JoinHandle,
 };
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use self::{
     blackholes::BlackholeWatch,
@@ -416,6 +417,8 @@ struct Agent {
     drop_sites: drop_sites::DropSites,
     names: Names,
     ephemeral_ports: RangeInclusive<u16>,
+    /// The agent's own listeners: what befalls their connections is not reported.
+    own: own_endpoints::OwnEndpoints,
     verdicts: verdicts::VerdictTracker,
     inbound: inbound::InboundTracker,
     blackholes: BlackholeWatch,
@@ -516,6 +519,10 @@ impl Agent {
             drop_sites: drop_sites::DropSites::default(),
             names,
             ephemeral_ports: crate::host_network::local_port_range(),
+            own: own_endpoints::OwnEndpoints::new(
+                crate::host_network::conntrack_stats::own_netns(),
+                std::iter::once(local).chain(findings_local).collect(),
+            ),
             verdicts: verdicts::VerdictTracker::default(),
             inbound: inbound::InboundTracker::default(),
             blackholes: BlackholeWatch::default(),
@@ -664,6 +671,17 @@ impl Agent {
     async fn on_event(&mut self, kind: EventKind, ev: Event) {
         if kind == EventKind::InboundSynDropped {
             self.on_inbound(&ev);
+            return;
+        }
+        if self.own.owns(&ev) {
+            // A connection one of the agent's own listeners accepted (a scraper or
+            // `node-diag findings` resetting it, say): node-diag's, not the workload's.
+            debug!(
+                ?kind,
+                sport = ev.flow.sport,
+                dport = ev.flow.dport,
+                "event on the agent's own listener ignored"
+            );
             return;
         }
         if kind == EventKind::MssShrunk {

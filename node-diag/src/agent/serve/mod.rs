@@ -239,7 +239,76 @@ async fn connection(
         }
         Routes::Findings(router) => router,
     };
+    let stream = PeerCloseAware {
+        inner: stream,
+        peer_closed: false,
+    };
     serve(stream, router, &web, limits).await;
+}
+
+/// A served TLS stream whose close skips the TLS `close_notify` once the client has
+/// closed its end. A client that closes its socket without a `close_notify` of its own
+/// (ureq does, so `node-diag findings` does) no longer reads: a `close_notify` written
+/// then only makes its kernel answer with a reset. The TCP end is shut down all the same.
+struct PeerCloseAware {
+    inner: tokio_rustls::server::TlsStream<TcpStream>,
+    /// The client's end closed: the read side met its end, cleanly or not.
+    peer_closed: bool,
+}
+
+impl AsyncRead for PeerCloseAware {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        let ended = match &polled {
+            Poll::Ready(Ok(())) => buf.filled().len() == before && buf.remaining() > 0,
+            Poll::Ready(Err(e)) => e.kind() == io::ErrorKind::UnexpectedEof,
+            Poll::Pending => false,
+        };
+        if ended {
+            self.peer_closed = true;
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for PeerCloseAware {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.peer_closed {
+            // Whatever TLS records are still buffered are for a reader that is gone.
+            let (tcp, _) = self.inner.get_mut();
+            return Pin::new(tcp).poll_shutdown(cx);
+        }
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
 }
 
 /// HTTP/1.1 on `io` until it ends, its header timer fires or it goes idle.
