@@ -14,9 +14,9 @@ use crate::cmd;
 
 /// Where the agent listens, inside node A's namespace.
 const LISTEN: &str = "127.0.0.1:9464";
-/// Where it serves `/findings` (the same listener today; the one place to change when
-/// `/findings` gets a listener of its own).
-pub(super) const FINDINGS_ADDR: &str = LISTEN;
+/// Where it serves `/findings`: its findings listener, fixed here (the testbed would pick
+/// a free port) so the poll's URL is known before the agent starts.
+pub(super) const FINDINGS_ADDR: &str = "127.0.0.1:9465";
 /// How much of the agent's stderr goes into an error message.
 const STDERR_KEEP: usize = 16 * 1024;
 
@@ -35,7 +35,11 @@ impl<'t> Agent<'t> {
         timeout: Duration,
         extra: &[&str],
     ) -> Result<Self> {
-        let mut inner = node_diag_testbed::Agent::start(topo, binary, Some(LISTEN), extra)?;
+        let args: Vec<&str> = ["--findings-listen", FINDINGS_ADDR]
+            .into_iter()
+            .chain(extra.iter().copied())
+            .collect();
+        let mut inner = node_diag_testbed::Agent::start(topo, binary, Some(LISTEN), &args)?;
         if let Err(err) = inner.wait_ready_or(timeout, interrupted) {
             let what = if interrupted() {
                 "interrupted"
