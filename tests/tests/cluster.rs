@@ -434,20 +434,14 @@ fn a_policy_drop_on_node_b_joins_the_clients_timeout_on_node_a() {
 /// The name every agent's certificate carries, as a Service's DNS name would be.
 const SERVER_NAME: &str = "node-diag.node-diag.svc";
 
-/// Three agents serving `/findings` on their scrape listener (the SRV record's port)
-/// under TLS that requires and verifies a client certificate, as the `cluster-view`
-/// deploy component configures them. With the client certificate, checked against the
-/// Service name or the agents' addresses, one merged stream; without it, every agent is
-/// named with the cause (the handshake refused for the missing certificate), and the
-/// exit status is 1 as none answered.
-#[test]
-fn the_cluster_view_over_tls_with_a_client_certificate() {
-    let (_topo, net) = cluster();
-    let dir = TempDir::new("cluster-tls");
+/// A CA, a server certificate for every node's address and [`SERVER_NAME`], a client
+/// certificate (`sre`), and the three agents serving `/findings` on their scrape listener
+/// under TLS with client certificates required.
+fn tls_agents<'t>(net: &'t ClusterNet, dir: &TempDir) -> Vec<Agent<'t>> {
     let mut names: Vec<String> = net.nodes.iter().map(|n| n.addr.to_string()).collect();
     names.push(SERVER_NAME.to_string());
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
-    make_pki(&dir, "sre", Some(&names));
+    make_pki(dir, "sre", Some(&names));
     let web = dir.path("web.yml");
     std::fs::write(
         &web,
@@ -460,8 +454,7 @@ fn the_cluster_view_over_tls_with_a_client_certificate() {
     )
     .expect("write web.yml");
     let web = web.display().to_string();
-    let agents: Vec<Agent> = net
-        .nodes
+    net.nodes
         .iter()
         .zip(NODES)
         .map(|(n, name)| {
@@ -471,7 +464,20 @@ fn the_cluster_view_over_tls_with_a_client_certificate() {
                 &["--node-name", name, "--web-config-file", &web],
             )
         })
-        .collect();
+        .collect()
+}
+
+/// Three agents serving `/findings` on their scrape listener (the SRV record's port)
+/// under TLS that requires and verifies a client certificate, as the `cluster-view`
+/// deploy component configures them. With the client certificate, checked against the
+/// Service name or the agents' addresses, one merged stream; without it, every agent is
+/// named with the cause (the handshake refused for the missing certificate), and the
+/// exit status is 1 as none answered.
+#[test]
+fn the_cluster_view_over_tls_with_a_client_certificate() {
+    let (_topo, net) = cluster();
+    let dir = TempDir::new("cluster-tls");
+    let agents = tls_agents(&net, &dir);
     for (i, (agent, node)) in agents.iter().zip(&net.nodes).enumerate() {
         refuse_on(agent, node, 7101 + i as u16);
     }
@@ -548,34 +554,7 @@ fn the_cluster_view_over_tls_with_a_client_certificate() {
 fn findings_over_tls_leave_no_finding_about_the_agents_own_listener() {
     let (_topo, net) = cluster();
     let dir = TempDir::new("cluster-own");
-    let mut names: Vec<String> = net.nodes.iter().map(|n| n.addr.to_string()).collect();
-    names.push(SERVER_NAME.to_string());
-    let names: Vec<&str> = names.iter().map(String::as_str).collect();
-    make_pki(&dir, "sre", Some(&names));
-    let web = dir.path("web.yml");
-    std::fs::write(
-        &web,
-        format!(
-            "tls_server_config:\n  cert_file: {}\n  key_file: {}\n  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: {}\n",
-            dir.arg("server.crt"),
-            dir.arg("server.key"),
-            dir.arg("sre-ca.crt"),
-        ),
-    )
-    .expect("write web.yml");
-    let web = web.display().to_string();
-    let agents: Vec<Agent> = net
-        .nodes
-        .iter()
-        .zip(NODES)
-        .map(|(n, name)| {
-            Agent::start_ready_in_listening(
-                n,
-                &n.listen(),
-                &["--node-name", name, "--web-config-file", &web],
-            )
-        })
-        .collect();
+    let agents = tls_agents(&net, &dir);
     let (ca, cert, key) = (
         dir.arg("sre-ca.crt"),
         dir.arg("sre.crt"),
