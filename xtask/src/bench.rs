@@ -440,7 +440,10 @@ impl Bench<'_> {
             if held != last {
                 (last, since) = (held, Instant::now());
             }
-            if since.elapsed() >= Duration::from_secs(2) || Instant::now() >= deadline {
+            // A store still short of full is waited on to the deadline: an agent the
+            // machine keeps from its events for 2 s is slow, not done.
+            let settled = since.elapsed() >= Duration::from_secs(2) && held >= 4_000;
+            if settled || Instant::now() >= deadline {
                 if held < 4_000 {
                     bail!(
                         "the findings store holds {held} findings after {refused} refused connects to distinct ports; expected it full (4,096)"
