@@ -7,6 +7,13 @@
 //! evidence from an fentry program on `__icmp_send(skb_in, type, code, info, opt)`, the
 //! function the tracepoint sits in; the agent picks it only when the tracepoint is
 //! missing.
+//!
+//! ICMPv6 has no such tracepoint: an fentry program on `icmp6_send` records the
+//! destination-unreachable errors this kernel generates over IPv6 (a failed neighbour
+//! discovery's address unreachable, an ip6tables REJECT) in the same map, under ICMPv6's
+//! type and codes. Without it a connect whose error the application took before the
+//! kernel's error report ran (a non-blocking connect polled on another CPU) leaves no
+//! trace of why it failed.
 
 use core::mem::MaybeUninit;
 
@@ -14,7 +21,7 @@ use aya_ebpf::{
     macros::{fentry, tracepoint},
     programs::{FEntryContext, TracePointContext},
 };
-use node_diag_common::{FlowKey, IcmpInfo, counter, eth_p, icmp, ipproto};
+use node_diag_common::{FlowKey, IcmpInfo, counter, eth_p, icmp, icmpv6, ipproto};
 
 use crate::{
     config::{config, in_scope, now},
@@ -56,6 +63,34 @@ pub fn nd_icmp_fentry(ctx: FEntryContext) -> i32 {
     match icmp_sent(skb, icmp_type, icmp_code) {
         Some(()) | None => 0,
     }
+}
+
+/// `icmp6_send(skb, type, code, info, ...)`: the ICMPv6 errors this kernel generates.
+/// `type` and `code` are `u8` arguments, passed in full registers.
+#[fentry(function = "icmp6_send")]
+pub fn nd_icmp6_send(ctx: FEntryContext) -> i32 {
+    let icmp_type = ctx.arg::<u64>(1) as u8 as u32;
+    if icmp_type != icmpv6::DEST_UNREACH {
+        return 0;
+    }
+    let skb: u64 = ctx.arg(0);
+    let icmp_code = ctx.arg::<u64>(2) as u8 as u32;
+    match icmp6_sent(skb, icmp_type, icmp_code) {
+        Some(()) | None => 0,
+    }
+}
+
+/// A destination-unreachable of ICMPv6 `icmp_code` this kernel sends about `skb`.
+#[inline(always)]
+fn icmp6_sent(skb: u64, icmp_type: u32, icmp_code: u32) -> Option<()> {
+    let (netns, ifindex) = skb_dev(skb);
+    let mut slot = MaybeUninit::uninit();
+    let packet = Packet::zero_in(&mut slot);
+    let l4proto = skb_flow(skb, eth_p::IPV6, packet)?;
+    if l4proto == ipproto::TCP && packet.flags & TCP_FLAG_ACK == 0 {
+        let _ = nat_join(skb, &mut packet.flow, netns, false);
+    }
+    note_sent(&packet.flow, (icmp_type, icmp_code), netns, ifindex, 0)
 }
 
 /// A destination-unreachable of `icmp_code` this kernel sends about `skb`, the offending

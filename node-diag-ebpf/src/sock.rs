@@ -180,6 +180,28 @@ fn closed(sk: u64, connecting: bool) -> Option<(u32, u32, u32, u32, Extra)> {
             return None;
         }
         let key = sock_tuple(sk)?;
+        // An ICMP error for the SYN that reached the socket while its owner held the lock
+        // set only `sk_err_soft`, with no report; an application reading SO_ERROR takes
+        // it from there, fails the connect and closes it. The error this node sent, or
+        // TC ingress saw arrive, for the attempt says which it was.
+        let icmp_error = icmp_sent_errno(&key)
+            .filter(|_| sent_since(&key, state.start_ns))
+            .or_else(|| icmp_rcvd_errno(&key, state.start_ns));
+        if let Some((error, (kind, counter))) =
+            icmp_error.and_then(|e| Some((e, connect_verdict(e)?)))
+        {
+            inc(counter);
+            return Some((
+                kind,
+                error,
+                state.netns,
+                state.syn_retrans,
+                Extra {
+                    since: state.start_ns,
+                    ..Extra::default()
+                },
+            ));
+        }
         let dropped = syn_drop(&key, state.start_ns).drop.count > 0;
         if state.syn_retrans == 0 && !dropped {
             // Closed before the first retransmit with nothing dropped here: no sign of
@@ -322,12 +344,9 @@ fn try_err_report<C: EbpfContext>(ctx: &C, sk: u64) -> Option<()> {
             .unwrap_or(0);
     }
     let (kind, counter) = match error {
-        ECONNREFUSED => (event_kind::CONNECT_REFUSED, counter::CONNECT_REFUSED),
-        // EACCES: ICMPv6 administratively prohibited (IPv4's maps to EHOSTUNREACH).
-        EHOSTUNREACH | ENETUNREACH | EHOSTDOWN | ENONET | EACCES => (
-            event_kind::CONNECT_UNREACHABLE,
-            counter::CONNECT_UNREACHABLE,
-        ),
+        ECONNREFUSED | EHOSTUNREACH | ENETUNREACH | EHOSTDOWN | ENONET | EACCES => {
+            connect_verdict(error)?
+        }
         // The verdict was given at the SYN retransmit threshold; this only confirms it.
         // Unless no retransmit was seen: before Linux 6.10 the retransmit tracepoint
         // fires only for a segment that left, so SYNs this node's OUTPUT chain drops
@@ -482,6 +501,28 @@ fn queued_icmp_error(sk: u64) -> Option<(u32, IcmpInfo)> {
     Some((errno, info))
 }
 
+/// The verdict (event kind, counter) of a connect failed with `error`, for the errors an
+/// ICMP error or a reset gives.
+#[inline(always)]
+fn connect_verdict(error: u32) -> Option<(u32, u32)> {
+    match error {
+        ECONNREFUSED => Some((event_kind::CONNECT_REFUSED, counter::CONNECT_REFUSED)),
+        // EACCES: ICMPv6 administratively prohibited (IPv4's maps to EHOSTUNREACH).
+        EHOSTUNREACH | ENETUNREACH | EHOSTDOWN | ENONET | EACCES => Some((
+            event_kind::CONNECT_UNREACHABLE,
+            counter::CONNECT_UNREACHABLE,
+        )),
+        _ => None,
+    }
+}
+
+/// Whether the ICMP error this node sent for `key` was sent since `since`.
+#[inline(always)]
+fn sent_since(key: &FlowKey, since: u64) -> bool {
+    // SAFETY: one field copied out at once.
+    unsafe { ICMP_SENT.get(key) }.is_some_and(|i| i.last_ns >= since)
+}
+
 /// The errno the kernel derives from an ICMP destination-unreachable code
 /// (`icmp_err_convert`), for an ICMP this kernel generated for `key` just now.
 #[inline(always)]
@@ -490,6 +531,9 @@ fn icmp_sent_errno(key: &FlowKey) -> Option<u32> {
     let icmp = unsafe { ICMP_SENT.get(key) }?;
     if now().saturating_sub(icmp.last_ns) > ICMP_WINDOW_NS {
         return None;
+    }
+    if key.family == AF_INET6 {
+        return unreach6_errno(icmp.icmp_code);
     }
     unreach_errno(icmp.icmp_code)
 }
@@ -508,13 +552,19 @@ fn icmp_rcvd_errno(key: &FlowKey, since: u64) -> Option<u32> {
     // The key's family is the quoted packet's, so the ICMP's.
     match (key.family, icmp.icmp_type) {
         (AF_INET, icmp::DEST_UNREACH) => unreach_errno(icmp.icmp_code),
-        (AF_INET6, icmpv6::DEST_UNREACH) => match icmp.icmp_code {
-            icmpv6::NOROUTE => Some(ENETUNREACH),
-            icmpv6::NOT_NEIGHBOUR | icmpv6::ADDR_UNREACH => Some(EHOSTUNREACH),
-            icmpv6::PORT_UNREACH => Some(ECONNREFUSED),
-            icmpv6::ADM_PROHIBITED | icmpv6::POLICY_FAIL | icmpv6::REJECT_ROUTE => Some(EACCES),
-            _ => None,
-        },
+        (AF_INET6, icmpv6::DEST_UNREACH) => unreach6_errno(icmp.icmp_code),
+        _ => None,
+    }
+}
+
+/// `icmpv6_err_convert`'s errno for an ICMPv6 destination unreachable `code`.
+#[inline(always)]
+fn unreach6_errno(code: u32) -> Option<u32> {
+    match code {
+        icmpv6::NOROUTE => Some(ENETUNREACH),
+        icmpv6::NOT_NEIGHBOUR | icmpv6::ADDR_UNREACH => Some(EHOSTUNREACH),
+        icmpv6::PORT_UNREACH => Some(ECONNREFUSED),
+        icmpv6::ADM_PROHIBITED | icmpv6::POLICY_FAIL | icmpv6::REJECT_ROUTE => Some(EACCES),
         _ => None,
     }
 }

@@ -147,7 +147,14 @@ pub(crate) fn run(cri_socket: Option<&std::path::Path>) -> Report {
     };
     let btf = crate::kernel::btf::Btf::from_sys_fs().ok();
     for hook in HOOKS {
-        let name = format!("tracepoint {}:{}", hook.category, hook.name);
+        let name = hook.describe();
+        if hook.fentry {
+            checks.push(match loader::fentry_target(hook, btf.as_ref()) {
+                Ok(()) => check(name, Status::Ok, format!("used for {}", hook.feature)),
+                Err(e) => check(name, Status::Warn, format!("{e}; lost: {}", hook.feature)),
+            });
+            continue;
+        }
         let Some(root) = &root else {
             checks.push(check(name, Status::Fail, "tracefs unavailable"));
             continue;
@@ -412,6 +419,15 @@ fn programs(checks: &mut Vec<Check>) {
                 let name = format!("program {program}");
                 checks.push(match result {
                     Some(Ok(())) => check(name, Status::Ok, "accepted by this kernel's verifier"),
+                    // An fentry hook only adds evidence, and some kernels refuse fentry
+                    // outright (arm64 before 6.0, lockdown): the agent runs without it.
+                    Some(Err(e)) if HOOKS.iter().any(|h| h.fentry && h.program == program) => {
+                        let lost = HOOKS
+                            .iter()
+                            .find(|h| h.program == program)
+                            .map_or("", |h| h.feature);
+                        check(name, Status::Warn, format!("refused: {e}; lost: {lost}"))
+                    }
                     Some(Err(e)) => check(name, Status::Fail, format!("rejected: {e}")),
                     // Its tracepoint's check above says what is lost.
                     None => check(

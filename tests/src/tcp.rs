@@ -102,19 +102,64 @@ pub fn connects_taking_error_at_once(
     })
 }
 
+/// From inside `netns`: one non-blocking connect to `addr` made on CPU 1, whose error is
+/// then taken on CPU 0 with SO_ERROR as fast as the thread can ask, while another thread
+/// keeps CPU 1 busy. The kernel's timers for the attempt (a SYN's retransmit, a
+/// neighbour's discovery) were armed on CPU 1 and, that CPU never idle, fire there: the
+/// kernel fails the connect on CPU 1 while the client spins on CPU 0, so the client takes
+/// the error between the kernel setting it and the kernel's error report reading it.
+/// Needs two CPUs.
+pub fn connect_taking_error_on_another_cpu(
+    netns: &str,
+    addr: SocketAddr,
+    timeout: Duration,
+) -> ConnectOutcome {
+    in_netns(netns, || {
+        pin_to_cpu(1);
+        let sock = match start_connect(addr) {
+            Ok(sock) => sock,
+            Err(outcome) => return outcome,
+        };
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let busy = {
+            let done = done.clone();
+            std::thread::spawn(move || {
+                pin_to_cpu(1);
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        };
+        pin_to_cpu(0);
+        let outcome = take_error(&sock, timeout);
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        busy.join().expect("busy thread");
+        outcome
+    })
+}
+
+/// A non-blocking connect to `addr` under way, or how it ended at once.
+fn start_connect(addr: SocketAddr) -> Result<Socket, ConnectOutcome> {
+    let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))
+        .and_then(|s| s.set_nonblocking(true).map(|()| s))
+        .map_err(ConnectOutcome::Other)?;
+    match sock.connect(&addr.into()) {
+        Ok(()) => Err(ConnectOutcome::Connected),
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => Ok(sock),
+        Err(e) => Err(ConnectOutcome::from_error(e)),
+    }
+}
+
 /// One connect of [`connects_taking_error_at_once`].
 fn connect_taking_error(addr: SocketAddr, timeout: Duration) -> ConnectOutcome {
-    let sock = match Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))
-        .and_then(|s| s.set_nonblocking(true).map(|()| s))
-    {
-        Ok(sock) => sock,
-        Err(e) => return ConnectOutcome::Other(e),
-    };
-    match sock.connect(&addr.into()) {
-        Ok(()) => return ConnectOutcome::Connected,
-        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
-        Err(e) => return ConnectOutcome::from_error(e),
+    match start_connect(addr) {
+        Ok(sock) => take_error(&sock, timeout),
+        Err(outcome) => outcome,
     }
+}
+
+/// Spins on SO_ERROR until the connect under way on `sock` ends, or `timeout`.
+fn take_error(sock: &Socket, timeout: Duration) -> ConnectOutcome {
     let deadline = Instant::now() + timeout;
     for spin in 0u64.. {
         match sock.take_error() {

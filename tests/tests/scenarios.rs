@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use node_diag_tests::finding::{assert_shape, field, flow_is, involves};
 use node_diag_tests::process::run_with_timeout;
+use node_diag_tests::tunnel::tunnels_required;
 use node_diag_tests::{
     Agent, ConnectOutcome, ServerMode, TcpServer, Topology, cmd, node_diag_bin, tcp_connect,
     tcp_request,
@@ -453,8 +454,14 @@ fn doctor_has_every_program_accepted_and_reads_as_this_kernel_allows() {
                 .is_some_and(|n| n.starts_with("program nd_"))
         })
         .collect();
-    assert_eq!(programs.len(), 8, "{report:#}");
+    assert_eq!(programs.len(), 9, "{report:#}");
     for program in programs {
+        // fentry is refused outright on this repository's build machines, never under
+        // the VM runner's Debian kernels: there the program is one more warning.
+        let optional = program["name"] == "program nd_icmp6_send" && !tunnels_required();
+        if optional && program["status"] == "warn" {
+            continue;
+        }
         assert_eq!(program["status"], "ok", "{program:#}");
     }
     let reads = checks

@@ -37,6 +37,7 @@ const PROGRAMS: &[(&str, &str)] = &[
     ("nd_kfree_site", "tp_btf"),
     ("nd_icmp_send", "tracepoint"),
     ("nd_icmp_fentry", "fentry"),
+    ("nd_icmp6_send", "fentry"),
     ("nd_tc_ingress", "classifier"),
 ];
 /// The section aya's `#[map]` puts map definitions in.

@@ -15,6 +15,10 @@ impl Agent {
         }
         let mut programs: Vec<(&str, Option<&str>, bool)> = HOOKS
             .iter()
+            // An fentry hook adds evidence where the kernel allows fentry at all (not on
+            // arm64 before 6.0, nor where lockdown refuses it): not attached, it is
+            // absent from the metric, as an alert on it would fire on every such node.
+            .filter(|h| !h.fentry || self.loaded.attached.contains(&h.program))
             .map(|h| {
                 // A hook whose fallback runs here is that program.
                 let program = h

@@ -39,7 +39,12 @@ const KIND_ENUM64: u32 = 19;
 /// The kernel functions whose BTF ids are kept (vmlinux has tens of thousands): the
 /// kfunc the programs call, and the functions fentry fallbacks attach to (see
 /// [`super::hooks::Fallback`]).
-pub(crate) const KFUNCS: &[&str] = &["bpf_rdonly_cast", "sock_def_error_report", "__icmp_send"];
+pub(crate) const KFUNCS: &[&str] = &[
+    "bpf_rdonly_cast",
+    "sock_def_error_report",
+    "__icmp_send",
+    "icmp6_send",
+];
 /// Raw tracepoints' prototypes are typedefs named so.
 const TRACE_PREFIX: &str = "btf_trace_";
 

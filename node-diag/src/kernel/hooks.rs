@@ -26,6 +26,9 @@ pub(crate) struct Hook {
     pub(crate) args: &'static [&'static str],
     /// What gives the same evidence on kernels without this tracepoint, if anything.
     pub(crate) fallback: Option<Fallback>,
+    /// No tracepoint exists for it: the program is attached by fentry to the kernel
+    /// function `name` (found in the kernel's BTF), and `category` is `fentry`.
+    pub(crate) fentry: bool,
 }
 
 /// A program attached where a hook's tracepoint is missing or lacks what its program
@@ -64,6 +67,16 @@ impl Hook {
     pub(crate) fn label(&self) -> String {
         format!("{}:{}", self.category, self.name)
     }
+
+    /// How `doctor` names the hook: its tracepoint, or the function an fentry program is
+    /// attached to.
+    pub(crate) fn describe(&self) -> String {
+        if self.fentry {
+            format!("fentry {}", self.name)
+        } else {
+            format!("tracepoint {}", self.label())
+        }
+    }
 }
 
 pub(crate) const HOOKS: &[Hook] = &[
@@ -76,6 +89,7 @@ pub(crate) const HOOKS: &[Hook] = &[
         btf: false,
         args: &["*sock", "int", "int"],
         fallback: None,
+        fentry: false,
     },
     Hook {
         program: "nd_err_report",
@@ -91,6 +105,7 @@ pub(crate) const HOOKS: &[Hook] = &[
             function: "sock_def_error_report",
             kind: FallbackKind::Fentry,
         }),
+        fentry: false,
     },
     Hook {
         program: "nd_retransmit",
@@ -101,6 +116,7 @@ pub(crate) const HOOKS: &[Hook] = &[
         btf: true,
         args: &["*sock", "*sk_buff"],
         fallback: None,
+        fentry: false,
     },
     Hook {
         program: "nd_rcv_reset",
@@ -111,6 +127,7 @@ pub(crate) const HOOKS: &[Hook] = &[
         btf: false,
         args: &["*sock"],
         fallback: None,
+        fentry: false,
     },
     Hook {
         program: "nd_snd_reset",
@@ -121,6 +138,7 @@ pub(crate) const HOOKS: &[Hook] = &[
         btf: false,
         args: &["*sock", "*sk_buff"],
         fallback: None,
+        fentry: false,
     },
     Hook {
         program: "nd_kfree_skb",
@@ -136,6 +154,7 @@ pub(crate) const HOOKS: &[Hook] = &[
             function: "kfree_skb",
             kind: FallbackKind::Tracepoint(&["*sk_buff", "*void"]),
         }),
+        fentry: false,
     },
     Hook {
         program: "nd_icmp_send",
@@ -151,6 +170,19 @@ pub(crate) const HOOKS: &[Hook] = &[
             function: "__icmp_send",
             kind: FallbackKind::Fentry,
         }),
+        fentry: false,
+    },
+    Hook {
+        program: "nd_icmp6_send",
+        category: "fentry",
+        name: "icmp6_send",
+        feature: "ICMPv6 unreachable evidence",
+        raw: false,
+        btf: false,
+        args: &[],
+        // ICMPv6 has no tracepoint where its errors are sent.
+        fallback: None,
+        fentry: true,
     },
 ];
 
@@ -168,6 +200,13 @@ mod tests {
                     super::super::btf::KFUNCS.contains(&f.function),
                     "{} is not among btf::KFUNCS",
                     f.function
+                );
+            }
+            if hook.fentry {
+                assert!(
+                    super::super::btf::KFUNCS.contains(&hook.name),
+                    "{} is not among btf::KFUNCS",
+                    hook.name
                 );
             }
         }

@@ -101,6 +101,16 @@ fn prepare(opts: &Options) -> Result<Prepared, LoadError> {
     let mut drop_reasons = DropReasons::default();
     let btf = Btf::from_sys_fs();
     for hook in HOOKS {
+        if hook.fentry {
+            match fentry_target(hook, btf.as_ref().ok()) {
+                Ok(()) => usable.push((hook, None)),
+                Err(e) => {
+                    warn!(function = hook.name, error = %e, lost = hook.feature, "fentry unusable; feature disabled");
+                    degraded.push((hook.label(), e));
+                }
+            }
+            continue;
+        }
         let checked = Format::load(&root, hook.category, hook.name)
             .and_then(|fmt| fill_config(&mut config, hook, &fmt, &mut drop_reasons))
             .map_err(|e| e.to_string())
@@ -242,7 +252,15 @@ pub(crate) fn verify(opts: &Options) -> Result<Vec<Verdict>, LoadError> {
         let Some(program) = prepared.ebpf.program_mut(hook.program) else {
             return Err(LoadError::MissingProgram(hook.program));
         };
-        let result = if hook.btf {
+        let result = if hook.fentry {
+            match &prepared.kernel_btf {
+                Some(btf) => <&mut FEntry>::try_from(program).and_then(|p| p.load(hook.name, btf)),
+                None => {
+                    results.push((hook.program, Some(Err("needs kernel BTF".to_owned()))));
+                    continue;
+                }
+            }
+        } else if hook.btf {
             match &prepared.kernel_btf {
                 Some(btf) => {
                     <&mut BtfTracePoint>::try_from(program).and_then(|p| p.load(hook.name, btf))
@@ -274,9 +292,11 @@ fn verifier_error(e: &ProgramError) -> String {
         ProgramError::LoadError {
             io_error,
             verifier_log,
-        } => {
-            format!("{io_error}: {}", refusal(&verifier_log.to_string()))
-        }
+        } => match refusal(&verifier_log.to_string()) {
+            // Refused before the verifier ran (fentry not allowed at all): no log.
+            "" => io_error.to_string(),
+            why => format!("{io_error}: {why}"),
+        },
         other => other.to_string(),
     }
 }
@@ -310,7 +330,7 @@ pub(crate) fn load(opts: &Options) -> Result<Loaded, LoadError> {
     });
     let mut attached = Vec::new();
     for (hook, fallback) in usable {
-        if (hook.raw || fallback.is_some()) && !btf_ok {
+        if (hook.raw || hook.fentry || fallback.is_some()) && !btf_ok {
             // Raw tracepoints and fallback programs read kernel structs: without BTF
             // offsets they would read junk.
             degraded.push((hook.label(), "needs kernel BTF".to_string()));
@@ -361,7 +381,19 @@ fn attach(
         program: hook.program,
         source,
     };
-    if hook.btf {
+    if hook.fentry {
+        let program: &mut FEntry = program.try_into().map_err(wrap)?;
+        let Some(btf) = btf else {
+            return Ok(Err(ProgramError::IOError(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "no kernel BTF to load an fentry program against",
+            ))));
+        };
+        if let Err(e) = program.load(hook.name, btf) {
+            return Ok(Err(e));
+        }
+        Ok(program.attach().map(drop))
+    } else if hook.btf {
         let program: &mut BtfTracePoint = program.try_into().map_err(wrap)?;
         let Some(btf) = btf else {
             return Ok(Err(ProgramError::IOError(std::io::Error::new(
@@ -385,6 +417,16 @@ fn attach(
             return Ok(Err(e));
         }
         Ok(program.attach(hook.category, hook.name).map(drop))
+    }
+}
+
+/// Whether the function an fentry `hook` attaches to is in this kernel's BTF (fentry
+/// attaches by BTF id); the error says what is missing.
+pub(crate) fn fentry_target(hook: &Hook, btf: Option<&Btf>) -> Result<(), String> {
+    match btf {
+        Some(b) if b.func_id(hook.name).is_some() => Ok(()),
+        Some(_) => Err(format!("{} is not in this kernel's BTF", hook.name)),
+        None => Err("needs kernel BTF (/sys/kernel/btf/vmlinux)".to_string()),
     }
 }
 
@@ -693,6 +735,7 @@ mod tests {
             btf: false,
             args,
             fallback: None,
+            fentry: false,
         }
     }
 

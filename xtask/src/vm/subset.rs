@@ -84,6 +84,7 @@ pub(super) const KERNEL_SUBSET: &[&str] = &[
     "ipv6_packet_too_big_dropped_in_output_names_the_output_hook",
     "ipv6_refusal_delayed_by_neighbour_discovery_is_one_listener_verdict",
     "ipv6_failed_neighbour_connect_is_one_unreachable_verdict",
+    "ipv6_failed_neighbour_connect_whose_error_the_client_takes_first_is_one_unreachable_verdict",
     // mtu
     "filtered_frag_needed_is_a_pmtud_black_hole",
     "oversized_pod_mtu_with_icmp_allowed_is_an_oversize_drop_that_recovers",
@@ -163,6 +164,7 @@ pub(super) const FALLBACK_SUBSET: &[&str] = &[
     "drops_are_counted_by_reason_in_this_nodes_namespaces_only",
     "ipv6_port_unreachable_reject_is_a_firewall_not_the_listener",
     "ipv6_oversize_drop_with_pmtud_working_is_info",
+    "ipv6_failed_neighbour_connect_whose_error_the_client_takes_first_is_one_unreachable_verdict",
     "filtered_frag_needed_is_a_pmtud_black_hole",
     "oversized_pod_mtu_with_icmp_allowed_is_an_oversize_drop_that_recovers",
     "refused_storm_is_aggregated_in_the_kernel_and_accounted_exactly",

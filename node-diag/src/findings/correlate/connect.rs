@@ -225,15 +225,17 @@ fn gather(kind: EventKind, ev: &Event, ctx: &Context<'_>) -> Seen {
                     r.icmp_code
                 ))
             }
-            (_, Some(i), _) if ICMP_ADMIN_CODES.contains(&i.icmp_code) && !prohibit_route => {
+            (_, Some(i), _) if admin_prohibited(v6, i.icmp_code) && !prohibit_route => {
                 Cause::Firewall(format!(
-                    "this node answered it with ICMP administratively prohibited (code {})",
+                    "this node answered it with ICMP{} administratively prohibited (code {})",
+                    if v6 { "v6" } else { "" },
                     i.icmp_code
                 ))
             }
             (Some(c), _, _) if !matches!(c, Cause::Unresolved(_)) => c,
             (_, Some(i), _) => Cause::Routing(format!(
-                "this node answered it with ICMP destination unreachable code {}",
+                "this node answered it with ICMP{} destination unreachable code {}",
+                if v6 { "v6" } else { "" },
                 i.icmp_code
             )),
             (_, _, Some(r)) if admin_prohibited(v6, r.icmp_code) => Cause::Firewall(format!(
@@ -306,28 +308,29 @@ const FIND_REJECT: &str = "Find the REJECT rule for this port (`nft list ruleset
 
 fn refused(ev: &Event, ctx: &Context<'_>, seen: &Seen) -> Said {
     let (dst, dport) = (addr(&ev.flow, &ev.flow.daddr), ev.flow.dport);
+    let v6 = ev.flow.family != AF_INET;
     let rejected_here = seen
         .icmp_sent_code
-        .filter(|c| *c == ICMP_PORT_UNREACH || ICMP_ADMIN_CODES.contains(c));
+        .filter(|c| port_unreachable(v6, *c) || admin_prohibited(v6, *c));
     let no_endpoints = ctx.translation.without_endpoints();
-    let v6 = ev.flow.family != AF_INET;
     let admin_received = seen
         .evidence
         .icmp_received
         .is_some_and(|r| admin_prohibited(v6, r.icmp_received_code));
     let (layer, summary, remediation) = match (no_endpoints, rejected_here, &seen.cause) {
-        (Some(svc), Some(code @ ICMP_PORT_UNREACH), _) => (
+        (Some(svc), Some(code), _) if port_unreachable(v6, code) => (
             // kube-proxy's own REJECT for a Service without endpoints: the Service,
             // not a firewall, and not the application.
             Layer::Service,
             format!(
-                "Connection to {dst}:{dport} was rejected by kube-proxy on this node (ICMP unreachable code {code}): Service {svc} has no ready endpoints."
+                "Connection to {dst}:{dport} was rejected by kube-proxy on this node (ICMP{} unreachable code {code}): Service {svc} has no ready endpoints.",
+                if v6 { "v6" } else { "" }
             ),
             service_remediation(svc),
         ),
-        // The same REJECT over IPv6: ICMPv6 errors this node sends are not traced
-        // (`icmp:icmp_send` is IPv4's), so the refusal without a RST, to a Service
-        // kube-proxy rejects, is its.
+        // The same REJECT where the ICMP errors this node sends are not traced (ICMPv6
+        // on a kernel without fentry on `icmp6_send`): the refusal without a RST, to a
+        // Service kube-proxy rejects, is its.
         (Some(svc), None, _) if !seen.rst_received && !admin_received => (
             Layer::Service,
             format!(
@@ -339,7 +342,8 @@ fn refused(ev: &Event, ctx: &Context<'_>, seen: &Seen) -> Said {
         (_, Some(code), _) => (
             Layer::Firewall,
             format!(
-                "Connection to {dst}:{dport} was rejected by a firewall rule on this node (ICMP unreachable code {code}), not by the application."
+                "Connection to {dst}:{dport} was rejected by a firewall rule on this node (ICMP{} unreachable code {code}), not by the application.",
+                if v6 { "v6" } else { "" }
             ),
             FIND_REJECT.to_string(),
         ),

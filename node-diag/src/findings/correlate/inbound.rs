@@ -12,7 +12,7 @@ use std::{
     time::SystemTime,
 };
 
-use node_diag_common::{AF_INET, Event, InboundAgg, InboundKey, icmp};
+use node_diag_common::{AF_INET, Event, InboundAgg, InboundKey, icmp, icmpv6};
 
 use super::conntrack;
 use crate::findings::{
@@ -117,8 +117,13 @@ pub(crate) fn pod_addr(key: &InboundKey) -> IpAddr {
 /// Whether the ICMP error this node sent for the SYN, just before a filter's drop of it,
 /// was that filter's answer (a REJECT's unreachable or prohibited): any but a
 /// frag-needed, which only an oversize packet's drop comes with.
-fn rejected(agg: &InboundAgg) -> bool {
-    u32::from(agg.icmp_type) == icmp::DEST_UNREACH && u32::from(agg.icmp_code) != icmp::FRAG_NEEDED
+fn rejected(key: &InboundKey, agg: &InboundAgg) -> bool {
+    let (icmp_type, code) = (u32::from(agg.icmp_type), u32::from(agg.icmp_code));
+    if key.family != AF_INET {
+        // ICMPv6's too-big is a type of its own, never recorded as sent.
+        return icmp_type == icmpv6::DEST_UNREACH;
+    }
+    icmp_type == icmp::DEST_UNREACH && code != icmp::FRAG_NEEDED
 }
 
 /// The finding of `count` drops of `key`'s SYNs (`agg` its kernel entry); `window`: the
@@ -133,7 +138,7 @@ pub(crate) fn finding(
 ) -> Finding {
     let (src, dst) = (client(key), pod_addr(key));
     let reason = names.drop_reason(key.reason);
-    let reject = rejected(agg);
+    let reject = rejected(key, agg);
     let first = event_of(key, agg);
     let cause = window
         .and_then(|w| conntrack::cause(&first.drop, &reason, w))
