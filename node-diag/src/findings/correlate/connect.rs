@@ -867,6 +867,29 @@ mod tests {
     }
 
     #[test]
+    fn icmpv6_sent_here_is_read_by_icmpv6_codes() {
+        let v6 = |kind, errno, code| {
+            let mut ev = event(kind, errno);
+            ev.flow.family = node_diag_common::AF_INET6;
+            ev.flow.daddr = "fd00::2".parse::<Ipv6Addr>().unwrap().octets();
+            ev.icmp = icmp_sent_here(code);
+            ev.icmp.icmp_type = node_diag_common::icmpv6::DEST_UNREACH;
+            ev
+        };
+        // Address unreachable (3): a failed neighbour, routing. IPv4's 3 is a port.
+        let f = run(&v6(event_kind::CONNECT_UNREACHABLE, 113, 3)).unwrap();
+        assert_eq!((f.kind, f.layer), (Kind::TcpUnreachable, Layer::CniRouting));
+        assert!(f.summary.contains("ICMPv6"), "{}", f.summary);
+        // Administratively prohibited is 1 in ICMPv6 (13 in IPv4): a filter here.
+        let f = run(&v6(event_kind::CONNECT_UNREACHABLE, 13, 1)).unwrap();
+        assert_eq!(f.layer, Layer::Firewall);
+        // Port unreachable (4) answering a connect: a REJECT rule on this node.
+        let f = run(&v6(event_kind::CONNECT_REFUSED, 111, 4)).unwrap();
+        assert_eq!((f.kind, f.layer), (Kind::TcpRefused, Layer::Firewall));
+        assert!(f.summary.contains("ICMPv6 unreachable code 4"), "{}", f.summary);
+    }
+
+    #[test]
     fn icmp_received_from_the_path_decides_the_layer() {
         let mut ev = event(event_kind::CONNECT_UNREACHABLE, 113);
         ev.icmp_rcvd = icmp_received(10, [10, 200, 0, 2]);
