@@ -28,7 +28,11 @@ pub(super) const ARM64_SUBSET: &[&str] = &[
 /// path probes that find one beyond the node, Services
 /// rejected by netfilter, and the real tunnels (Geneve, WireGuard, IPIP, GRE), which this
 /// machine's kernel does not have. Each name matches one test, except `tunnels`, which
-/// matches that binary's module.
+/// matches that binary's module. Where an IPv6 or behind-the-router test repeats an
+/// IPv4 or on-the-tunnel one through the same kernel paths (the held black hole, the
+/// agent started mid-stall, the dead peer, the clean path under MTU probing), only one
+/// runs here, so that CI's 90 minutes hold this subset and the 5.10 one; the whole
+/// suite (`integration --kernel 6.1`) runs both.
 pub(super) const KERNEL_SUBSET: &[&str] = &[
     // scenarios
     "refused_connect_is_a_listener_problem",
@@ -101,21 +105,15 @@ pub(super) const KERNEL_SUBSET: &[&str] = &[
     "black_hole_beyond_the_node_is_found_by_probing_the_path",
     "black_hole_behind_the_router_is_found_by_probing_the_path",
     "dead_peer_behind_the_tunnel_stays_a_stall",
-    "dead_node_behind_the_router_stays_a_stall",
-    "healthy_jumbo_path_behind_the_router_reports_nothing",
     "tunnel_dropped_on_the_path_is_the_overlay",
     "tunnel_dropped_under_a_learned_neighbour_is_the_overlay",
     // pmtud_ipv6
-    "ipv6_black_hole_held_stays_open_while_its_flow_is_stuck",
-    "ipv6_agent_started_during_a_black_hole_reports_it_at_the_next_retransmit",
     "ipv6_stall_after_pmtud_worked_is_no_black_hole",
     "ipv6_black_hole_beyond_the_node_is_found_by_probing",
-    "ipv6_dead_peer_behind_the_tunnel_is_still_a_stall",
     "a_black_hole_masked_by_mtu_probing_is_reported_recovered",
     "mtu_probing_on_a_clean_path_reports_nothing",
     "a_route_mtu_lowered_mid_stall_is_not_mtu_probing",
     "ipv6_black_hole_masked_by_mtu_probing_is_reported_recovered",
-    "ipv6_clean_path_with_mtu_probing_reports_nothing",
     "a_path_black_hole_resolves_once_the_hop_heals",
     // nat
     "service_rejected_on_this_node_is_the_firewall_not_the_listener",
