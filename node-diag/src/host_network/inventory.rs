@@ -21,7 +21,7 @@ use super::{
         VethPeer,
     },
     links::{self, Link},
-    namespaces::{self, NetnsFile, in_netns},
+    namespaces::{self, in_netns},
     routes::{self, FibLookup, RouteEntry},
     rtnetlink::NetlinkError,
     underlay::{self, RawUnderlay, resolve_underlays, tunnel_family},
@@ -47,13 +47,9 @@ pub(crate) fn snapshot() -> Result<Snapshot, NetlinkError> {
         .or_else(|| namespaces::netns_inode(Path::new("/proc/self/ns/net")))
         .unwrap_or(0);
     let own_raw = read_here()?;
-    let files = namespaces::namespace_files();
-    let own_name = files
-        .iter()
-        .find(|f| f.inode == own)
-        .map_or_else(|| own.to_string(), |f| f.name.clone());
-    let others: Vec<NetnsFile> = files.into_iter().filter(|f| f.inode != own).collect();
-    let mut peers = namespaces::veth_peer_namespaces(&own_raw.links, &others)?;
+    let own_name = own_name(own);
+    let mut peers = namespaces::veth_peer_namespaces(&own_raw.links)?;
+    peers.retain(|(_, f)| f.inode != own);
     peers.sort_by(|a, b| a.1.name.cmp(&b.1.name));
 
     let mut namespaces = vec![Namespace {
@@ -85,6 +81,27 @@ pub(crate) fn snapshot() -> Result<Snapshot, NetlinkError> {
         raws.push(raw);
     }
     Ok(assemble(namespaces, raws, &nsid_to_inode))
+}
+
+/// The name of the namespace with inode `own` (see [`NetnsFile::name`]), found by a scan
+/// of `/run/netns` and `/proc` once and kept: it is the agent's own, refreshed on every
+/// link notification, and the scan costs what the node's processes are.
+fn own_name(own: u32) -> String {
+    static NAME: std::sync::Mutex<Option<(u32, String)>> = std::sync::Mutex::new(None);
+    let mut name = NAME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    match name.as_ref() {
+        Some((inode, n)) if *inode == own => n.clone(),
+        _ => {
+            let found = namespaces::namespace_files()
+                .into_iter()
+                .find(|f| f.inode == own)
+                .map_or_else(|| own.to_string(), |f| f.name);
+            *name = Some((own, found.clone()));
+            found
+        }
+    }
 }
 
 impl Raw {
@@ -373,6 +390,7 @@ mod tests {
 
     use super::*;
     use crate::host_network::{
+        NetnsFile,
         interfaces::{Family, UnderlaySource},
         monitor::watch,
     };

@@ -4,16 +4,16 @@
 
 use std::net::IpAddr;
 
-use netlink_packet_core::NLM_F_DUMP;
-use netlink_packet_route::{
-    RouteNetlinkMessage,
-    link::{
-        GreEncapType, GreIOFlags, InfoData, InfoGeneve, InfoGre, InfoGre6, InfoIpTunnel, InfoVxlan,
-        Ip6TunnelFlags, LinkAttribute, LinkFlags, LinkInfo, LinkMessage, TunnelEncapType,
-    },
+use netlink_packet_core::{DecodeError, NlasIterator, ParseableParametrized as _};
+use netlink_packet_route::link::{
+    GreEncapType, GreIOFlags, InfoData, InfoGeneve, InfoGre, InfoGre6, InfoIpTunnel, InfoVxlan,
+    Ip6TunnelFlags, LinkAttribute, LinkFlags, LinkHeader, LinkInfo, LinkMessage, TunnelEncapType,
 };
 
-use super::rtnetlink::{NetlinkError, request, socket};
+use super::{
+    nlmsg,
+    rtnetlink::{NetlinkError, socket},
+};
 
 /// A link as seen in the calling thread's namespace.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,21 +70,71 @@ pub(crate) enum UdpEncap {
     Gue,
 }
 
+/// `RTM_NEWLINK`, the kind of each answer of a link dump.
+const RTM_NEWLINK: u16 = 16;
+/// `RTM_GETLINK`.
+const RTM_GETLINK: u16 = 18;
+/// `IFLA_EXT_MASK`: what a dump leaves out.
+const IFLA_EXT_MASK: u16 = 29;
+/// `RTEXT_FILTER_SKIP_STATS` (Linux 5.1+; older kernels ignore the bit): no `IFLA_STATS`,
+/// `IFLA_STATS64` or per-family statistics, most of a link's answer, none of it read here.
+const RTEXT_FILTER_SKIP_STATS: u32 = 1 << 3;
+/// `struct ifinfomsg`'s size: the link header before the attributes.
+const IFINFOMSG_LEN: usize = 16;
+/// The attributes [`link_from`] reads (`IFLA_IFNAME`, `IFLA_MTU`, `IFLA_LINK`,
+/// `IFLA_LINKINFO`, `IFLA_LINK_NETNSID`): the others (per-family configuration, queue
+/// settings, ...) are skipped undecoded, since a node with a thousand interfaces is
+/// dumped on every burst of link notifications.
+const WANTED: [u16; 5] = [3, 4, 5, 18, 37];
+
 /// Every link of the calling thread's network namespace.
 pub(crate) fn links() -> Result<Vec<Link>, NetlinkError> {
     let sock = socket()?;
-    let msgs = request(
-        &sock,
-        RouteNetlinkMessage::GetLink(LinkMessage::default()),
-        NLM_F_DUMP,
-    )?;
-    Ok(msgs
-        .into_iter()
-        .filter_map(|m| match m {
-            RouteNetlinkMessage::NewLink(l) => Some(link_from(l)),
-            _ => None,
-        })
-        .collect())
+    // An all-zero ifinfomsg (every family, every link), then the extension mask.
+    let mut body = vec![0u8; IFINFOMSG_LEN - 4];
+    nlmsg::put_attr(
+        &mut body,
+        IFLA_EXT_MASK,
+        &RTEXT_FILTER_SKIP_STATS.to_ne_bytes(),
+    );
+    let msg = nlmsg::message(
+        RTM_GETLINK,
+        nlmsg::NLM_F_REQUEST | nlmsg::NLM_F_DUMP,
+        [0; 4],
+        &body,
+    );
+    let mut out = Vec::new();
+    let mut bad = None;
+    nlmsg::exchange(&sock, &msg, true, |kind, payload| {
+        if kind != RTM_NEWLINK || bad.is_some() {
+            return;
+        }
+        match parse_link(payload) {
+            Ok(msg) => out.push(link_from(msg)),
+            Err(e) => bad = Some(e),
+        }
+    })?;
+    match bad {
+        Some(e) => Err(NetlinkError::Decode(e.to_string())),
+        None => Ok(out),
+    }
+}
+
+/// A link message with only the [`WANTED`] attributes decoded.
+fn parse_link(payload: &[u8]) -> Result<LinkMessage, DecodeError> {
+    let header = LinkHeader::parse(payload)?;
+    let mut msg = LinkMessage::default();
+    for nla in NlasIterator::new(payload.get(IFINFOMSG_LEN..).unwrap_or_default()) {
+        let nla = nla?;
+        if WANTED.contains(&nla.kind()) {
+            msg.attributes.push(LinkAttribute::parse_with_param(
+                &nla,
+                header.interface_family,
+            )?);
+        }
+    }
+    msg.header = header;
+    Ok(msg)
 }
 
 pub(crate) fn link_from(msg: LinkMessage) -> Link {

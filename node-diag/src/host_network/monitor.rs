@@ -5,8 +5,6 @@
 
 use std::{thread, time::Duration};
 
-use netlink_packet_core::{NetlinkMessage, NetlinkPayload};
-use netlink_packet_route::RouteNetlinkMessage;
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
 use tracing::warn;
 
@@ -25,6 +23,10 @@ const RTMGRP_LINK: u32 = 1;
 /// `RTNLGRP_NSID`: a namespace given an id in ours (a pod's, once its veth's peer is in
 /// it) or losing it. Too high for the bind-time mask: joined by `NETLINK_ADD_MEMBERSHIP`.
 const RTNLGRP_NSID: u32 = 28;
+
+/// The notifications that change the scope: `RTM_NEWLINK`, `RTM_DELLINK`,
+/// `RTM_NEWNSID`, `RTM_DELNSID`.
+const NOTIFIED: [u16; 4] = [16, 17, 88, 89];
 
 /// A socket subscribed to the link notifications of the namespace it was opened in
 /// (`RTNLGRP_LINK`: links added, removed or changed, MTU changes included), and, where
@@ -52,33 +54,10 @@ impl LinkMonitor {
     /// Blocks until links change (`true`) or the poll interval passes (`false`).
     pub(crate) fn wait(&self) -> Result<bool, NetlinkError> {
         match self.sock.recv_from_full() {
+            // Only the messages' kinds are read: a link notification carries the whole
+            // link, statistics included, and a churning node sends thousands.
             Ok((data, _)) => {
-                let mut offset = 0;
-                while offset < data.len() {
-                    let Ok(msg) =
-                        NetlinkMessage::<RouteNetlinkMessage>::deserialize(&data[offset..])
-                    else {
-                        // A notification we cannot decode still says something changed.
-                        return Ok(true);
-                    };
-                    if matches!(
-                        msg.payload,
-                        NetlinkPayload::InnerMessage(
-                            RouteNetlinkMessage::NewLink(_)
-                                | RouteNetlinkMessage::DelLink(_)
-                                | RouteNetlinkMessage::NewNsId(_)
-                                | RouteNetlinkMessage::DelNsId(_)
-                        )
-                    ) {
-                        return Ok(true);
-                    }
-                    let len = msg.header.length as usize;
-                    if len == 0 {
-                        break;
-                    }
-                    offset += len;
-                }
-                Ok(false)
+                Ok(super::nlmsg::messages(&data).any(|(kind, _)| NOTIFIED.contains(&kind)))
             }
             Err(e)
                 if matches!(

@@ -125,33 +125,28 @@ pub(crate) fn namespace_files() -> Vec<NetnsFile> {
     out
 }
 
-/// The namespaces among `files` holding the peer of one of `links` (the calling thread's
-/// links), each with the id our namespace gives it.
-pub(crate) fn veth_peer_namespaces(
-    links: &[Link],
-    files: &[NetnsFile],
-) -> Result<Vec<(i32, NetnsFile)>, NetlinkError> {
-    let peer_ids: HashSet<i32> = links
+/// The namespaces holding the peer of one of `links`' veths (the calling thread's
+/// links; it must be in the agent's namespace, whose ids [`PEERS`] holds), each with the
+/// id our namespace gives it, from the files earlier looks found (see [`PeerFiles`]).
+pub(crate) fn veth_peer_namespaces(links: &[Link]) -> Result<Vec<(i32, NetnsFile)>, NetlinkError> {
+    let mut peers: Vec<(i32, NetnsFile)> = PEERS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .resolve(&veth_peer_ids(links))?
+        .into_iter()
+        .collect();
+    peers.sort_by_key(|(id, _)| *id);
+    Ok(peers)
+}
+
+/// The ids our namespace gives the namespaces of `links`' veth peers: every caller of
+/// [`PeerFiles::resolve`] asks for the same set, so one's answer stays the other's cache.
+fn veth_peer_ids(links: &[Link]) -> HashSet<i32> {
+    links
         .iter()
         .filter(|l| l.kind.as_deref() == Some("veth"))
         .filter_map(|l| l.link_netnsid)
-        .collect();
-    if peer_ids.is_empty() {
-        return Ok(Vec::new());
-    }
-    let sock = socket()?;
-    let mut out = Vec::new();
-    for f in files {
-        let Ok(file) = fs::File::open(&f.path) else {
-            continue;
-        };
-        if let Ok(Some(id)) = nsid_of(&sock, file.as_raw_fd() as u32)
-            && peer_ids.contains(&id)
-        {
-            out.push((id, f.clone()));
-        }
-    }
-    Ok(out)
+        .collect()
 }
 
 /// The pods' veths among `links` (this namespace's side), each with the namespace its
@@ -174,24 +169,24 @@ fn pod_veth_peers(links: &[Link]) -> Result<Vec<(u32, NetnsFile)>, NetlinkError>
     if veths.is_empty() {
         return Ok(Vec::new());
     }
-    let wanted: HashSet<i32> = veths.iter().filter_map(|l| l.link_netnsid).collect();
     let peers = PEERS
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .resolve(&wanted)?;
+        .resolve(&veth_peer_ids(links))?;
     Ok(veths
         .iter()
         .filter_map(|l| Some((l.index, peers.get(&l.link_netnsid?)?.clone())))
         .collect())
 }
 
-/// The pod namespaces found so far, by the id ours gives them.
+/// The namespaces of veth peers found so far, by the id ours gives them.
 static PEERS: std::sync::Mutex<PeerFiles> = std::sync::Mutex::new(PeerFiles(None));
 
-/// The file pinning each namespace that holds a pod veth's peer, by the id our namespace
-/// gives it, as found by earlier refreshes: a refresh checks each (one netlink request)
-/// and scans `/proc` and `/run/netns` only for an id none of them has, so a node's scope
-/// follows its pods at a cost that does not grow with its processes.
+/// The file pinning each namespace that holds a veth's peer (a pod's, or another node's
+/// underlay), by the id our namespace gives it, as found by earlier refreshes of the scope
+/// and of the MTU model: a refresh checks each (one netlink request) and scans `/proc` and
+/// `/run/netns` only for an id none of them has, so following a node's pods costs what
+/// they are, not what its processes are.
 struct PeerFiles(Option<std::collections::HashMap<i32, NetnsFile>>);
 
 impl PeerFiles {
