@@ -13,7 +13,7 @@ use crate::{
     },
     host_network::{
         LocalNode,
-        conntrack_stats::{NetnsFile, read_netns, scope_files},
+        conntrack_stats::{NetnsFile, read_each, read_netns, scope_files},
     },
     kernel::maps::monotonic_ns,
 };
@@ -53,9 +53,10 @@ impl ConntrackWatch {
     /// Reads the counters of every namespace followed. Namespaces without conntrack
     /// loaded have nothing to read and are skipped.
     pub(crate) fn read(&mut self) {
-        for (&netns, file) in &self.files {
-            if let Some(stats) = read_netns(file) {
-                self.history.record(netns, monotonic_ns(), stats);
+        let files: Vec<NetnsFile> = self.files.values().cloned().collect();
+        for (file, stats) in files.iter().zip(read_each(&files)) {
+            if let Some(stats) = stats {
+                self.history.record(file.inode, monotonic_ns(), stats);
             }
         }
     }

@@ -307,10 +307,14 @@ const REFRESH: Duration = Duration::from_secs(2);
 /// notification: they drive it, this is the safety net for notifications lost (a full
 /// socket buffer is seen and handled as a change; this covers the rest).
 const SCOPE_NET: Duration = Duration::from_secs(60);
-/// The scope is refreshed at most this often on link notifications (bursts coalesce).
-const SCOPE_SPACING: Duration = Duration::from_millis(100);
-/// The MTU model (which reads every pod's namespace) at most this often on them.
-const MTU_SPACING: Duration = Duration::from_secs(1);
+/// The scope is refreshed at most this often on link notifications (bursts coalesce):
+/// the first after a quiet spell at once, so a new pod's namespace is in before its
+/// first connect; a node churning interfaces gets a refresh (a dump of its links) at
+/// most four times a second.
+const SCOPE_SPACING: Duration = Duration::from_millis(250);
+/// The MTU model (which reads every pod's namespace) at most this often on them: a node
+/// replacing a pod every 2 s is read whole once per replacement, not twice.
+const MTU_SPACING: Duration = Duration::from_secs(2);
 /// How often the MTU model is rebuilt without a link notification (pod namespaces
 /// change without one in the agent's namespace).
 const MTU_REFRESH: Duration = Duration::from_secs(10);

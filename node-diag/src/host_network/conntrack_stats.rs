@@ -9,7 +9,7 @@
 use std::{collections::BTreeSet, fs, path::Path};
 
 pub(crate) use super::namespaces::NetnsFile;
-use super::namespaces::{in_netns, namespace_files, netns_inode};
+use super::namespaces::{in_each_netns, in_netns, namespace_files, netns_inode};
 
 /// One reading of a namespace's conntrack table.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -99,6 +99,24 @@ pub(crate) fn read_netns(file: &NetnsFile) -> Option<ConntrackStats> {
         return read_here();
     }
     in_netns(file, read_here).ok().flatten()
+}
+
+/// The tables of the namespaces of `files` (the agent's own read without entering it,
+/// the others from one thread that enters each in turn), in `files`' order.
+pub(crate) fn read_each(files: &[NetnsFile]) -> Vec<Option<ConntrackStats>> {
+    let own = own_netns();
+    let others: Vec<NetnsFile> = files.iter().filter(|f| f.inode != own).cloned().collect();
+    let mut read = in_each_netns(&others, read_here).into_iter();
+    files
+        .iter()
+        .map(|f| {
+            if f.inode == own {
+                read_here()
+            } else {
+                read.next().and_then(|r| r.ok().flatten())
+            }
+        })
+        .collect()
 }
 
 /// The files pinning the namespaces of `scope` (inodes; every namespace when `None`),

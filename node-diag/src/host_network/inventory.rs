@@ -21,7 +21,7 @@ use super::{
         VethPeer,
     },
     links::{self, Link},
-    namespaces::{self, in_netns},
+    namespaces::{self, NetnsFile, in_each_netns},
     routes::{self, FibLookup, RouteEntry},
     rtnetlink::NetlinkError,
     underlay::{self, RawUnderlay, resolve_underlays, tunnel_family},
@@ -61,9 +61,11 @@ pub(crate) fn snapshot() -> Result<Snapshot, NetlinkError> {
     }];
     let mut raws = vec![own_raw];
     let mut nsid_to_inode = HashMap::new();
-    for (nsid, file) in peers {
+    let files: Vec<NetnsFile> = peers.iter().map(|(_, f)| f.clone()).collect();
+    let reads = in_each_netns(&files, read_here);
+    for ((nsid, file), read) in peers.into_iter().zip(reads) {
         nsid_to_inode.insert(nsid, file.inode);
-        let (raw, error) = match in_netns(&file, read_here) {
+        let (raw, error) = match read {
             Ok(Ok(raw)) => (raw, None),
             Ok(Err(e)) => (Raw::empty(), Some(e.to_string())),
             Err(e) => (Raw::empty(), Some(e.to_string())),

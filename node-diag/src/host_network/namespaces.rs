@@ -37,6 +37,8 @@ pub(crate) enum NetnsError {
     Thread(std::io::Error),
     #[error("namespace reader thread panicked")]
     Panicked,
+    #[error("{0}")]
+    Failed(String),
 }
 
 /// The id our namespace uses for the namespace behind `fd`, if one is assigned.
@@ -327,6 +329,63 @@ pub(crate) fn in_netns<T: Send>(
             .map_err(NetnsError::Thread)?;
         handle.join().map_err(|_| NetnsError::Panicked)?
     })
+}
+
+/// Runs `f` inside each namespace of `files` in turn, from one fresh thread that enters
+/// them one after the other: a thread for each costs more than the reads themselves on
+/// a node with a hundred pods. The answers come in `files`' order; a namespace that
+/// cannot be entered is an error in its place, the others still read.
+pub(crate) fn in_each_netns<T: Send>(
+    files: &[NetnsFile],
+    f: impl Fn() -> T + Sync,
+) -> Vec<Result<T, NetnsError>> {
+    let enter_all = || {
+        files
+            .iter()
+            .map(|file| {
+                let path = file.path.display().to_string();
+                let fd = File::open(&file.path).map_err(|source| NetnsError::Enter {
+                    path: path.clone(),
+                    source,
+                })?;
+                // A /proc/<pid> entry may now belong to another process than when it was
+                // listed.
+                if fd.metadata().map(|m| m.ino() as u32).ok() != Some(file.inode) {
+                    return Err(NetnsError::Gone(path));
+                }
+                // SAFETY: `fd` is an open namespace file; CLONE_NEWNET only moves this
+                // thread, which enters each namespace in turn and exits after the last.
+                if unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                    return Err(NetnsError::Enter {
+                        path,
+                        source: std::io::Error::last_os_error(),
+                    });
+                }
+                Ok(f())
+            })
+            .collect::<Vec<_>>()
+    };
+    if files.is_empty() {
+        return Vec::new();
+    }
+    let joined = thread::scope(|s| {
+        thread::Builder::new()
+            .name("netns-reader".into())
+            .spawn_scoped(s, enter_all)
+            .map_err(NetnsError::Thread)?
+            .join()
+            .map_err(|_| NetnsError::Panicked)
+    });
+    match joined {
+        Ok(all) => all,
+        Err(e) => {
+            let why = e.to_string();
+            files
+                .iter()
+                .map(|_| Err(NetnsError::Failed(why.clone())))
+                .collect()
+        }
+    }
 }
 
 #[cfg(test)]
