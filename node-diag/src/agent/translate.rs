@@ -160,7 +160,8 @@ fn watch_services(failures: Counter, size: Gauge) -> Arc<RwLock<Arc<ServiceCatal
         }
     }
     size.set(i64::try_from(follower.catalog().len()).unwrap_or(i64::MAX));
-    let catalog = Arc::new(RwLock::new(Arc::new(follower.catalog().clone())));
+    // The follower's own catalog, shared: never copied on its way to the verdicts.
+    let catalog = Arc::new(RwLock::new(Arc::clone(follower.catalog())));
     let shared = Arc::clone(&catalog);
     let spawned = std::thread::Builder::new()
         .name("services".into())
@@ -168,7 +169,7 @@ fn watch_services(failures: Counter, size: Gauge) -> Arc<RwLock<Arc<ServiceCatal
             follower.run(
                 |c| {
                     size.set(i64::try_from(c.len()).unwrap_or(i64::MAX));
-                    *shared.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(c.clone());
+                    *shared.write().unwrap_or_else(PoisonError::into_inner) = Arc::clone(c);
                 },
                 || {
                     failures.inc();

@@ -392,7 +392,7 @@ mod tests {
 
     use super::*;
     use crate::host_network::{
-        NetnsFile,
+        in_netns,
         interfaces::{Family, UnderlaySource},
         monitor::watch,
     };

@@ -24,6 +24,7 @@ use std::{
     collections::{HashMap, HashSet},
     io,
     os::fd::AsRawFd as _,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -263,7 +264,8 @@ pub(crate) fn legacy_signature(kind: Kind) -> LegacySignature {
 /// Each ruleset's last read, merged into one catalog.
 #[derive(Default)]
 pub(crate) struct Parts {
-    parts: HashMap<Kind, (ServiceCatalog, Source)>,
+    /// Shared with the merged catalog when it is the only one with Services.
+    parts: HashMap<Kind, (Arc<ServiceCatalog>, Source)>,
 }
 
 impl Parts {
@@ -276,7 +278,7 @@ impl Parts {
     pub(crate) fn read(
         &mut self,
         kinds: &HashSet<Kind>,
-    ) -> Result<(ServiceCatalog, Vec<Source>), ServicesError> {
+    ) -> Result<(Arc<ServiceCatalog>, Vec<Source>), ServicesError> {
         for kind in Kind::ALL {
             if kinds.contains(&kind) || !self.parts.contains_key(&kind) {
                 let (catalog, source) = read_one(kind);
@@ -286,19 +288,20 @@ impl Parts {
                     // whole catalog is when nothing is readable; the source says why.
                     Some((_, last)) if !source.is_read() && last.is_read() => *last = source,
                     _ => {
-                        self.parts.insert(kind, (catalog, source));
+                        self.parts.insert(kind, (Arc::new(catalog), source));
                     }
                 }
             }
         }
-        let mut catalog = ServiceCatalog::new();
+        let mut parts = Vec::new();
         let mut sources = Vec::new();
         for kind in Kind::ALL {
             if let Some((part, source)) = self.parts.get(&kind) {
-                catalog.merge(part.clone());
+                parts.push(part);
                 sources.push(source.clone());
             }
         }
+        let catalog = ServiceCatalog::merged(&parts);
         if sources.iter().any(Source::is_read) {
             Ok((catalog, sources))
         } else {
@@ -369,7 +372,7 @@ impl Follower {
     }
 
     /// The catalog as last read.
-    pub(crate) fn catalog(&self) -> &ServiceCatalog {
+    pub(crate) fn catalog(&self) -> &Arc<ServiceCatalog> {
         self.watcher.catalog()
     }
 
@@ -390,7 +393,7 @@ impl Follower {
     /// succeeded, `failed` is called for every read that did not.
     pub(crate) fn run(
         mut self,
-        mut publish: impl FnMut(&ServiceCatalog),
+        mut publish: impl FnMut(&Arc<ServiceCatalog>),
         mut failed: impl FnMut(),
     ) -> ! {
         let mut last_legacy = Instant::now();

@@ -84,7 +84,7 @@ pub(crate) fn read() -> Result<(ServiceCatalog, Vec<Source>), ServicesError> {
     let mut sources = Vec::new();
     for kind in Kind::ALL {
         let (found, source) = read_one(kind);
-        catalog.merge(found);
+        catalog.merge(&found);
         sources.push(source);
     }
     if sources.iter().any(Source::is_read) {
@@ -222,7 +222,7 @@ fn dump(
         Ok(found) => {
             let services = found.len();
             debug!(source = name, services, "read kube-proxy rules");
-            catalog.merge(found);
+            catalog.merge(&found);
             Source::new(name, SourceStatus::Read { services })
         }
         Err(e) => unavailable(name, e.to_string()),

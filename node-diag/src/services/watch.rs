@@ -1,18 +1,26 @@
 //! Keeping a catalog current: re-read on demand (or given a read made by
 //! [`super::follow`]), and say so in the log only when something changed.
 
+use std::{
+    hash::{Hash as _, Hasher as _},
+    sync::Arc,
+};
+
 use tracing::{info, warn};
 
-use super::{Service, ServiceCatalog, ServicesError, Source};
+use super::{ServiceCatalog, ServicesError, Source};
 
 /// A catalog kept current by [`CatalogWatcher::apply`].
 pub(crate) struct CatalogWatcher {
-    catalog: ServiceCatalog,
+    /// The catalog [`super::follow`] read, shared (not copied) with whoever it is
+    /// published to.
+    catalog: Arc<ServiceCatalog>,
     sources: Vec<Source>,
-    /// What the last change log line described: each Service port and whether it had
+    /// What the last change log line described, hashed (a second list of 20,000
+    /// names would cost what the catalog does): each Service port and whether it had
     /// endpoints. Backends are left out: endpoints come and go with every rollout and
     /// are not worth a log line each time.
-    summary: Option<Vec<(String, u8, bool)>>,
+    summary: Option<u64>,
 }
 
 impl std::fmt::Debug for CatalogWatcher {
@@ -34,14 +42,14 @@ impl CatalogWatcher {
     /// An empty watcher, until the first [`CatalogWatcher::apply`].
     pub(crate) fn new() -> Self {
         Self {
-            catalog: ServiceCatalog::new(),
+            catalog: Arc::new(ServiceCatalog::new()),
             sources: Vec::new(),
             summary: None,
         }
     }
 
     /// The catalog as last read.
-    pub(crate) fn catalog(&self) -> &ServiceCatalog {
+    pub(crate) fn catalog(&self) -> &Arc<ServiceCatalog> {
         &self.catalog
     }
 
@@ -61,7 +69,7 @@ impl CatalogWatcher {
     /// `read`'s error; the previous catalog is kept.
     pub(crate) fn apply(
         &mut self,
-        read: Result<(ServiceCatalog, Vec<Source>), ServicesError>,
+        read: Result<(Arc<ServiceCatalog>, Vec<Source>), ServicesError>,
     ) -> Result<bool, ServicesError> {
         let (catalog, sources) = match read {
             Ok(read) => read,
@@ -87,8 +95,8 @@ impl CatalogWatcher {
                 "Service catalog sources"
             );
         }
-        let summary: Vec<_> = catalog.services().map(summary_of).collect();
-        let changed = self.summary.as_ref() != Some(&summary);
+        let summary = summary_of(&catalog);
+        let changed = self.summary != Some(summary);
         if changed {
             info!(
                 services = catalog.len(),
@@ -103,13 +111,19 @@ impl CatalogWatcher {
     }
 }
 
-fn summary_of(s: &Service) -> (String, u8, bool) {
-    (s.name.clone(), s.proto, s.no_endpoints)
+/// A hash of each Service port's name, protocol and whether it has endpoints, in name
+/// order.
+fn summary_of(catalog: &ServiceCatalog) -> u64 {
+    let mut h = std::hash::DefaultHasher::new();
+    for s in catalog.services() {
+        (&s.name, s.proto, s.no_endpoints).hash(&mut h);
+    }
+    h.finish()
 }
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
+    use std::sync::Mutex;
 
     use super::*;
     use crate::services::{SourceStatus, fixtures::IPTABLES_NFT_SAVE_V4, iptables};
@@ -131,7 +145,7 @@ mod tests {
                     services: catalog.len(),
                 },
             };
-            Ok((catalog, vec![source]))
+            Ok((Arc::new(catalog), vec![source]))
         };
         assert!(w.apply(read()).unwrap(), "the first read is a change");
         assert_eq!(w.catalog().len(), 5);
