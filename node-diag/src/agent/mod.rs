@@ -343,7 +343,10 @@ pub(crate) async fn run(opts: RunOptions) -> Result<(), AgentError> {
     let mut mtu_tick = tokio::time::interval(MTU_REFRESH);
     mtu_tick.tick().await;
     let mut link_changes = match crate::host_network::watch() {
-        Ok(rx) => Some(rx),
+        Ok(watch) => {
+            agent.links = watch.links;
+            Some(watch.changes)
+        }
         Err(e) => {
             warn!(error = %e, "no link notifications: the scope is refreshed every {}s, MTU changes picked up every {}s", REFRESH.as_secs(), MTU_REFRESH.as_secs());
             None
@@ -370,6 +373,7 @@ pub(crate) async fn run(opts: RunOptions) -> Result<(), AgentError> {
                 if changed.is_none() {
                     warn!("link notifications stopped: the scope is refreshed every {}s, MTU changes picked up every {}s", REFRESH.as_secs(), MTU_REFRESH.as_secs());
                     link_changes = None;
+                    agent.links = None;
                     scope_tick = scope_interval(false).await;
                     continue;
                 }
@@ -385,6 +389,10 @@ pub(crate) async fn run(opts: RunOptions) -> Result<(), AgentError> {
                 mtu_due.done(Instant::now());
             }
             _ = scope_tick.tick() => {
+                // The safety net dumps the links again, whatever the notifications said.
+                if let Some(links) = &agent.links {
+                    crate::host_network::mark_stale(links);
+                }
                 agent.on_scope();
                 scope_due.done(Instant::now());
             }
@@ -406,6 +414,9 @@ pub(crate) async fn run(opts: RunOptions) -> Result<(), AgentError> {
 
 /// What the agent's loop owns.
 struct Agent {
+    /// The agent's namespace's links as link notifications keep them (the scope
+    /// refreshes from it rather than dumping every link); `None` without them.
+    links: Option<crate::host_network::SharedLinks>,
     opts: RunOptions,
     loaded: Loaded,
     maps: KernelMaps,
@@ -538,6 +549,7 @@ impl Agent {
             rules: rule_watch::RuleWatch::start(),
             bad_records: Arc::new(AtomicU64::new(0)),
             tasks: Vec::new(),
+            links: None,
             opts,
         };
         let node = agent.refresh_namespaces();
@@ -1055,7 +1067,7 @@ impl Agent {
             }
             return None;
         }
-        let Some(node) = refresh_scope(&mut self.maps) else {
+        let Some(node) = refresh_scope(&mut self.maps, self.links.as_ref()) else {
             self.shared.metrics().scope_refresh_failed();
             return None;
         };
@@ -1111,8 +1123,16 @@ fn flow_matches(f: &Finding, key: &FlowKey) -> bool {
 /// Makes the kernel's scope map this node's current set of network namespaces, and
 /// returns the look at the node it came from; on a netlink failure the previous scope
 /// stays (`None`).
-fn refresh_scope(maps: &mut KernelMaps) -> Option<LocalNode> {
-    let node = LIST_NAMESPACES.check(crate::host_network::local_node())?;
+fn refresh_scope(
+    maps: &mut KernelMaps,
+    links: Option<&crate::host_network::SharedLinks>,
+) -> Option<LocalNode> {
+    let node = LIST_NAMESPACES.check(match links {
+        Some(links) => {
+            crate::host_network::current_links(links).and_then(crate::host_network::local_node_from)
+        }
+        None => crate::host_network::local_node(),
+    })?;
     maps.set_scope(&node.scope);
     maps.set_pod_links(node.own, &node.pod_links);
     Some(node)

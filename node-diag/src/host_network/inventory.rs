@@ -394,7 +394,7 @@ mod tests {
     use crate::host_network::{
         in_netns,
         interfaces::{Family, UnderlaySource},
-        monitor::watch,
+        monitor::{current_links, is_stale, watch},
     };
 
     #[test]
@@ -516,10 +516,14 @@ mod tests {
             path: format!("/run/netns/{node}").into(),
             name: node.clone(),
         };
-        let (snap, changes) = in_netns(&node_file, || {
+        let (snap, changes, table) = in_netns(&node_file, || {
             let snap = snapshot().expect("snapshot");
-            let rx = watch().expect("watch");
-            (snap, rx)
+            let watch = watch().expect("watch");
+            let table = watch.links.expect("a link table");
+            // The first look dumps (from inside the node), then the table is trusted.
+            let dumped = current_links(&table).expect("first look");
+            assert!(dumped.iter().any(|l| l.name == "vxu"), "{dumped:?}");
+            (snap, watch.changes, table)
         })
         .expect("enter node namespace");
 
@@ -623,6 +627,34 @@ mod tests {
             notified(&mut changes),
             "no notification for the node's MTU change"
         );
+        // The table follows the notifications: from this thread (outside the node) it
+        // answers without a dump, which would list this namespace's links instead.
+        let link = |name: &str| {
+            current_links(&table)
+                .expect("table")
+                .into_iter()
+                .find(|l| l.name == name)
+        };
+        assert_eq!(link("vxu").and_then(|l| l.mtu), Some(1450));
+        ip(&format!("-n {node} link add tbla type veth peer name tblb"));
+        assert!(notified(&mut changes), "no notification for a new veth");
+        thread::sleep(Duration::from_millis(100));
+        let a = link("tbla").expect("a new link is in the table");
+        assert_eq!(a.kind.as_deref(), Some("veth"));
+        assert!(link("tblb").is_some());
+        ip(&format!("-n {node} link del tbla"));
+        assert!(notified(&mut changes), "no notification for a deleted veth");
+        thread::sleep(Duration::from_millis(100));
+        assert!(link("tbla").is_none() && link("tblb").is_none());
+        assert!(!is_stale(&table));
+        // A veth's end moved out: the end left behind changed without a notification
+        // of its own, so the table is dumped again before it is trusted.
+        ip(&format!("-n {node} link add tblc type veth peer name tbld"));
+        assert!(notified(&mut changes));
+        ip(&format!("-n {node} link set tbld netns {pod}"));
+        assert!(notified(&mut changes), "no notification for a moved link");
+        thread::sleep(Duration::from_millis(100));
+        assert!(is_stale(&table), "a moved link makes the table stale");
         thread::sleep(Duration::from_millis(100));
         while changes.try_recv().is_ok() {}
         ip(&format!("-n {pod} link set eth0 mtu 1450"));

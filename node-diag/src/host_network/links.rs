@@ -121,7 +121,7 @@ pub(crate) fn links() -> Result<Vec<Link>, NetlinkError> {
 }
 
 /// A link message with only the [`WANTED`] attributes decoded.
-fn parse_link(payload: &[u8]) -> Result<LinkMessage, DecodeError> {
+pub(super) fn parse_link(payload: &[u8]) -> Result<LinkMessage, DecodeError> {
     let header = LinkHeader::parse(payload)?;
     let mut msg = LinkMessage::default();
     for nla in NlasIterator::new(payload.get(IFINFOMSG_LEN..).unwrap_or_default()) {

@@ -53,9 +53,10 @@ pub(crate) use interfaces::{
 };
 pub(crate) use inventory::{local_port_range, snapshot};
 pub(crate) use links::{Link, UdpEncap, links};
-pub(crate) use monitor::watch;
+pub(crate) use monitor::{SharedLinks, current_links, mark_stale, watch};
 pub(crate) use namespaces::{
-    LocalNode, NetnsFile, in_netns, local_node, namespace_files, netns_inode, pod_veths,
+    LocalNode, NetnsFile, in_netns, local_node, local_node_from, namespace_files, netns_inode,
+    pod_veths,
 };
 pub(crate) use routes::{Route, RouteEntry, route_get, routes};
 pub(crate) use rtnetlink::NetlinkError;

@@ -3,12 +3,18 @@
 //! so an MTU change or a new pod is seen at once: they drive the scope, the periodic
 //! `/proc` scan being only a slow safety net.
 
-use std::{thread, time::Duration};
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, Mutex},
+    thread,
+};
 
+use netlink_packet_route::link::LinkHeader;
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
+use rustix::event::{PollFd, PollFlags, Timespec, poll};
 use tracing::warn;
 
-use super::rtnetlink::NetlinkError;
+use super::{links::Link, rtnetlink::NetlinkError};
 
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum MonitorError {
@@ -37,8 +43,7 @@ pub(crate) struct LinkMonitor {
 }
 
 impl LinkMonitor {
-    /// `poll` bounds each [`LinkMonitor::wait`], so its caller can notice it should stop.
-    pub(crate) fn new(poll: Duration) -> Result<Self, NetlinkError> {
+    pub(crate) fn new() -> Result<Self, NetlinkError> {
         let mut sock = Socket::new(NETLINK_ROUTE)?;
         sock.bind(&SocketAddr::new(0, RTMGRP_LINK))?;
         if let Err(e) = sock.add_membership(RTNLGRP_NSID) {
@@ -47,31 +52,193 @@ impl LinkMonitor {
         if let Err(e) = sock.set_listen_all_namespaces(true) {
             tracing::debug!(error = %e, "link notifications limited to the agent's namespace");
         }
-        set_recv_timeout(&sock, poll)?;
+        sock.set_non_blocking(true)?;
         Ok(Self { sock })
     }
 
-    /// Blocks until links change (`true`) or the poll interval passes (`false`).
-    pub(crate) fn wait(&self) -> Result<bool, NetlinkError> {
-        match self.sock.recv_from_full() {
-            // Only the messages' kinds are read: a link notification carries the whole
-            // link, statistics included, and a churning node sends thousands.
-            Ok((data, _)) => {
-                Ok(super::nlmsg::messages(&data).any(|(kind, _)| NOTIFIED.contains(&kind)))
+    /// Reads what is queued; whether links changed. Only the messages' kinds are read:
+    /// a link notification carries the whole link, statistics included, and a churning
+    /// node sends thousands.
+    fn drain(&self) -> Result<bool, NetlinkError> {
+        let mut changed = false;
+        loop {
+            match self.sock.recv_from_full() {
+                Ok((data, _)) => {
+                    changed |=
+                        super::nlmsg::messages(&data).any(|(kind, _)| NOTIFIED.contains(&kind));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(changed),
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                // The receive queue overflowed: notifications were lost, so assume a change.
+                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => changed = true,
+                Err(e) => return Err(e.into()),
             }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) || e.raw_os_error() == Some(libc::EINTR) =>
-            {
-                Ok(false)
-            }
-            // The receive queue overflowed: notifications were lost, so assume a change.
-            Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => Ok(true),
-            Err(e) => Err(e.into()),
         }
     }
+}
+
+/// `RTM_NEWLINK`, `RTM_DELLINK`.
+const RTM_NEWLINK: u16 = 16;
+const RTM_DELLINK: u16 = 17;
+/// `struct ifinfomsg`'s size: the link header before the attributes.
+const IFINFOMSG_LEN: usize = 16;
+/// `IFLA_NEW_NETNSID`: on a `RTM_DELLINK`, the namespace the link moved to.
+const IFLA_NEW_NETNSID: u16 = 45;
+
+/// The agent's namespace's links as its notifications left them, so a refresh of the
+/// scope costs what changed rather than a dump of every link (a node churning a
+/// thousand interfaces would be dumped whole four times a second).
+#[derive(Debug, Default)]
+pub(crate) struct LinkTable {
+    links: BTreeMap<u32, Link>,
+    /// To be dumped before it is trusted: at start, after notifications were lost (a
+    /// full socket buffer), when one could not be decoded, and when the safety net says.
+    stale: bool,
+    /// Notifications applied so far: a dump taken while one was applied may be older
+    /// than it for that link, so it is trusted only once a dump passes without any.
+    applied: u64,
+}
+
+/// The table the notification thread keeps and the scope reads.
+pub(crate) type SharedLinks = Arc<Mutex<LinkTable>>;
+
+impl LinkTable {
+    fn apply(&mut self, kind: u16, payload: &[u8]) -> bool {
+        match kind {
+            RTM_NEWLINK => match super::links::parse_link(payload) {
+                Ok(msg) => {
+                    let link = super::links::link_from(msg);
+                    self.links.insert(link.index, link);
+                }
+                Err(_) => self.stale = true,
+            },
+            RTM_DELLINK => match LinkHeader::parse(payload) {
+                Ok(h) => {
+                    self.links.remove(&h.index);
+                    // Moved to another namespace rather than deleted (`IFLA_NEW_NETNSID`):
+                    // a veth's end left here now has its peer there, which changes its
+                    // own attributes without a notification of its own.
+                    if super::nlmsg::attrs(payload.get(IFINFOMSG_LEN..).unwrap_or_default())
+                        .any(|(kind, _)| kind == IFLA_NEW_NETNSID)
+                    {
+                        self.stale = true;
+                    }
+                }
+                Err(_) => self.stale = true,
+            },
+            _ => return false,
+        }
+        self.applied += 1;
+        true
+    }
+}
+
+/// To be dumped again before it is trusted (the scope's safety net).
+pub(crate) fn mark_stale(table: &SharedLinks) {
+    lock(table).stale = true;
+}
+
+/// The agent's namespace's links: the table's when it can be trusted, else a dump
+/// (which then becomes the table). Call it from the agent's namespace.
+pub(crate) fn current_links(table: &SharedLinks) -> Result<Vec<Link>, NetlinkError> {
+    let before = {
+        let t = lock(table);
+        if !t.stale {
+            return Ok(t.links.values().cloned().collect());
+        }
+        t.applied
+    };
+    let dumped = super::links::links()?;
+    let mut t = lock(table);
+    t.links = dumped.iter().map(|l| (l.index, l.clone())).collect();
+    t.stale = t.applied != before;
+    Ok(dumped)
+}
+
+/// Whether the table waits for a dump.
+#[cfg(test)]
+pub(crate) fn is_stale(table: &SharedLinks) -> bool {
+    lock(table).stale
+}
+
+fn lock(table: &SharedLinks) -> std::sync::MutexGuard<'_, LinkTable> {
+    table
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A socket subscribed to the link notifications of the agent's namespace alone, whose
+/// messages keep a [`LinkTable`].
+struct OwnLinks {
+    sock: Socket,
+    table: SharedLinks,
+}
+
+/// What the own socket's receive buffer is raised to (`SO_RCVBUFFORCE`, the agent holds
+/// CAP_NET_ADMIN): a batch of a hundred veths is a few hundred notifications of about
+/// 2 KiB, more than the default 208 KiB, and an overflow costs a dump.
+const OWN_RCVBUF: libc::c_int = 4 << 20;
+
+impl OwnLinks {
+    fn new() -> Result<Self, NetlinkError> {
+        let mut sock = Socket::new(NETLINK_ROUTE)?;
+        sock.bind(&SocketAddr::new(0, RTMGRP_LINK))?;
+        sock.set_non_blocking(true)?;
+        let size = OWN_RCVBUF;
+        // SAFETY: setsockopt reads `size_of::<c_int>()` bytes from a live c_int.
+        let rc = unsafe {
+            libc::setsockopt(
+                std::os::fd::AsRawFd::as_raw_fd(&sock),
+                libc::SOL_SOCKET,
+                libc::SO_RCVBUFFORCE,
+                (&raw const size).cast(),
+                size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            tracing::debug!(error = %std::io::Error::last_os_error(), "link table: default receive buffer");
+        }
+        // Subscribed before the first dump, so nothing between the two is missed.
+        let table = Arc::new(Mutex::new(LinkTable {
+            stale: true,
+            ..LinkTable::default()
+        }));
+        Ok(Self { sock, table })
+    }
+
+    /// Applies what is queued to the table; whether links changed.
+    fn drain(&self) -> bool {
+        let mut changed = false;
+        loop {
+            match self.sock.recv_from_full() {
+                Ok((data, _)) => {
+                    let mut t = lock(&self.table);
+                    for (kind, payload) in super::nlmsg::messages(&data) {
+                        changed |= t.apply(kind, payload);
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return changed,
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                Err(e) => {
+                    // Lost notifications (ENOBUFS) or a failed socket: dump next time.
+                    if e.raw_os_error() != Some(libc::ENOBUFS) {
+                        tracing::debug!(error = %e, "link table: receive failed");
+                    }
+                    lock(&self.table).stale = true;
+                    return true;
+                }
+            }
+        }
+    }
+}
+
+/// The link notifications the agent follows: `changes` gets a `()` for each batch that
+/// changed something (the agent's namespace's links, a veth-attached pod's, or their
+/// namespace ids; bursts coalesce), `links` the table of the agent's namespace's links
+/// kept from them (`None` where its socket could not be had: the scope dumps).
+pub(crate) struct LinkWatch {
+    pub(crate) changes: tokio::sync::mpsc::Receiver<()>,
+    pub(crate) links: Option<SharedLinks>,
 }
 
 /// Link notifications of the agent's namespace (and, where the kernel allows it, of the
@@ -79,26 +246,54 @@ impl LinkMonitor {
 /// "links changed since you last looked; re-snapshot". Bursts coalesce into one message.
 /// The watching thread stops once the receiver is dropped (within a second); the
 /// channel closes if notifications fail, leaving the agent's periodic snapshots.
-pub(crate) fn watch() -> Result<tokio::sync::mpsc::Receiver<()>, MonitorError> {
-    let monitor = LinkMonitor::new(Duration::from_secs(1))?;
+pub(crate) fn watch() -> Result<LinkWatch, MonitorError> {
+    let monitor = LinkMonitor::new()?;
+    let own = match OwnLinks::new() {
+        Ok(own) => Some(own),
+        Err(e) => {
+            tracing::debug!(error = %e, "no link table: the scope dumps the links");
+            None
+        }
+    };
+    let links = own.as_ref().map(|o| Arc::clone(&o.table));
     let (tx, rx) = tokio::sync::mpsc::channel(1);
     thread::Builder::new()
         .name("link-watch".into())
         .spawn(move || {
+            let timeout = Timespec {
+                tv_sec: 1,
+                tv_nsec: 0,
+            };
             loop {
-                match monitor.wait() {
-                    Ok(true) => {
-                        if let Err(tokio::sync::mpsc::error::TrySendError::Closed(())) =
-                            tx.try_send(())
-                        {
-                            return;
-                        }
-                    }
-                    Ok(false) => {}
+                let mut fds = vec![PollFd::new(&monitor.sock, PollFlags::IN)];
+                if let Some(own) = &own {
+                    fds.push(PollFd::new(&own.sock, PollFlags::IN));
+                }
+                match poll(&mut fds, Some(&timeout)) {
+                    Ok(_) | Err(rustix::io::Errno::INTR) => {}
                     Err(e) => {
                         warn!(error = %e, "link notifications failed; relying on periodic snapshots");
                         return;
                     }
+                }
+                drop(fds);
+                // The table first, and again after the other socket: the kernel queues
+                // one notification on both, so the agent never refreshes from a
+                // table that lacks what it was told of.
+                let mut changed = own.as_ref().is_some_and(OwnLinks::drain);
+                match monitor.drain() {
+                    Ok(c) => changed |= c,
+                    Err(e) => {
+                        warn!(error = %e, "link notifications failed; relying on periodic snapshots");
+                        return;
+                    }
+                }
+                changed |= own.as_ref().is_some_and(OwnLinks::drain);
+                if changed
+                    && let Err(tokio::sync::mpsc::error::TrySendError::Closed(())) =
+                        tx.try_send(())
+                {
+                    return;
                 }
                 if tx.is_closed() {
                     return;
@@ -106,7 +301,7 @@ pub(crate) fn watch() -> Result<tokio::sync::mpsc::Receiver<()>, MonitorError> {
             }
         })
         .map_err(MonitorError::Thread)?;
-    Ok(rx)
+    Ok(LinkWatch { changes: rx, links })
 }
 
 /// Sets `SO_RCVTIMEO` on a netlink socket, so a blocking receive returns after `timeout`.

@@ -277,7 +277,12 @@ pub(crate) struct LocalNode {
 
 /// Looks at this node once (see [`LocalNode`]).
 pub(crate) fn local_node() -> Result<LocalNode, NetlinkError> {
-    let links = links()?;
+    local_node_from(links()?)
+}
+
+/// This node from `links`, the agent's namespace's links as a dump or the notifications
+/// left them (see [`LocalNode`]).
+pub(crate) fn local_node_from(links: Vec<Link>) -> Result<LocalNode, NetlinkError> {
     let peers = pod_veth_peers(&links)?;
     let own = netns_inode(Path::new("/proc/self/ns/net")).unwrap_or(0);
     let mut scope = BTreeSet::from([own]);
