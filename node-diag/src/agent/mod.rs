@@ -1033,7 +1033,14 @@ impl Agent {
 
     async fn refresh_mtu(&self) {
         let senders = self.maps.frag_needed_senders();
-        refresh_mtu(&self.shared, &self.pods, &senders, self.opts.format).await;
+        refresh_mtu(
+            &self.shared,
+            &self.pods,
+            &senders,
+            self.opts.format,
+            self.links.clone(),
+        )
+        .await;
     }
 
     /// Counts a finding in the metrics and the store, and prints it when the store says

@@ -20,6 +20,7 @@ static READ_INTERFACES: Failing = Failing::new(
 );
 use crate::{
     findings::{Kind, Status},
+    host_network::SharedLinks,
     output::{OutputFormat, print_finding},
     pods::PodsHandle,
 };
@@ -27,14 +28,22 @@ use crate::{
 /// Rebuilds the MTU model from netlink: gauges, and the overlay_mtu_mismatch and
 /// pmtud_disabled conditions (new ones printed, gone ones resolved).
 /// `senders`: who sent the frag-needed seen for each destination, named in the
-/// mismatches judged on a learned path MTU.
+/// mismatches judged on a learned path MTU. `links`: the agent's namespace's links as
+/// their notifications keep them, taken rather than dumped again (`None`: dumped).
 pub(crate) async fn refresh_mtu(
     shared: &Shared,
     pods: &PodsHandle,
     senders: &HashMap<IpAddr, IpAddr>,
     format: OutputFormat,
+    links: Option<SharedLinks>,
 ) {
-    let snapshot = match tokio::task::spawn_blocking(crate::host_network::snapshot).await {
+    // A blocking-pool thread: in the agent's namespace, as the table's dump must be.
+    let read = move || match links {
+        Some(links) => crate::host_network::current_links(&links)
+            .and_then(|own| crate::host_network::snapshot_with(Some(own))),
+        None => crate::host_network::snapshot(),
+    };
+    let snapshot = match tokio::task::spawn_blocking(read).await {
         Ok(Ok(s)) => {
             READ_INTERFACES.worked();
             s

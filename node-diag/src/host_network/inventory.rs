@@ -43,10 +43,20 @@ struct Raw {
 /// context (`spawn_blocking` in the agent). Only a failure to read the agent's own
 /// namespace is an error; an unreadable pod namespace is recorded in its `error`.
 pub(crate) fn snapshot() -> Result<Snapshot, NetlinkError> {
+    snapshot_with(None)
+}
+
+/// [`snapshot`], with the agent's namespace's links given (`own_links`: as its link
+/// notifications left them, see `monitor::LinkTable`) rather than dumped again; the
+/// rest (routes, FDB entries, the pods' namespaces) is read as ever.
+pub(crate) fn snapshot_with(own_links: Option<Vec<Link>>) -> Result<Snapshot, NetlinkError> {
     let own = namespaces::netns_inode(Path::new("/proc/thread-self/ns/net"))
         .or_else(|| namespaces::netns_inode(Path::new("/proc/self/ns/net")))
         .unwrap_or(0);
-    let own_raw = read_here()?;
+    let own_raw = match own_links {
+        Some(links) => read_links_here(links)?,
+        None => read_here()?,
+    };
     let own_name = own_name(own);
     let mut peers = namespaces::veth_peer_namespaces(&own_raw.links)?;
     peers.retain(|(_, f)| f.inode != own);
@@ -169,7 +179,11 @@ fn route_metrics(routes: &[RouteEntry]) -> HashMap<u32, Vec<RouteMetrics>> {
 
 /// Reads the calling thread's namespace.
 fn read_here() -> Result<Raw, NetlinkError> {
-    let links = links::links()?;
+    read_links_here(links::links()?)
+}
+
+/// Reads the calling thread's namespace, whose links are `links`.
+fn read_links_here(links: Vec<Link>) -> Result<Raw, NetlinkError> {
     let sysctls = Sysctls {
         ip_no_pmtu_disc: read_sysctl("ip_no_pmtu_disc"),
         tcp_mtu_probing: read_sysctl("tcp_mtu_probing"),
