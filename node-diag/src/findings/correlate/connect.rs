@@ -886,7 +886,11 @@ mod tests {
         // Port unreachable (4) answering a connect: a REJECT rule on this node.
         let f = run(&v6(event_kind::CONNECT_REFUSED, 111, 4)).unwrap();
         assert_eq!((f.kind, f.layer), (Kind::TcpRefused, Layer::Firewall));
-        assert!(f.summary.contains("ICMPv6 unreachable code 4"), "{}", f.summary);
+        assert!(
+            f.summary.contains("ICMPv6 unreachable code 4"),
+            "{}",
+            f.summary
+        );
     }
 
     #[test]
