@@ -308,7 +308,8 @@ fn refusal(log: &str) -> &str {
     const STATS: [&str; 3] = ["processed ", "verification time", "stack depth"];
     log.lines()
         .rev()
-        .map(str::trim)
+        // A log buffer the kernel never wrote to reads as NULs.
+        .map(|l| l.trim_matches(|c: char| c.is_whitespace() || c == '\0'))
         .find(|l| !l.is_empty() && !STATS.iter().any(|s| l.starts_with(s)))
         .unwrap_or_default()
 }
@@ -759,6 +760,7 @@ processed 330 insns (limit 1000000) max_states_per_insn 0 total_states 14 peak_s
             "R1 invalid mem access 'scalar'"
         );
         assert_eq!(refusal(""), "");
+        assert_eq!(refusal("\0\0\0\0"), "");
     }
 
     #[test]
