@@ -385,6 +385,13 @@ pub(crate) async fn run(opts: RunOptions) -> Result<(), AgentError> {
                 scope_due.done(Instant::now());
             }
             () = coalesce::until(mtu_due.due()) => {
+                // The same notification made both due: the scope first, as the MTU model
+                // enters every pod's namespace (long on a busy node) and a new pod's
+                // first connect is tracked only once its namespace is in scope.
+                if scope_due.due().is_some_and(|due| due <= Instant::now()) {
+                    agent.on_scope();
+                    scope_due.done(Instant::now());
+                }
                 agent.refresh_mtu().await;
                 mtu_due.done(Instant::now());
             }
