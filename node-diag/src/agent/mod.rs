@@ -330,6 +330,10 @@ pub(crate) async fn run(opts: RunOptions) -> Result<(), AgentError> {
         reserve = fds::RESERVE,
         "open-files limit"
     );
+    // Subscribed before the agent takes its first look at the node and says it is ready:
+    // a pod whose veth appears in between is then refreshed into the scope at the loop's
+    // first turn, not 60 s later, and its first connect is judged.
+    let link_changes = crate::host_network::watch();
     let (mut agent, mut events) = Agent::start(opts).await?;
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
@@ -338,7 +342,7 @@ pub(crate) async fn run(opts: RunOptions) -> Result<(), AgentError> {
     refresh_tick.tick().await;
     let mut mtu_tick = tokio::time::interval(MTU_REFRESH);
     mtu_tick.tick().await;
-    let mut link_changes = match crate::host_network::watch() {
+    let mut link_changes = match link_changes {
         Ok(rx) => Some(rx),
         Err(e) => {
             warn!(error = %e, "no link notifications: the scope is refreshed every {}s, MTU changes picked up every {}s", REFRESH.as_secs(), MTU_REFRESH.as_secs());
