@@ -309,6 +309,9 @@ const REFRESH: Duration = Duration::from_secs(2);
 const SCOPE_NET: Duration = Duration::from_secs(60);
 /// The scope is refreshed at most this often on link notifications (bursts coalesce).
 const SCOPE_SPACING: Duration = Duration::from_millis(100);
+/// A burst's second scope refresh comes this soon after its first (see
+/// [`Coalesce::with_follow_up`]).
+const SCOPE_FOLLOW_UP: Duration = Duration::from_millis(5);
 /// The MTU model (which reads every pod's namespace) at most this often on them.
 const MTU_SPACING: Duration = Duration::from_secs(1);
 /// How often the MTU model is rebuilt without a link notification (pod namespaces
@@ -350,7 +353,7 @@ pub(crate) async fn run(opts: RunOptions) -> Result<(), AgentError> {
         }
     };
     let mut scope_tick = scope_interval(link_changes.is_some()).await;
-    let mut scope_due = Coalesce::new(SCOPE_SPACING);
+    let mut scope_due = Coalesce::with_follow_up(SCOPE_SPACING, SCOPE_FOLLOW_UP);
     let mut mtu_due = Coalesce::new(MTU_SPACING);
     loop {
         tokio::select! {
