@@ -309,9 +309,12 @@ const REFRESH: Duration = Duration::from_secs(2);
 const SCOPE_NET: Duration = Duration::from_secs(60);
 /// The scope is refreshed at most this often on link notifications (bursts coalesce):
 /// the first after a quiet spell at once, so a new pod's namespace is in before its
-/// first connect; a node churning interfaces gets a refresh (a dump of its links) at
+/// first connect; a node churning interfaces gets a refresh (a look at its links) at
 /// most four times a second.
 const SCOPE_SPACING: Duration = Duration::from_millis(250);
+/// A burst's second scope refresh comes this soon after its first (see
+/// [`Coalesce::with_follow_up`]).
+const SCOPE_FOLLOW_UP: Duration = Duration::from_millis(5);
 /// The MTU model (which reads every pod's namespace) at most this often on them: a node
 /// replacing a pod every 2 s is read whole once per replacement, not twice.
 const MTU_SPACING: Duration = Duration::from_secs(2);
@@ -334,6 +337,10 @@ pub(crate) async fn run(opts: RunOptions) -> Result<(), AgentError> {
         reserve = fds::RESERVE,
         "open-files limit"
     );
+    // Subscribed before the agent takes its first look at the node and says it is ready:
+    // a pod whose veth appears in between is then refreshed into the scope at the loop's
+    // first turn, not 60 s later, and its first connect is judged.
+    let link_changes = crate::host_network::watch();
     let (mut agent, mut events) = Agent::start(opts).await?;
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
@@ -342,7 +349,7 @@ pub(crate) async fn run(opts: RunOptions) -> Result<(), AgentError> {
     refresh_tick.tick().await;
     let mut mtu_tick = tokio::time::interval(MTU_REFRESH);
     mtu_tick.tick().await;
-    let mut link_changes = match crate::host_network::watch() {
+    let mut link_changes = match link_changes {
         Ok(watch) => {
             agent.links = watch.links;
             Some(watch.changes)
@@ -353,7 +360,7 @@ pub(crate) async fn run(opts: RunOptions) -> Result<(), AgentError> {
         }
     };
     let mut scope_tick = scope_interval(link_changes.is_some()).await;
-    let mut scope_due = Coalesce::new(SCOPE_SPACING);
+    let mut scope_due = Coalesce::with_follow_up(SCOPE_SPACING, SCOPE_FOLLOW_UP);
     let mut mtu_due = Coalesce::new(MTU_SPACING);
     loop {
         tokio::select! {

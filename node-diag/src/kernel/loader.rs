@@ -375,6 +375,15 @@ fn attach(
     hook: &Hook,
     btf: Option<&aya::Btf>,
 ) -> Result<Result<(), ProgramError>, LoadError> {
+    if hook.fentry {
+        // Loaded and attached as a fallback fentry program is, to its own function.
+        let as_fentry = Fallback {
+            program: hook.program,
+            function: hook.name,
+            kind: FallbackKind::Fentry,
+        };
+        return attach_fallback(ebpf, as_fentry, btf);
+    }
     let program = ebpf
         .program_mut(hook.program)
         .ok_or(LoadError::MissingProgram(hook.program))?;
@@ -382,19 +391,7 @@ fn attach(
         program: hook.program,
         source,
     };
-    if hook.fentry {
-        let program: &mut FEntry = program.try_into().map_err(wrap)?;
-        let Some(btf) = btf else {
-            return Ok(Err(ProgramError::IOError(std::io::Error::new(
-                std::io::ErrorKind::NotFound,
-                "no kernel BTF to load an fentry program against",
-            ))));
-        };
-        if let Err(e) = program.load(hook.name, btf) {
-            return Ok(Err(e));
-        }
-        Ok(program.attach().map(drop))
-    } else if hook.btf {
+    if hook.btf {
         let program: &mut BtfTracePoint = program.try_into().map_err(wrap)?;
         let Some(btf) = btf else {
             return Ok(Err(ProgramError::IOError(std::io::Error::new(
