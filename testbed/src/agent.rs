@@ -432,10 +432,20 @@ impl<'t> Agent<'t> {
     /// The agent's findings, odd stdout lines and stderr, for failure messages.
     pub fn diagnostics(&self) -> String {
         self.diagnosed.set(true);
+        // Whether the kernel's events all came: a verdict missing for want of its event
+        // reads differently from one judged otherwise.
+        let events = match http::get_ok(&self.netns, &self.listen, "/metrics") {
+            Ok(text) => text
+                .lines()
+                .filter(|l| l.starts_with("node_diag_events_"))
+                .collect::<Vec<_>>()
+                .join("\n"),
+            Err(e) => format!("(no /metrics: {e})"),
+        };
         let state = self.shared.lock();
         let findings: Vec<String> = state.findings.iter().map(Value::to_string).collect();
         format!(
-            "--- node-diag findings ({}) ---\n{}\n--- node-diag non-JSON stdout ---\n{}\n--- node-diag stderr ---\n{}",
+            "--- node-diag findings ({}) ---\n{}\n--- node-diag events ---\n{events}\n--- node-diag non-JSON stdout ---\n{}\n--- node-diag stderr ---\n{}",
             findings.len(),
             findings.join("\n"),
             state.garbage.join("\n"),

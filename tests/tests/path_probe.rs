@@ -380,6 +380,8 @@ fn tunnel_dropped_under_a_learned_neighbour_is_the_overlay() {
     let g = overlay_lost(&agent, &topo, "tcp_unreachable", flow);
     // Its SYNs waited for the neighbour long enough to be a timeout first: one attempt,
     // one verdict, so that timeout is superseded by the unreachable, not judged apart.
+    // (Whether the timeout's own path probe ended before the neighbour failed, and the
+    // superseded timeout says `overlay` rather than `unknown`, is a race of timers.)
     let timeout = agent.wait_finding(
         |f| {
             field(f, "kind") == "tcp_timeout"
@@ -388,16 +390,25 @@ fn tunnel_dropped_under_a_learned_neighbour_is_the_overlay() {
         },
         Duration::from_secs(1),
     );
-    assert_eq!(field(&timeout, "layer"), "unknown", "{timeout:#}");
+    assert!(
+        matches!(field(&timeout, "layer"), "unknown" | "overlay"),
+        "{timeout:#}"
+    );
     assert_eq!(g["evidence"]["drop_reason"], "NEIGH_FAILED", "{g:#}");
     let served = agent.findings_endpoint();
+    let standing: Vec<&Value> = served
+        .iter()
+        .filter(|s| flow_is(s, flow.src, flow.dst, flow.dport) && field(s, "status") == "active")
+        .collect();
     assert!(
-        !served
+        standing
             .iter()
-            .any(|s| flow_is(s, flow.src, flow.dst, flow.dport)
-                && field(s, "layer") == "cni_routing"
-                && field(s, "status") == "active"),
-        "a routing verdict stands beside the overlay: {served:#?}"
+            .any(|s| field(s, "kind") == "tcp_unreachable")
+            && !standing
+                .iter()
+                .any(|s| field(s, "kind") == "tcp_timeout" || field(s, "layer") == "cni_routing"),
+        "one attempt, one standing verdict (the unreachable), no timeout or routing verdict \
+         beside it: {standing:#?}"
     );
 }
 

@@ -414,6 +414,76 @@ fn dead_peer_bulk_transfer_is_a_stall_not_a_black_hole() {
     assert_eq!(agent.counter(BLACKHOLES), 0.0, "{}", agent.metrics_text());
 }
 
+/// The MSS the socket `local` of `netns` sends with now (`ss -ti`), if it exists.
+fn sender_mss(netns: &str, local: SocketAddrV4) -> Option<u32> {
+    let out = node_diag_tests::cmd::run_in(netns, &["ss", "-tinH", "src", &local.to_string()]);
+    out.split_whitespace()
+        .find_map(|t| t.strip_prefix("mss:"))
+        .and_then(|v| v.parse().ok())
+}
+
+/// The dead peer again, with `tcp_mtu_probing=1` in the sender's pod (Cilium sets it for
+/// its pods). After a few seconds of timeouts the kernel's black-hole detection shrinks
+/// the MSS and retries the segment smaller, as it does on a real black hole; but here the
+/// smaller segment vanishes too. Segments sent smaller are not a black hole masked by MTU
+/// probing unless the smaller one got through: this stays a stall, with no MTU finding.
+#[test]
+fn dead_peer_with_mtu_probing_on_is_a_stall_not_a_masked_black_hole() {
+    let topo = Topology::new();
+    topo.set_pod_mtu(1450);
+    ok(topo.sysctl(&topo.pod_a, "net.ipv4.tcp_mtu_probing=1"));
+    let agent = Agent::start_ready(&topo);
+    let port = 9119;
+    let sink = SinkServer::start(&topo.pod_b, topo.pod_b_addr(port));
+    let sender = BulkSender::start(&topo.pod_a, topo.pod_b_addr(port));
+    let flowing = Instant::now();
+    while sink.received() < 8 * 1024 * 1024 {
+        assert!(
+            flowing.elapsed() < Duration::from_secs(5) && !sender.ended(),
+            "bulk transfer not flowing: {} bytes received",
+            sink.received()
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    let mss_before = sender_mss(&topo.pod_a, sender.local).expect("the sender's socket");
+    let server = SocketAddrV4::new(topo.pod_b_ip, port);
+    topo.drop_forwarded_flow(&topo.node_b, sender.local, server);
+    let flow = pods_flow(&topo, port);
+    let stall = agent.wait_finding(kind_on_flow("tcp_stall", flow), Duration::from_secs(15));
+    assert_shape(&stall);
+
+    // The kernel's black-hole detection comes 3 s into the timeouts (6 s at the latest
+    // when a timer fires early): wait for the smaller segment, then for what follows it.
+    let budget = node_diag_tests::agent::scaled(Duration::from_secs(20));
+    let cut = Instant::now();
+    let shrunk = loop {
+        match sender_mss(&topo.pod_a, sender.local) {
+            Some(mss) if mss < mss_before => break mss,
+            _ if cut.elapsed() > budget => {
+                panic!("the sender's MSS stayed {mss_before}: MTU probing never shrank it")
+            }
+            _ => thread::sleep(Duration::from_millis(100)),
+        }
+    };
+    eprintln!(
+        "MSS {mss_before} -> {shrunk} {:?} after the stall",
+        cut.elapsed()
+    );
+    agent.expect_no_finding(is_mtu_kind, Duration::from_secs(4));
+    let served = agent.findings_endpoint();
+    let mtu: Vec<&Value> = served.iter().filter(|f| is_mtu_kind(f)).collect();
+    assert!(mtu.is_empty(), "GET /findings has MTU findings: {mtu:#?}");
+    let stalls: Vec<&Value> = served
+        .iter()
+        .filter(|f| kind_on_flow("tcp_stall", flow)(f))
+        .collect();
+    assert!(
+        stalls.iter().all(|f| field(f, "status") == "active"),
+        "the peer is still silent: the stall stands\n{stalls:#?}"
+    );
+    assert_eq!(agent.counter(BLACKHOLES), 0.0, "{}", agent.metrics_text());
+}
+
 /// A request smaller than the MSS sent to a peer that went silent: the sender retransmits
 /// that short segment on its backed-off RTO. That is a stall too (the head of a bulk
 /// transfer's queue is often such a segment, the tail of a partial write), and with a

@@ -6,6 +6,13 @@
 //! closed, or is gone; an agent that cannot ask keeps a quiet flow open for as long as
 //! the kernel's longest retransmission timeout, then lets it go.
 //!
+//! [`ShrinkConfirm`]: a stalled segment sent again smaller (`MSS_SHRUNK`) is a black
+//! hole that MTU probing masked only once the smaller segment got through. The kernel's
+//! black-hole detection shrinks the MSS of any flow stuck long enough, a dead peer's
+//! too; so the flow's socket is asked until it shows an ACK moved the flow (its RTO count
+//! back to 0) or its side closed in order, and a flow still waiting on its timeout a few
+//! seconds later stays the stall it was.
+//!
 //! [`StallRecheck`]: a stall the programs judged on a full-size segment without MTU
 //! evidence is judged again a moment later, from the evidence maps. The programs judge
 //! at the retransmit, and a forwarded segment's oversize drop or frag-needed comes
@@ -79,6 +86,86 @@ impl StallRecheck {
         let (due, later) = self.pending.drain(..).partition(|(at, _)| *at <= now);
         self.pending = later;
         due.into_iter().map(|(_, ev)| ev).collect()
+    }
+}
+
+/// How long a segment sent smaller has to show it got through: its ACK comes a round
+/// trip after it, and the next timeout of a flow still stuck seconds later.
+const SHRINK_CONFIRM: Duration = Duration::from_secs(3);
+/// Shrinks waiting to be confirmed; beyond, the oldest are given up (no finding).
+const MAX_SHRINKS: usize = 256;
+
+/// Segments sent smaller after a stall, waiting for their sockets to show they got
+/// through.
+#[derive(Default)]
+pub(super) struct ShrinkConfirm {
+    pending: Vec<(Instant, Event)>,
+}
+
+/// What became of a segment sent smaller.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Shrink {
+    /// An ACK moved the flow, or it closed its side in order: the smaller segment
+    /// crossed where the larger ones did not.
+    Through(Event),
+    /// Still waiting on its timeout when the time was up, or gone without saying: not
+    /// shown to be a black hole (a peer that went silent shrinks the same way).
+    NotShown(Event, &'static str),
+}
+
+impl ShrinkConfirm {
+    pub(super) fn push(&mut self, ev: Event, now: Instant) {
+        if self.pending.len() >= MAX_SHRINKS {
+            self.pending.remove(0);
+        }
+        self.pending.push((now, ev));
+    }
+
+    /// Asks the sockets of the pending shrinks (off the loop, in their namespaces) and
+    /// returns those settled.
+    pub(super) async fn check(&mut self) -> Vec<Shrink> {
+        if self.pending.is_empty() {
+            return Vec::new();
+        }
+        let mut by_netns: BTreeMap<u32, Vec<FlowKey>> = BTreeMap::new();
+        for (_, ev) in &self.pending {
+            by_netns.entry(ev.netns).or_default().push(ev.flow);
+        }
+        let answers: HashMap<FlowKey, Option<TcpProgress>> =
+            match tokio::task::spawn_blocking(move || ask_sockets(by_netns)).await {
+                Ok(answers) => answers.into_iter().collect(),
+                Err(_) => HashMap::new(),
+            };
+        let now = Instant::now();
+        let mut settled = Vec::new();
+        self.pending.retain(|(since, ev)| {
+            match settle(
+                *ev,
+                answers.get(&ev.flow).copied(),
+                now.duration_since(*since),
+            ) {
+                Some(s) => {
+                    settled.push(s);
+                    false
+                }
+                None => true,
+            }
+        });
+        settled
+    }
+}
+
+/// The fate of the shrink `ev`, `waited` after it, from its socket's answer (`None`: not
+/// asked or not answered; `Some(None)`: the socket is gone); `None` while undecided.
+fn settle(ev: Event, answer: Option<Option<TcpProgress>>, waited: Duration) -> Option<Shrink> {
+    match answer {
+        Some(Some(p)) if p.moved() => Some(Shrink::Through(ev)),
+        Some(None) => Some(Shrink::NotShown(ev, "the socket closed before it showed")),
+        _ if waited >= SHRINK_CONFIRM => Some(Shrink::NotShown(
+            ev,
+            "the smaller segment got no answer either",
+        )),
+        _ => None,
     }
 }
 
@@ -309,6 +396,51 @@ mod tests {
         let now = Instant::now();
         assert!(w.open(&[reported(100)], now).len() == 1);
         assert!(w.open(&[reported(200)], now).is_empty());
+    }
+
+    #[test]
+    fn a_shrink_is_a_masked_black_hole_only_once_the_smaller_segment_got_through() {
+        let ev = Event {
+            kind: event_kind::MSS_SHRUNK,
+            flow: reported(0).flow,
+            len: 1398,
+            mtu: 1024,
+            ..Event::default()
+        };
+        let ms = Duration::from_millis;
+        let with = |state: u8, rto_count: u8, unacked: u32| {
+            Some(Some(TcpProgress {
+                state,
+                rto_count,
+                unacked,
+                cgroup_id: None,
+            }))
+        };
+        // An ACK moved it (RTO count reset), or it closed in order (FIN_WAIT2, TIME_WAIT).
+        for answer in [with(1, 0, 12), with(1, 0, 0), with(5, 0, 0), with(6, 0, 0)] {
+            assert_eq!(
+                settle(ev, answer, ms(500)),
+                Some(Shrink::Through(ev)),
+                "{answer:?}"
+            );
+        }
+        // Still on its timeout: waits, then is not shown (a dead peer shrinks alike).
+        assert_eq!(settle(ev, with(1, 5, 1), ms(500)), None);
+        assert_eq!(settle(ev, None, ms(500)), None, "not answered yet");
+        for answer in [with(1, 5, 1), with(4, 5, 1), None] {
+            assert!(
+                matches!(
+                    settle(ev, answer, SHRINK_CONFIRM),
+                    Some(Shrink::NotShown(..))
+                ),
+                "{answer:?}"
+            );
+        }
+        // Gone without a word (an abort): not shown either.
+        assert!(matches!(
+            settle(ev, Some(None), ms(500)),
+            Some(Shrink::NotShown(..))
+        ));
     }
 
     #[test]

@@ -86,7 +86,7 @@ use tokio::{
 use tracing::{debug, info, warn};
 
 use self::{
-    blackholes::BlackholeWatch,
+    blackholes::{BlackholeWatch, Shrink},
     coalesce::Coalesce,
     conntrack_watch::ConntrackWatch,
     failing::Failing,
@@ -371,7 +371,10 @@ pub(crate) async fn run(opts: RunOptions) -> Result<(), AgentError> {
                 };
                 agent.on_event(kind, ev).await;
             }
-            _ = tick.tick() => agent.on_tick(!events.is_empty()),
+            _ = tick.tick() => {
+                agent.on_tick(!events.is_empty());
+                agent.confirm_shrinks().await;
+            }
             _ = mtu_tick.tick() => {
                 agent.refresh_mtu().await;
                 mtu_due.done(Instant::now());
@@ -452,6 +455,7 @@ struct Agent {
     inbound: inbound::InboundTracker,
     blackholes: BlackholeWatch,
     stalls: blackholes::StallRecheck,
+    shrinks: blackholes::ShrinkConfirm,
     path_probes: path_probe::PathProbes,
     rules: rule_watch::RuleWatch,
     /// Ring-buffer records that could not be decoded, and verdicts whose events never
@@ -556,6 +560,7 @@ impl Agent {
             inbound: inbound::InboundTracker::default(),
             blackholes: BlackholeWatch::default(),
             stalls: blackholes::StallRecheck::default(),
+            shrinks: blackholes::ShrinkConfirm::default(),
             path_probes: path_probe::PathProbes::new(path_probe::Limits {
                 window: Duration::from_secs(opts.path_probe_window),
                 ..Default::default()
@@ -726,7 +731,33 @@ impl Agent {
                 );
                 return;
             }
+            // Judged once the smaller segment shows it got through (`confirm_shrinks`).
+            self.shrinks.push(ev, Instant::now());
+            return;
         }
+        self.judge(kind, ev).await;
+    }
+
+    /// The segments sent smaller after a stall whose fate their sockets now show: those
+    /// that got through judged as the black holes MTU probing masked, the others left
+    /// the stalls they were.
+    async fn confirm_shrinks(&mut self) {
+        for shrink in self.shrinks.check().await {
+            match shrink {
+                Shrink::Through(ev) => self.judge(EventKind::MssShrunk, ev).await,
+                Shrink::NotShown(ev, why) => info!(
+                    dport = ev.flow.dport,
+                    mss_before = ev.len,
+                    mss_after = ev.mtu,
+                    why,
+                    "segment sent smaller by MTU probing, not shown to get through: the stall stands, no black hole"
+                ),
+            }
+        }
+    }
+
+    /// Judges the kernel verdict `ev` (see [`Self::on_event`]).
+    async fn judge(&mut self, kind: EventKind, ev: Event) {
         let translation = self.translator.translate(&ev, &self.maps).await;
         let drop_site = self.drop_site(kind, &ev, &translation).await;
         // Whether the evidence window was watched, before this event attaches anything.

@@ -28,6 +28,8 @@ const DIAG_MSG_LEN: usize = 72;
 /// The `enum tcp_state`s in which sent data can wait for its ACK: ESTABLISHED,
 /// FIN_WAIT1, CLOSE_WAIT, LAST_ACK, CLOSING.
 const SENDING_STATES: [u8; 5] = [1, 4, 8, 9, 11];
+/// FIN_WAIT2 and TIME_WAIT: the peer acknowledged everything this side sent.
+const CLOSED_IN_ORDER: [u8; 2] = [5, 6];
 
 /// What the kernel says of one TCP socket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +50,13 @@ impl TcpProgress {
     /// has covered since the timer fired.
     pub(crate) fn stuck(&self) -> bool {
         SENDING_STATES.contains(&self.state) && self.rto_count > 0 && self.unacked > 0
+    }
+
+    /// Whether an ACK moved the flow since its last timeout (which resets the RTO count),
+    /// or its side closed in order (all it sent, its FIN included, acknowledged).
+    pub(crate) fn moved(&self) -> bool {
+        CLOSED_IN_ORDER.contains(&self.state)
+            || (SENDING_STATES.contains(&self.state) && self.rto_count == 0)
     }
 }
 
@@ -93,10 +102,19 @@ fn parse(payload: &[u8]) -> Option<TcpProgress> {
             .find(|(kind, _)| *kind == want)
             .map(|(_, v)| v)
     };
-    let info = attr(INET_DIAG_INFO)?;
     let cgroup_id = attr(INET_DIAG_CGROUP_ID)
         .and_then(|v| v.get(..8)?.try_into().ok())
         .map(u64::from_ne_bytes);
+    let Some(info) = attr(INET_DIAG_INFO) else {
+        // A socket closed in order lives on as a time-wait entry, which has no
+        // `tcp_info`: nothing of it waits on a timer.
+        return CLOSED_IN_ORDER.contains(&state).then_some(TcpProgress {
+            state,
+            rto_count: 0,
+            unacked: 0,
+            cgroup_id,
+        });
+    };
     let u32_at = |off: usize| {
         info.get(off..off + 4)
             .and_then(|b| b.try_into().ok())
@@ -172,11 +190,25 @@ mod tests {
             .expect("the client's socket");
         assert_eq!(p.state, 1, "established");
         assert!(!p.stuck(), "{p:?}");
+        assert!(p.moved(), "{p:?}");
         drop((client, accepted));
         let gone = "127.0.0.1:9".parse().unwrap();
         assert_eq!(
             tcp_progress(libc::AF_INET as u8, gone, server).unwrap(),
             None
         );
+    }
+
+    #[test]
+    fn a_time_wait_entry_without_tcp_info_is_closed_in_order() {
+        // `inet_diag_msg`: family, state (TIME_WAIT), timer, retrans, then the rest.
+        let mut payload = vec![0u8; DIAG_MSG_LEN];
+        payload[0] = libc::AF_INET as u8;
+        payload[1] = 6;
+        let p = parse(&payload).expect("a time-wait entry");
+        assert!(p.moved() && !p.stuck(), "{p:?}");
+        // Any other state without `tcp_info` says nothing.
+        payload[1] = 1;
+        assert_eq!(parse(&payload), None);
     }
 }
