@@ -46,6 +46,7 @@ pub(super) const KERNEL_SUBSET: &[&str] = &[
     "doctor_has_every_program_accepted_and_reads_as_this_kernel_allows",
     // verdicts
     "dead_peer_bulk_transfer_is_a_stall_not_a_black_hole",
+    "dead_peer_with_mtu_probing_on_is_a_stall_not_a_masked_black_hole",
     "local_reject_with_tcp_reset_is_this_nodes_firewall",
     "remote_icmp_port_unreachable_is_a_firewall_not_the_listener",
     "abandoned_connect_with_local_drop_is_a_timeout",
