@@ -704,6 +704,15 @@ impl Agent {
     /// resolves the timeout it had been reported as, and a refusal or unreachable ending
     /// that attempt supersedes it.
     async fn on_event(&mut self, kind: EventKind, ev: Event) {
+        debug!(
+            ?kind,
+            sport = ev.flow.sport,
+            dport = ev.flow.dport,
+            count = ev.count,
+            len = ev.len,
+            mtu = ev.mtu,
+            "kernel event"
+        );
         if kind == EventKind::InboundSynDropped {
             self.on_inbound(&ev);
             return;
