@@ -17,6 +17,7 @@
 //!   reads an HTTP endpoint there.
 //! - [`cmd`], [`process`]: commands and child processes that panic with what ran.
 //! - [`finding`]: reading and checking the agent's findings.
+//! - [`policy`]: a policy controller's rules (a pod's ingress chain, or `FORWARD`).
 //! - [`kube_proxy`]: a Service's rules as kube-proxy writes them (iptables through
 //!   either backend, or nftables), installed into a namespace.
 //! - [`tunnel`]: creating tunnel devices the kernel may lack, skipping (or, where
@@ -44,6 +45,7 @@
 
 pub mod agent;
 pub mod finding;
+pub mod policy;
 pub mod tcp;
 pub mod tunnel;
 

@@ -23,7 +23,7 @@ use node_diag_testbed::pki::{TempDir, make_pki};
 use node_diag_tests::finding::{field, flow_is};
 use node_diag_tests::{
     Agent, ConnectOutcome, ServerMode, TcpServer, Topology, cmd, in_netns, node_diag_bin, ok,
-    tcp_connect, unique_name,
+    policy, tcp_connect, unique_name,
 };
 use serde_json::Value;
 use socket2::Socket;
@@ -31,9 +31,6 @@ use socket2::Socket;
 const NODES: [&str; 3] = ["node-a", "node-b", "node-c"];
 /// Long enough for a connect's SYN and its retransmits at 1 s and 3 s.
 const TIMING_OUT: Duration = Duration::from_secs(4);
-const COMMENT: &str = "np default/deny-db";
-/// Calico names a workload's ingress policy chain after its interface.
-const CHAIN: &str = "cali-tw-vpod0";
 
 /// The testbed topology, its cluster network around node A, node B and a third node.
 fn cluster() -> (Topology, ClusterNet) {
@@ -231,33 +228,6 @@ fn three_agents_make_one_stream_and_a_down_agent_is_named() {
     assert_eq!(nodes, NODES[..2].iter().copied().collect(), "{lines:#?}");
 }
 
-/// Node B's Calico-style ingress policy for pod B: what leaves by pod B's veth goes
-/// through `cali-tw-vpod0`, whose rule drops TCP to `port`.
-fn ingress_policy_on_node_b(topo: &Topology, port: u16) {
-    let port = port.to_string();
-    let ipt = |args: &[&str]| {
-        let mut argv = vec!["iptables-nft"];
-        argv.extend_from_slice(args);
-        cmd::run_in(&topo.node_b, &argv);
-    };
-    ipt(&["-N", CHAIN]);
-    ipt(&["-A", "FORWARD", "-o", "vpod0", "-j", CHAIN]);
-    ipt(&[
-        "-A",
-        CHAIN,
-        "-p",
-        "tcp",
-        "--dport",
-        &port,
-        "-m",
-        "comment",
-        "--comment",
-        COMMENT,
-        "-j",
-        "DROP",
-    ]);
-}
-
 fn is_kind_to(f: &Value, kind: &str, topo: &Topology, port: u16) -> bool {
     field(f, "kind") == kind && flow_is(f, topo.pod_a_ip, topo.pod_b_ip, port)
 }
@@ -291,7 +261,8 @@ fn a_policy_drop_on_node_b_joins_the_clients_timeout_on_node_a() {
     let (joined_port, control_port) = (9431, 9432);
     let _server = TcpServer::start(&topo.pod_b, topo.pod_b_addr(joined_port), ServerMode::Echo);
     let _control = TcpServer::start(&topo.pod_b, topo.pod_b_addr(control_port), ServerMode::Echo);
-    ingress_policy_on_node_b(&topo, joined_port);
+    // Node B's Calico-style ingress policy for pod B drops TCP to the port.
+    policy::ingress(&topo.node_b, "iptables-nft", joined_port, &["DROP"]);
     cmd::run_in(
         &topo.pod_b,
         &[
@@ -357,7 +328,7 @@ fn a_policy_drop_on_node_b_joins_the_clients_timeout_on_node_a() {
     assert_eq!(e["drop_node"], "node-b", "{j:#}");
     assert_eq!(e["drop_reason"], "NETFILTER_DROP", "{j:#}");
     assert_eq!(e["policy"], "default/deny-db", "{j:#}");
-    assert_eq!(e["rule"]["chain"], CHAIN, "{j:#}");
+    assert_eq!(e["rule"]["chain"], policy::INGRESS_CHAIN, "{j:#}");
     assert_eq!(e["pod_interface"], "vpod0", "{j:#}");
     assert_eq!(j["joined"]["client"]["id"], client["id"], "{j:#}");
     assert_eq!(j["joined"]["client"]["node"], "node-a", "{j:#}");

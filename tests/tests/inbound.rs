@@ -18,15 +18,12 @@ use std::time::{Duration, Instant};
 
 use node_diag_tests::finding::{field, flow_is};
 use node_diag_tests::{
-    Agent, ConnectOutcome, ServerMode, TcpServer, Topology, cmd, in_netns, spawn_in_netns,
+    Agent, ConnectOutcome, ServerMode, TcpServer, Topology, cmd, in_netns, policy, spawn_in_netns,
     tcp_connect,
 };
 use serde_json::Value;
 
 const KIND: &str = "tcp_syn_dropped";
-const COMMENT: &str = "np default/deny-db";
-/// Calico names a workload's ingress policy chain after its interface.
-const CHAIN: &str = "cali-tw-vpod0";
 const INBOUND_FINDINGS: &str = r#"node_diag_findings_total{kind="tcp_syn_dropped",layer="firewall",severity="warning",namespace=""}"#;
 const NETFILTER_DROPS: &str = r#"node_diag_drops_total{reason="NETFILTER_DROP"}"#;
 /// Long enough for a connect's SYN and its retransmits at 1 s and 3 s.
@@ -42,38 +39,9 @@ fn inbound_on(flow: (Ipv4Addr, Ipv4Addr, u16)) -> impl Fn(&Value) -> bool {
     move |f| any_inbound(f) && flow_is(f, flow.0, flow.1, flow.2)
 }
 
-/// Node A's Calico-style ingress policy for pod A: FORWARD sends what leaves by pod A's
-/// veth through `cali-tw-vpod0`, whose rule ends TCP to `port` with `target` (`DROP`,
-/// `REJECT`, plus its options).
+/// Node A's Calico-style ingress policy for pod A (see [`policy::ingress`]).
 fn ingress_policy(topo: &Topology, port: u16, target: &[&str]) {
-    ingress_policy_with("iptables-nft", topo, port, target);
-}
-
-/// [`ingress_policy`] through `tool` (`ip6tables-nft` for IPv6).
-fn ingress_policy_with(tool: &'static str, topo: &Topology, port: u16, target: &[&str]) {
-    let port = port.to_string();
-    let ipt = |args: &[&str]| {
-        let mut argv = vec![tool];
-        argv.extend_from_slice(args);
-        cmd::run_in(&topo.node_a, &argv);
-    };
-    ipt(&["-N", CHAIN]);
-    ipt(&["-A", "FORWARD", "-o", "vpod0", "-j", CHAIN]);
-    let mut rule = vec![
-        "-A",
-        CHAIN,
-        "-p",
-        "tcp",
-        "--dport",
-        &port,
-        "-m",
-        "comment",
-        "--comment",
-        COMMENT,
-        "-j",
-    ];
-    rule.extend_from_slice(target);
-    ipt(&rule);
+    policy::ingress(&topo.node_a, "iptables-nft", port, target);
 }
 
 /// Polls `/findings` until the inbound finding on `flow` passes `pred`; panics with what
@@ -148,8 +116,8 @@ fn syn_dropped_by_an_ingress_policy_is_an_inbound_firewall_finding() {
     assert_eq!(e["action"], "drop", "{f:#}");
     assert_eq!(e["policy"], "default/deny-db", "{f:#}");
     let rule = &e["rule"];
-    assert_eq!(rule["chain"], CHAIN, "{f:#}");
-    assert_eq!(rule["comment"], COMMENT, "{f:#}");
+    assert_eq!(rule["chain"], policy::INGRESS_CHAIN, "{f:#}");
+    assert_eq!(rule["comment"], policy::COMMENT, "{f:#}");
     assert_eq!(rule["verdict"], "drop", "{f:#}");
     assert!(f["count"].as_u64() >= Some(2), "{f:#}");
     assert!(field(&f, "summary").contains("timing out"), "{f:#}");
@@ -245,7 +213,7 @@ fn syn_reset_by_an_ingress_policy_is_named_a_reject_by_its_rule() {
     let e = &named["evidence"];
     assert_eq!(e["action"], "reject", "{named:#}");
     assert_eq!(e["rule"]["verdict"], "reject", "{named:#}");
-    assert_eq!(e["rule"]["chain"], CHAIN, "{named:#}");
+    assert_eq!(e["rule"]["chain"], policy::INGRESS_CHAIN, "{named:#}");
     assert_eq!(served_inbound(&agent).len(), 1);
 }
 
@@ -475,7 +443,7 @@ fn an_ipv6_ingress_policy_drop_is_the_same_inbound_finding() {
     let port = 9420;
     let addr = SocketAddr::new(POD_A_V6.into(), port);
     let server = TcpServer::start(&topo.pod_a, addr, ServerMode::Echo);
-    ingress_policy_with("ip6tables-nft", &topo, port, &["DROP"]);
+    policy::ingress(&topo.node_a, "ip6tables-nft", port, &["DROP"]);
 
     let outcome = tcp_connect(&topo.pod_b, addr, TIMING_OUT);
     assert!(matches!(outcome, ConnectOutcome::TimedOut), "{outcome:?}");

@@ -12,11 +12,11 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use node_diag_tests::finding::{assert_shape, field, flow_is};
+use node_diag_tests::policy::{self, COMMENT};
 use node_diag_tests::{Agent, ConnectOutcome, ServerMode, TcpServer, Topology, cmd, tcp_connect};
 use serde_json::Value;
 
 const STEP: Duration = Duration::from_secs(3);
-const COMMENT: &str = "np default/deny-db";
 
 fn on_flow(kind: &'static str, flow: (Ipv4Addr, Ipv4Addr, u16)) -> impl Fn(&Value) -> bool {
     move |f| field(f, "kind") == kind && flow_is(f, flow.0, flow.1, flow.2)
@@ -93,26 +93,10 @@ fn rulesets(topo: &Topology) -> Vec<String> {
         .to_vec()
 }
 
+/// A policy controller's rule ending TCP to `port` with `target`, straight in
+/// `FORWARD` (see [`policy::rule`]).
 fn iptables(netns: &str, tool: &str, port: u16, target: &str) {
-    let port = port.to_string();
-    cmd::run_in(
-        netns,
-        &[
-            tool,
-            "-A",
-            "FORWARD",
-            "-p",
-            "tcp",
-            "--dport",
-            &port,
-            "-m",
-            "comment",
-            "--comment",
-            COMMENT,
-            "-j",
-            target,
-        ],
-    );
+    policy::rule(netns, tool, "FORWARD", port, &[target]);
 }
 
 /// kube-proxy-era nodes: a policy controller's REJECT through iptables-nft, in node
