@@ -17,7 +17,7 @@ mod local_drops {
     use node_diag_testbed::cni::{self as shapes, FLANNEL_IF};
     use node_diag_tests::finding::{assert_shape, field, flow_is};
     use node_diag_tests::{
-        Agent, ConnectOutcome, ServerMode, TcpServer, Topology, ok, tcp_connect,
+        Agent, ConnectOutcome, ServerMode, TcpServer, Topology, cmd, ok, tcp_connect,
     };
     use serde_json::Value;
 
@@ -54,11 +54,22 @@ mod local_drops {
         f
     }
 
-    /// Whether this kernel's `skb:kfree_skb` carries a drop reason (its tracefs format,
-    /// mounted by the running agent), as the agent probes it.
+    /// Whether this kernel's `skb:kfree_skb` carries a drop reason (its tracefs format),
+    /// as the agent probes it. The agent mounts tracefs in its own mount namespace (`ip
+    /// netns exec` gives it one), so where the host has none mounted this mounts one for
+    /// the read and unmounts it after.
     fn kfree_skb_has_reasons() -> bool {
-        std::fs::read_to_string("/sys/kernel/tracing/events/skb/kfree_skb/format")
-            .expect("kfree_skb's format (tracefs mounted by the agent)")
+        const TRACEFS: &str = "/sys/kernel/tracing";
+        let format = format!("{TRACEFS}/events/skb/kfree_skb/format");
+        let mounted_here = !std::path::Path::new(TRACEFS).join("events").exists();
+        if mounted_here {
+            cmd::run(&["mount", "-t", "tracefs", "nodev", TRACEFS]);
+        }
+        let read = std::fs::read_to_string(&format);
+        if mounted_here {
+            cmd::run(&["umount", TRACEFS]);
+        }
+        read.expect("kfree_skb's tracefs format")
             .contains("reason;")
     }
 
