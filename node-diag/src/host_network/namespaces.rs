@@ -303,32 +303,39 @@ pub(crate) fn local_node_from(links: Vec<Link>) -> Result<LocalNode, NetlinkErro
     })
 }
 
+/// Moves the calling thread into the namespace pinned by `file`, once the file is seen
+/// to pin it still: a /proc/<pid> entry may now belong to another process than when it
+/// was listed. Only for threads of this module's own, which exit when done.
+fn enter(file: &NetnsFile) -> Result<(), NetnsError> {
+    let path = || file.path.display().to_string();
+    let fd = File::open(&file.path).map_err(|source| NetnsError::Enter {
+        path: path(),
+        source,
+    })?;
+    if fd.metadata().map(|m| m.ino() as u32).ok() != Some(file.inode) {
+        return Err(NetnsError::Gone(path()));
+    }
+    // SAFETY: `fd` is an open namespace file; CLONE_NEWNET only moves the calling
+    // thread, a fresh one of [`in_netns`] or [`in_each_netns`] that exits after its work.
+    if unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        return Err(NetnsError::Enter {
+            path: path(),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(())
+}
+
 /// Runs `f` on a fresh thread inside the namespace pinned by `file`.
 pub(crate) fn in_netns<T: Send>(
     file: &NetnsFile,
     f: impl FnOnce() -> T + Send,
 ) -> Result<T, NetnsError> {
-    let path = file.path.display().to_string();
-    let fd = File::open(&file.path).map_err(|source| NetnsError::Enter {
-        path: path.clone(),
-        source,
-    })?;
-    // A /proc/<pid> entry may now belong to another process than when it was listed.
-    if fd.metadata().map(|m| m.ino() as u32).ok() != Some(file.inode) {
-        return Err(NetnsError::Gone(path));
-    }
     thread::scope(|s| {
         let handle = thread::Builder::new()
             .name("netns-reader".into())
             .spawn_scoped(s, || {
-                // SAFETY: `fd` is an open namespace file; CLONE_NEWNET only moves this
-                // thread, which exits when `f` returns.
-                if unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                    return Err(NetnsError::Enter {
-                        path: path.clone(),
-                        source: std::io::Error::last_os_error(),
-                    });
-                }
+                enter(file)?;
                 Ok(f())
             })
             .map_err(NetnsError::Thread)?;
@@ -348,24 +355,7 @@ pub(crate) fn in_each_netns<T: Send>(
         files
             .iter()
             .map(|file| {
-                let path = file.path.display().to_string();
-                let fd = File::open(&file.path).map_err(|source| NetnsError::Enter {
-                    path: path.clone(),
-                    source,
-                })?;
-                // A /proc/<pid> entry may now belong to another process than when it was
-                // listed.
-                if fd.metadata().map(|m| m.ino() as u32).ok() != Some(file.inode) {
-                    return Err(NetnsError::Gone(path));
-                }
-                // SAFETY: `fd` is an open namespace file; CLONE_NEWNET only moves this
-                // thread, which enters each namespace in turn and exits after the last.
-                if unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                    return Err(NetnsError::Enter {
-                        path,
-                        source: std::io::Error::last_os_error(),
-                    });
-                }
+                enter(file)?;
                 Ok(f())
             })
             .collect::<Vec<_>>()
