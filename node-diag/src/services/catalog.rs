@@ -212,14 +212,27 @@ mod tests {
         s.parse().unwrap()
     }
 
-    #[test]
-    fn merge_joins_families_and_keeps_marks() {
+    /// A dual-stack Service's IPv4 rules: `default/web:http`, a frontend and a backend.
+    fn ipv4_rules() -> ServiceCatalog {
         let mut v4 = ServiceCatalog::new();
         v4.add_frontend("default/web:http", 6, sa("10.96.0.20:80"));
         v4.add_backend("default/web:http", 6, sa("10.244.1.5:8080"));
+        v4
+    }
+
+    /// Its IPv6 rules: the same Service's IPv6 frontend, and `default/empty` without
+    /// endpoints.
+    fn ipv6_rules() -> ServiceCatalog {
         let mut v6 = ServiceCatalog::new();
         v6.add_frontend("default/web:http", 6, sa("[fd00:96::20]:80"));
         v6.mark_no_endpoints("default/empty", 6, None);
+        v6
+    }
+
+    #[test]
+    fn merge_joins_families_and_keeps_marks() {
+        let mut v4 = ipv4_rules();
+        let v6 = ipv6_rules();
         v4.merge(&v6);
         assert_eq!(v4.len(), 2);
         assert_eq!(v4.no_endpoints_count(), 1);
@@ -236,10 +249,7 @@ mod tests {
 
     #[test]
     fn one_ruleset_with_services_is_shared_not_copied() {
-        let mut v4 = ServiceCatalog::new();
-        v4.add_frontend("default/web:http", 6, sa("10.96.0.20:80"));
-        v4.add_backend("default/web:http", 6, sa("10.244.1.5:8080"));
-        let v4 = Arc::new(v4);
+        let v4 = Arc::new(ipv4_rules());
         let empty = Arc::new(ServiceCatalog::new());
         let merged = ServiceCatalog::merged(&[&empty, &v4, &empty]);
         assert!(
@@ -259,13 +269,7 @@ mod tests {
 
     #[test]
     fn two_rulesets_with_services_merge_into_a_catalog_of_their_own() {
-        let mut v4 = ServiceCatalog::new();
-        v4.add_frontend("default/web:http", 6, sa("10.96.0.20:80"));
-        v4.add_backend("default/web:http", 6, sa("10.244.1.5:8080"));
-        let mut v6 = ServiceCatalog::new();
-        v6.add_frontend("default/web:http", 6, sa("[fd00:96::20]:80"));
-        v6.mark_no_endpoints("default/empty", 6, None);
-        let (v4, v6) = (Arc::new(v4), Arc::new(v6));
+        let (v4, v6) = (Arc::new(ipv4_rules()), Arc::new(ipv6_rules()));
         let merged = ServiceCatalog::merged(&[&v4, &v6]);
         assert!(!Arc::ptr_eq(&merged, &v4) && !Arc::ptr_eq(&merged, &v6));
         assert_eq!(merged.len(), 2);
