@@ -325,6 +325,21 @@ impl Drop for BulkSender {
     }
 }
 
+/// Waits until `sender` has pushed 8 MiB into `sink` (the transfer runs at full size);
+/// panics after 5 s or if the sender's connection failed.
+fn wait_flowing(sink: &SinkServer, sender: &BulkSender) {
+    let flowing = Instant::now();
+    while sink.received() < 8 * 1024 * 1024 {
+        assert!(
+            flowing.elapsed() < Duration::from_secs(5) && !sender.ended(),
+            "bulk transfer not flowing: {} bytes received, {} sent",
+            sink.received(),
+            sender.sent()
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn is_mtu_kind(f: &Value) -> bool {
     matches!(
         field(f, "kind"),
@@ -345,16 +360,7 @@ fn dead_peer_bulk_transfer_is_a_stall_not_a_black_hole() {
     let sender = BulkSender::start(&topo.pod_a, topo.pod_b_addr(port));
 
     // The transfer runs at full size before the peer goes away.
-    let flowing = Instant::now();
-    while sink.received() < 8 * 1024 * 1024 {
-        assert!(
-            flowing.elapsed() < Duration::from_secs(5) && !sender.ended(),
-            "bulk transfer not flowing: {} bytes received, {} sent",
-            sink.received(),
-            sender.sent()
-        );
-        thread::sleep(Duration::from_millis(20));
-    }
+    wait_flowing(&sink, &sender);
     let server = SocketAddrV4::new(topo.pod_b_ip, port);
     topo.drop_forwarded_flow(&topo.node_b, sender.local, server);
     let cut = Instant::now();
@@ -436,15 +442,7 @@ fn dead_peer_with_mtu_probing_on_is_a_stall_not_a_masked_black_hole() {
     let port = 9119;
     let sink = SinkServer::start(&topo.pod_b, topo.pod_b_addr(port));
     let sender = BulkSender::start(&topo.pod_a, topo.pod_b_addr(port));
-    let flowing = Instant::now();
-    while sink.received() < 8 * 1024 * 1024 {
-        assert!(
-            flowing.elapsed() < Duration::from_secs(5) && !sender.ended(),
-            "bulk transfer not flowing: {} bytes received",
-            sink.received()
-        );
-        thread::sleep(Duration::from_millis(20));
-    }
+    wait_flowing(&sink, &sender);
     let mss_before = sender_mss(&topo.pod_a, sender.local).expect("the sender's socket");
     let server = SocketAddrV4::new(topo.pod_b_ip, port);
     topo.drop_forwarded_flow(&topo.node_b, sender.local, server);
