@@ -373,8 +373,9 @@ fn tunnel_dropped_under_a_learned_neighbour_is_the_overlay() {
     let topo = Topology::new();
     let (agent, flow, _server) = tunnel_dropped(&topo, 9307);
     let outcome = tcp_connect(&topo.pod_a, flow.addr(), Duration::from_secs(6));
+    // EHOSTUNREACH, or the hang-up without an errno Debian's 6.1 under emulation shows.
     assert!(
-        matches!(outcome, ConnectOutcome::Unreachable(113)),
+        outcome.is_icmp_failure(),
         "the connect must find no neighbour: {outcome:?}"
     );
     let g = overlay_lost(&agent, &topo, "tcp_unreachable", flow);
