@@ -114,8 +114,8 @@ enum Command {
             namespace, read from its rules alone: no API credentials, nothing changed.\n\n\
             Reads every ruleset present: the nft-backed iptables (iptables-nft-save, \
             ip6tables-nft-save, or iptables-save where those do not exist), the legacy \
-            iptables when legacy tables are in use, and nftables (nft -j list table \
-            ip/ip6 kube-proxy). Each Service port is named as kube-proxy names it \
+            iptables when legacy tables are in use, and nftables' table ip/ip6 \
+            kube-proxy (its maps by nft -j list map, its rules by a netlink dump). Each Service port is named as kube-proxy names it \
             (namespace/name:port-name, or namespace/name for an unnamed port), with its \
             ClusterIP, external and load-balancer IPs, its endpoints, or \"no endpoints\" \
             when kube-proxy rejects it for lack of any. Then what came of each ruleset.\n\n\

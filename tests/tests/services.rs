@@ -125,10 +125,8 @@ fn catalog_in(mode: Mode) {
 
     let (read, absent) = match mode {
         Mode::Iptables(IptablesBackend::Nft) => ("iptables-nft-save", "iptables-legacy-save"),
-        Mode::Iptables(IptablesBackend::Legacy) => {
-            ("iptables-legacy-save", "nft -j list table ip kube-proxy")
-        }
-        Mode::Nftables => ("nft -j list table ip kube-proxy", "iptables-legacy-save"),
+        Mode::Iptables(IptablesBackend::Legacy) => ("iptables-legacy-save", "nft ip kube-proxy"),
+        Mode::Nftables => ("nft ip kube-proxy", "iptables-legacy-save"),
     };
     assert_eq!(source_status(&r, read), "read", "{r:#}");
     assert_eq!(source_status(&r, absent), "absent", "{r:#}");

@@ -5,8 +5,10 @@
 //!
 //! - `sources`: [`read`] runs the dump tools present (`iptables-nft-save` /
 //!   `ip6tables-nft-save` or plain `iptables-save`, the legacy ones when legacy tables
-//!   are in use, `nft -j list table {ip,ip6} kube-proxy`), each with a deadline, and
-//!   records what became of each ([`Source`]).
+//!   are in use, table `{ip,ip6} kube-proxy`'s maps by `nft -j list map`), each with a
+//!   deadline, and records what became of each ([`Source`]).
+//! - `nft_netlink`: the `dnat` targets of kube-proxy's nftables rules, dumped over
+//!   netlink (`nft` would fetch every anonymous set first: seconds at 20,000 Services).
 //! - `iptables`, `nftables`: one parser per kube-proxy mode. Each takes the few rule
 //!   shapes that name a Service and skips everything else, so an odd rule costs only
 //!   itself.
@@ -54,6 +56,7 @@ mod fixtures;
 mod follow;
 mod iptables;
 pub(crate) mod netfilter_rules;
+mod nft_netlink;
 mod nftables;
 mod report;
 mod sources;
@@ -97,7 +100,7 @@ impl ServiceCatalog {
         iptables::parse(text)
     }
 
-    /// Parses `nft -j list table ip kube-proxy` (or `ip6`) output.
+    /// Parses `nft -j list map ... kube-proxy ...` or `nft -j list table {ip,ip6} kube-proxy` output.
     ///
     /// # Errors
     ///

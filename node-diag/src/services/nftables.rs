@@ -1,5 +1,6 @@
-//! kube-proxy's nftables mode, read back from `nft -j list table ip kube-proxy` (or
-//! `ip6`).
+//! kube-proxy's nftables mode, read back from table `ip kube-proxy` (or `ip6`): its maps
+//! from `nft -j list map`, its endpoint chains' rules from a netlink rule dump
+//! ([`super::nft_netlink`]); `nft -j list table` output, which holds both, parses too.
 //!
 //! What is taken:
 //!
@@ -27,11 +28,20 @@ use tracing::debug;
 use super::{
     ServicesError,
     catalog::{ServiceCatalog, is_service_port_name},
+    nft_netlink::Dnat,
     proto_number,
 };
 
 /// kube-proxy's table, in both families.
-const TABLE: &str = "kube-proxy";
+pub(crate) const TABLE: &str = "kube-proxy";
+
+/// The maps the catalog reads, each printed alone by `nft -j list map` (see
+/// [`super::nft_netlink`] for why not the whole table).
+pub(crate) const MAPS: [&str; 3] = [
+    "service-ips",
+    "no-endpoint-services",
+    "no-endpoint-nodeports",
+];
 
 /// Prefixes of the per-Service and per-endpoint chains kube-proxy names after the
 /// Service port.
@@ -165,16 +175,9 @@ fn read_rule(rule: &Value, catalog: &mut ServiceCatalog) {
     let Some(chain) = rule.get("chain").and_then(Value::as_str) else {
         return;
     };
-    if !chain.starts_with(ENDPOINT_CHAIN_PREFIX) {
+    if !is_endpoint_chain(chain) {
         return;
     }
-    let Some((name, proto)) = service_of_chain(chain, &[ENDPOINT_CHAIN_PREFIX]) else {
-        debug!(
-            chain,
-            "nft: skipped an endpoint chain whose name does not parse"
-        );
-        return;
-    };
     let exprs = rule.get("expr").and_then(Value::as_array);
     for dnat in exprs.into_iter().flatten().filter_map(|e| e.get("dnat")) {
         let addr = dnat
@@ -182,9 +185,35 @@ fn read_rule(rule: &Value, catalog: &mut ServiceCatalog) {
             .and_then(Value::as_str)
             .and_then(|a| a.parse::<IpAddr>().ok());
         match (addr, dnat.get("port").and_then(port_of)) {
-            (Some(ip), Some(port)) => catalog.add_backend(&name, proto, SocketAddr::new(ip, port)),
+            (Some(ip), Some(port)) => add_backend(chain, SocketAddr::new(ip, port), catalog),
             _ => debug!(chain, %dnat, "nft: skipped a dnat of an unexpected shape"),
         }
+    }
+}
+
+/// Whether `chain` is one of kube-proxy's per-endpoint chains, whose `dnat` names a
+/// backend.
+pub(crate) fn is_endpoint_chain(chain: &str) -> bool {
+    chain.starts_with(ENDPOINT_CHAIN_PREFIX)
+}
+
+/// Adds the backends that the `dnat` rules of kube-proxy's endpoint chains name (read
+/// from a rule dump, see [`super::nft_netlink`]).
+pub(crate) fn add_backends(dnats: &[Dnat], catalog: &mut ServiceCatalog) {
+    for dnat in dnats.iter().filter(|d| is_endpoint_chain(&d.chain)) {
+        add_backend(&dnat.chain, dnat.to, catalog);
+    }
+}
+
+/// A `dnat to addr` in endpoint chain `chain`: a backend of the Service port the chain
+/// is named after.
+fn add_backend(chain: &str, addr: SocketAddr, catalog: &mut ServiceCatalog) {
+    match service_of_chain(chain, &[ENDPOINT_CHAIN_PREFIX]) {
+        Some((name, proto)) => catalog.add_backend(&name, proto, addr),
+        None => debug!(
+            chain,
+            "nft: skipped an endpoint chain whose name does not parse"
+        ),
     }
 }
 

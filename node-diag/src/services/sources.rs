@@ -12,7 +12,11 @@ use std::{
 use serde::Serialize;
 use tracing::debug;
 
-use super::{ServiceCatalog, ServicesError};
+use super::{
+    ServiceCatalog, ServicesError,
+    nft_netlink::{self, Family},
+    nftables,
+};
 
 /// How long one dump may take. `iptables-save` of a large cluster (tens of thousands of
 /// rules) takes about a second; past this something is stuck (the xtables lock, a hung
@@ -26,7 +30,7 @@ const SBIN_DIRS: [&str; 3] = ["/usr/sbin", "/sbin", "/usr/local/sbin"];
 /// One place the catalog is read from, and what came of it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub(crate) struct Source {
-    /// The command, as run: `iptables-nft-save`, `nft -j list table ip kube-proxy`...
+    /// The command, as run (`iptables-nft-save`...), or the table (`nft ip kube-proxy`).
     pub(crate) name: String,
     #[serde(flatten)]
     pub(crate) status: SourceStatus,
@@ -60,15 +64,10 @@ impl Source {
     }
 }
 
-enum Parser {
-    Iptables,
-    Nft,
-}
-
 /// Reads every kube-proxy ruleset in the calling thread's network namespace: the
 /// nft-backed iptables (`iptables-nft-save`, `ip6tables-nft-save`, or plain
 /// `iptables-save` where the `-nft` ones do not exist), the legacy iptables when legacy
-/// tables are in use, and `nft -j list table {ip,ip6} kube-proxy`; merged into one
+/// tables are in use, and kube-proxy's nftables tables `{ip,ip6} kube-proxy`; merged into one
 /// catalog, with what became of each source.
 ///
 /// Missing tools and tables are not errors. To read another namespace, call it from a
@@ -105,7 +104,7 @@ pub(crate) enum Kind {
     /// `iptables-legacy-save`: x_tables, which send no notification.
     IptablesLegacy4,
     IptablesLegacy6,
-    /// `nft -j list table ip kube-proxy`.
+    /// Table `ip kube-proxy`: its maps by `nft -j list map`, its rules by netlink.
     Nft4,
     Nft6,
 }
@@ -135,7 +134,7 @@ pub(crate) fn read_one(kind: Kind) -> (ServiceCatalog, Source) {
                 Some(path) => (nft_tool, Some(path)),
                 None => (plain_tool, find_tool(plain_tool)),
             };
-            dump(name, path, &[], Parser::Iptables, &mut catalog)
+            dump(name, path, &[], &mut catalog)
         }
         Kind::IptablesLegacy4 | Kind::IptablesLegacy6 => {
             let (tool, names_file) = if kind == Kind::IptablesLegacy4 {
@@ -152,19 +151,68 @@ pub(crate) fn read_one(kind: Kind) -> (ServiceCatalog, Source) {
                     if legacy_table_names(names_file).is_empty() {
                         Source::new(tool, SourceStatus::Absent)
                     } else {
-                        dump(tool, Some(path), &[], Parser::Iptables, &mut catalog)
+                        dump(tool, Some(path), &[], &mut catalog)
                     }
                 }
             }
         }
-        Kind::Nft4 | Kind::Nft6 => {
-            let family = if kind == Kind::Nft4 { "ip" } else { "ip6" };
-            let args = ["-j", "list", "table", family, "kube-proxy"];
-            let name = format!("nft {}", args.join(" "));
-            dump(&name, find_tool("nft"), &args, Parser::Nft, &mut catalog)
-        }
+        Kind::Nft4 => nft_kube_proxy(Family::Ip, &mut catalog),
+        Kind::Nft6 => nft_kube_proxy(Family::Ip6, &mut catalog),
     };
     (catalog, source)
+}
+
+/// kube-proxy's nftables table of `family`: its maps printed by `nft -j list map`, one
+/// run each, and the backends from a netlink dump of its rules. Absent when none of the
+/// maps exists (no table, or not kube-proxy's).
+fn nft_kube_proxy(family: Family, catalog: &mut ServiceCatalog) -> Source {
+    let fam = match family {
+        Family::Ip => "ip",
+        Family::Ip6 => "ip6",
+    };
+    let name = format!("nft {fam} {}", nftables::TABLE);
+    let Some(nft) = find_tool("nft") else {
+        return unavailable(&name, "nft is not installed");
+    };
+    let mut found = ServiceCatalog::new();
+    let mut maps = 0;
+    for map in nftables::MAPS {
+        let args = ["-j", "list", "map", fam, nftables::TABLE, map];
+        let out = match run(&nft, &args, DEADLINE) {
+            Ok(out) => out,
+            Err(reason) => return unavailable(&name, format!("map {map}: {reason}")),
+        };
+        if !out.status.success() {
+            let first = out.stderr.lines().next().unwrap_or("").trim();
+            // nft's answer for a table or map that does not exist, in every version
+            // seen: "Error: No such file or directory".
+            if first.contains("No such file or directory") {
+                continue;
+            }
+            return unavailable(&name, format!("map {map}: {first} ({})", out.status));
+        }
+        match ServiceCatalog::parse_nft_json(&out.stdout) {
+            Ok(part) => found.merge(&part),
+            Err(e) => return unavailable(&name, format!("map {map}: {e}")),
+        }
+        maps += 1;
+    }
+    if maps == 0 {
+        return Source::new(name, SourceStatus::Absent);
+    }
+    match nft_netlink::dnat_targets(
+        family,
+        nftables::TABLE,
+        nftables::is_endpoint_chain,
+        DEADLINE,
+    ) {
+        Ok(dnats) => nftables::add_backends(&dnats, &mut found),
+        Err(e) => return unavailable(&name, format!("rules: {e}")),
+    }
+    let services = found.len();
+    debug!(source = name, services, "read kube-proxy rules");
+    catalog.merge(&found);
+    Source::new(name, SourceStatus::Read { services })
 }
 
 /// The legacy x_tables tables the kernel lists for the calling thread's namespace
@@ -185,14 +233,8 @@ fn unavailable(name: &str, reason: impl Into<String>) -> Source {
     )
 }
 
-/// Runs one dump tool and merges what it printed into `catalog`.
-fn dump(
-    name: &str,
-    path: Option<PathBuf>,
-    args: &[&str],
-    parser: Parser,
-    catalog: &mut ServiceCatalog,
-) -> Source {
+/// Runs one `iptables-save` and merges what it printed into `catalog`.
+fn dump(name: &str, path: Option<PathBuf>, args: &[&str], catalog: &mut ServiceCatalog) -> Source {
     let Some(path) = path else {
         return unavailable(name, "not installed");
     };
@@ -202,11 +244,6 @@ fn dump(
     };
     if !out.status.success() {
         let first = out.stderr.lines().next().unwrap_or("").trim();
-        // nft's answer for a table that does not exist, in every version seen:
-        // "Error: No such file or directory; did you mean table ...".
-        if matches!(parser, Parser::Nft) && first.contains("No such file or directory") {
-            return Source::new(name, SourceStatus::Absent);
-        }
         let reason = if first.is_empty() {
             format!("exited with {}", out.status)
         } else {
@@ -214,19 +251,11 @@ fn dump(
         };
         return unavailable(name, reason);
     }
-    let parsed = match parser {
-        Parser::Iptables => Ok(ServiceCatalog::parse_iptables_save(&out.stdout)),
-        Parser::Nft => ServiceCatalog::parse_nft_json(&out.stdout),
-    };
-    match parsed {
-        Ok(found) => {
-            let services = found.len();
-            debug!(source = name, services, "read kube-proxy rules");
-            catalog.merge(&found);
-            Source::new(name, SourceStatus::Read { services })
-        }
-        Err(e) => unavailable(name, e.to_string()),
-    }
+    let found = ServiceCatalog::parse_iptables_save(&out.stdout);
+    let services = found.len();
+    debug!(source = name, services, "read kube-proxy rules");
+    catalog.merge(&found);
+    Source::new(name, SourceStatus::Read { services })
 }
 
 /// `tool` in `$PATH` or one of [`SBIN_DIRS`].
@@ -328,7 +357,6 @@ mod tests {
             "no-such-tool",
             find_tool("no-such-tool-nd"),
             &[],
-            Parser::Iptables,
             &mut catalog,
         );
         assert_eq!(
@@ -346,7 +374,6 @@ mod tests {
             "sh",
             Some(PathBuf::from("/bin/sh")),
             &["-c", "echo 'first line' >&2; echo second >&2; exit 1"],
-            Parser::Iptables,
             &mut catalog,
         );
         assert_eq!(
