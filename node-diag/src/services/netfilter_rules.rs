@@ -10,7 +10,8 @@
 //! - iptables-legacy: `iptables-legacy-save -c` / `ip6tables-legacy-save -c`, only when
 //!   the kernel lists legacy tables here. Legacy rules have no handle: the rule number
 //!   (`iptables -L --line-numbers`) stands in.
-//! - native nftables: `nft -j list ruleset`, every table iptables-nft does not own.
+//! - native nftables: `nft -j list table`, for every table iptables-nft does not own
+//!   (the table list dumped over netlink), kube-proxy's own left out.
 //!   Only rules with a `counter` count: a drop by a rule without one is never named.
 //!
 //! A rule counts here when its verdict is to drop or reject (`-j DROP`, `-j REJECT`,
@@ -26,6 +27,7 @@ use serde::Serialize;
 
 use super::{
     iptables::tokenize,
+    nft_netlink, nftables,
     sources::{find_tool, run},
 };
 
@@ -114,8 +116,7 @@ pub(crate) fn snapshot() -> Snapshot {
             rules.extend(parse_iptables_save(&text, Backend::IptablesLegacy, family));
         }
     }
-    if let Some(json) = dump("nft", &["-j", "list", "ruleset"]) {
-        let nft = parse_nft_json(&json);
+    if let Some(nft) = nft_tables() {
         // iptables-nft's rules are nft rules too: they take their handles from here.
         for rule in rules
             .iter_mut()
@@ -136,6 +137,27 @@ pub(crate) fn snapshot() -> Snapshot {
         );
     }
     Snapshot { rules }
+}
+
+/// The rules of every nftables table but kube-proxy's own (`ip`/`ip6 kube-proxy`), each
+/// read with `nft -j list table`. Not `nft -j list ruleset`: beside kube-proxy's
+/// nftables mode at scale it takes seconds (see [`super::nft_netlink`]), and
+/// kube-proxy's table has no counted dropping rule to name. `None` when no table could
+/// be listed.
+fn nft_tables() -> Option<NftRules> {
+    let tables = nft_netlink::tables(DEADLINE).ok()?;
+    let mut all = NftRules::default();
+    for t in tables
+        .iter()
+        .filter(|t| !(matches!(t.family, "ip" | "ip6") && t.name == nftables::TABLE))
+    {
+        if let Some(json) = dump("nft", &["-j", "list", "table", t.family, &t.name]) {
+            let part = parse_nft_json(&json);
+            all.rules.extend(part.rules);
+            all.positions.extend(part.positions);
+        }
+    }
+    Some(all)
 }
 
 fn dump(tool: &str, args: &[&str]) -> Option<String> {
@@ -203,7 +225,7 @@ fn counters(line: &str) -> Option<(u64, &str)> {
     Some((packets.parse().ok()?, rule.trim()))
 }
 
-/// What `nft -j list ruleset` holds for naming: its counted dropping rules, and every
+/// What `nft -j list table` holds for naming: its counted dropping rules, and every
 /// rule's handle by position (for iptables-nft's rules).
 #[derive(Default)]
 struct NftRules {

@@ -1,5 +1,6 @@
-//! The `dnat` targets of one nftables table's rules, dumped straight from nf_tables over
-//! netlink (`NFT_MSG_GETRULE`, the table named).
+//! The `dnat` targets of one nftables table's rules, and the list of tables, dumped
+//! straight from nf_tables over netlink (`NFT_MSG_GETRULE` with the table named,
+//! `NFT_MSG_GETTABLE`).
 //!
 //! Why not `nft -j list table`: to print a table, nft first fetches every set's elements,
 //! anonymous ones included, one request each, and kube-proxy's nftables mode gives every
@@ -25,6 +26,8 @@ use rustix::event::{PollFd, PollFlags, Timespec, poll};
 
 /// nfnetlink subsystem of nf_tables, the message type's high byte.
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
+const NFT_MSG_NEWTABLE: u16 = 0;
+const NFT_MSG_GETTABLE: u16 = 1;
 const NFT_MSG_NEWRULE: u16 = 6;
 const NFT_MSG_GETRULE: u16 = 7;
 const NLMSG_ERROR: u16 = 2;
@@ -34,6 +37,7 @@ const NLM_F_DUMP: u16 = 0x300;
 /// Set on a dump's messages when the ruleset changed while it ran.
 const NLM_F_DUMP_INTR: u16 = 0x10;
 
+const NFTA_TABLE_NAME: u16 = 1;
 const NFTA_RULE_TABLE: u16 = 1;
 const NFTA_RULE_CHAIN: u16 = 2;
 const NFTA_RULE_EXPRESSIONS: u16 = 4;
@@ -68,6 +72,75 @@ impl Family {
             Family::Ip6 => 10,
         }
     }
+}
+
+/// One table: its family as nft names it (`ip`, `inet`...) and its name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Table {
+    pub(crate) family: &'static str,
+    pub(crate) name: String,
+}
+
+/// nft's name of an nfgenmsg family.
+fn family_name(nfproto: u8) -> Option<&'static str> {
+    Some(match nfproto {
+        1 => "inet",
+        2 => "ip",
+        3 => "arp",
+        5 => "netdev",
+        7 => "bridge",
+        10 => "ip6",
+        _ => return None,
+    })
+}
+
+/// Every nftables table in the calling thread's network namespace. `nft list tables`
+/// fetches every set's elements first (seconds beside kube-proxy's nftables mode at
+/// scale); this dump reads the table list alone.
+///
+/// # Errors
+///
+/// As [`dnat_targets`].
+pub(crate) fn tables(deadline: Duration) -> Result<Vec<Table>, DumpError> {
+    let start = Instant::now();
+    for _ in 0..ATTEMPTS {
+        let mut found = Vec::new();
+        let mut interrupted = false;
+        let get = Request {
+            get: NFT_MSG_GETTABLE,
+            new: NFT_MSG_NEWTABLE,
+            family: 0,
+            attrs: Vec::new(),
+        };
+        dump(&get, start + deadline, deadline, |flags, body| {
+            interrupted |= flags & NLM_F_DUMP_INTR != 0;
+            let Some(family) = body.first().copied().and_then(family_name) else {
+                return;
+            };
+            if let Some(name) = body
+                .get(4..)
+                .and_then(|a| attr(a, NFTA_TABLE_NAME))
+                .and_then(cstr)
+            {
+                found.push(Table {
+                    family,
+                    name: name.to_owned(),
+                });
+            }
+        })?;
+        if !interrupted {
+            return Ok(found);
+        }
+    }
+    Err(DumpError::Interrupted)
+}
+
+/// A dump request: its message type, the type of the answers, family and attributes.
+struct Request {
+    get: u16,
+    new: u16,
+    family: u8,
+    attrs: Vec<u8>,
 }
 
 /// A rule's `dnat to ADDR:PORT`, and the chain it is in.
@@ -109,7 +182,19 @@ pub(crate) fn dnat_targets(
     for _ in 0..ATTEMPTS {
         let mut found = Vec::new();
         let mut interrupted = false;
-        dump_rules(family, table, start + deadline, deadline, |flags, body| {
+        let mut attrs = Vec::new();
+        put_attr(
+            &mut attrs,
+            NFTA_RULE_TABLE,
+            &[table.as_bytes(), &[0]].concat(),
+        );
+        let get = Request {
+            get: NFT_MSG_GETRULE,
+            new: NFT_MSG_NEWRULE,
+            family: family.nfproto(),
+            attrs,
+        };
+        dump(&get, start + deadline, deadline, |flags, body| {
             interrupted |= flags & NLM_F_DUMP_INTR != 0;
             if let Some((chain, exprs)) = rule_of(body)
                 && keep(chain)
@@ -127,10 +212,9 @@ pub(crate) fn dnat_targets(
     Err(DumpError::Interrupted)
 }
 
-/// Sends the dump request and hands each rule message's flags and body to `each`.
-fn dump_rules(
-    family: Family,
-    table: &str,
+/// Sends the dump request and hands each answer's flags and body to `each`.
+fn dump(
+    req: &Request,
     until: Instant,
     deadline: Duration,
     mut each: impl FnMut(u16, &[u8]),
@@ -138,9 +222,7 @@ fn dump_rules(
     let mut socket = Socket::new(NETLINK_NETFILTER).map_err(DumpError::Socket)?;
     socket.bind_auto().map_err(DumpError::Socket)?;
     socket.set_non_blocking(true).map_err(DumpError::Socket)?;
-    socket
-        .send(&request(family, table), 0)
-        .map_err(DumpError::Refused)?;
+    socket.send(&request(req), 0).map_err(DumpError::Refused)?;
     // A dump message is at most 32 KiB; room for one more keeps it from truncating.
     let mut buf: Vec<u8> = Vec::with_capacity(1 << 16);
     loop {
@@ -169,7 +251,7 @@ fn dump_rules(
                         return Err(DumpError::Refused(io::Error::from_raw_os_error(-errno)));
                     }
                 }
-                ty if ty == (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWRULE => each(flags, body),
+                ty if ty == (NFNL_SUBSYS_NFTABLES << 8) | req.new => each(flags, body),
                 _ => {}
             }
         }
@@ -188,24 +270,18 @@ fn wait_readable(socket: &Socket, left: Duration) -> io::Result<()> {
     }
 }
 
-/// `NFT_MSG_GETRULE` dump of one table: nlmsghdr, nfgenmsg, `NFTA_RULE_TABLE`.
-fn request(family: Family, table: &str) -> Vec<u8> {
-    let mut attr = Vec::new();
-    put_attr(
-        &mut attr,
-        NFTA_RULE_TABLE,
-        &[table.as_bytes(), &[0]].concat(),
-    );
-    let len = 16 + 4 + attr.len();
+/// The dump request's bytes: nlmsghdr, nfgenmsg, attributes.
+fn request(req: &Request) -> Vec<u8> {
+    let len = 16 + 4 + req.attrs.len();
     let mut msg = Vec::with_capacity(len);
     msg.extend_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_ne_bytes());
-    msg.extend_from_slice(&((NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETRULE).to_ne_bytes());
+    msg.extend_from_slice(&((NFNL_SUBSYS_NFTABLES << 8) | req.get).to_ne_bytes());
     msg.extend_from_slice(&(NLM_F_REQUEST | NLM_F_DUMP).to_ne_bytes());
     msg.extend_from_slice(&1u32.to_ne_bytes()); // sequence
     msg.extend_from_slice(&0u32.to_ne_bytes()); // port id: the kernel's
     // nfgenmsg: family, version (NFNETLINK_V0), resource id (big endian, unused).
-    msg.extend_from_slice(&[family.nfproto(), 0, 0, 0]);
-    msg.extend_from_slice(&attr);
+    msg.extend_from_slice(&[req.family, 0, 0, 0]);
+    msg.extend_from_slice(&req.attrs);
     msg
 }
 
@@ -483,7 +559,14 @@ mod tests {
 
     #[test]
     fn the_request_names_the_table() {
-        let req = request(Family::Ip6, "kube-proxy");
+        let mut attrs = Vec::new();
+        put_attr(&mut attrs, NFTA_RULE_TABLE, b"kube-proxy\0");
+        let req = request(&Request {
+            get: NFT_MSG_GETRULE,
+            new: NFT_MSG_NEWRULE,
+            family: Family::Ip6.nfproto(),
+            attrs,
+        });
         assert_eq!(
             req.len(),
             usize::try_from(u32::from_ne_bytes(req[..4].try_into().unwrap())).unwrap()
