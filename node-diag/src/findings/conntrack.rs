@@ -85,6 +85,17 @@ impl History {
         }
     }
 
+    /// When `netns`'s last reading was taken, if it equals the one before it: nothing
+    /// moved in its table between them.
+    pub(crate) fn unchanged_since(&self, netns: u32) -> Option<u64> {
+        let q = self.readings.get(&netns)?;
+        let mut last = q.iter().rev();
+        match (last.next(), last.next()) {
+            (Some((at, a)), Some((_, b))) if a == b => Some(*at),
+            _ => None,
+        }
+    }
+
     /// Forgets namespaces that left the scope.
     pub(crate) fn retain(&mut self, mut keep: impl FnMut(u32) -> bool) {
         self.readings.retain(|ns, _| keep(*ns));
@@ -161,6 +172,20 @@ mod tests {
     }
 
     const S: u64 = 1_000_000_000;
+
+    #[test]
+    fn a_table_is_unchanged_once_two_readings_in_a_row_are_equal() {
+        let mut h = History::default();
+        assert_eq!(h.unchanged_since(7), None);
+        h.record(7, 10 * S, stats(0, 100, 0, 0));
+        assert_eq!(h.unchanged_since(7), None, "one reading says nothing");
+        h.record(7, 12 * S, stats(0, 100, 0, 0));
+        assert_eq!(h.unchanged_since(7), Some(12 * S));
+        h.record(7, 22 * S, stats(0, 100, 0, 0));
+        assert_eq!(h.unchanged_since(7), Some(22 * S));
+        h.record(7, 24 * S, stats(1, 100, 0, 0));
+        assert_eq!(h.unchanged_since(7), None, "the count moved");
+    }
 
     #[test]
     fn the_window_starts_at_the_last_reading_before_the_drop() {

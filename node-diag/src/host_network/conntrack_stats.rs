@@ -78,8 +78,15 @@ fn read_u64(path: &str) -> Option<u64> {
 /// The calling thread's namespace's table; `None` without conntrack (the module is not
 /// loaded, so nothing is tracked).
 pub(crate) fn read_here() -> Option<ConntrackStats> {
+    read_here_with(read_u64(MAX)?)
+}
+
+/// The limit is global: read once for every namespace of a refresh.
+const MAX: &str = "/proc/sys/net/netfilter/nf_conntrack_max";
+
+/// [`read_here`] with the limit already read.
+fn read_here_with(max: u64) -> Option<ConntrackStats> {
     let count = read_u64("/proc/sys/net/netfilter/nf_conntrack_count")?;
-    let max = read_u64("/proc/sys/net/netfilter/nf_conntrack_max")?;
     let stat = fs::read_to_string("/proc/thread-self/net/stat/nf_conntrack").ok()?;
     Some(ConntrackStats {
         count,
@@ -104,14 +111,21 @@ pub(crate) fn read_netns(file: &NetnsFile) -> Option<ConntrackStats> {
 /// The tables of the namespaces of `files` (the agent's own read without entering it,
 /// the others from one thread that enters each in turn), in `files`' order.
 pub(crate) fn read_each(files: &[NetnsFile]) -> Vec<Option<ConntrackStats>> {
+    if files.is_empty() {
+        return Vec::new();
+    }
+    // No limit to read: conntrack is not loaded, and no namespace has a table.
+    let Some(max) = read_u64(MAX) else {
+        return vec![None; files.len()];
+    };
     let own = own_netns();
     let others: Vec<NetnsFile> = files.iter().filter(|f| f.inode != own).cloned().collect();
-    let mut read = in_each_netns(&others, read_here).into_iter();
+    let mut read = in_each_netns(&others, || read_here_with(max)).into_iter();
     files
         .iter()
         .map(|f| {
             if f.inode == own {
-                read_here()
+                read_here_with(max)
             } else {
                 read.next().and_then(|r| r.ok().flatten())
             }
