@@ -33,6 +33,8 @@ const RTNLGRP_NSID: u32 = 28;
 /// The notifications that change the scope: `RTM_NEWLINK`, `RTM_DELLINK`,
 /// `RTM_NEWNSID`, `RTM_DELNSID`.
 const NOTIFIED: [u16; 4] = [16, 17, 88, 89];
+/// `RTM_NEWNSID`, `RTM_DELNSID`: the ids our namespace gives others changed.
+const NSID_KINDS: [u16; 2] = [88, 89];
 
 /// A socket subscribed to the link notifications of the namespace it was opened in
 /// (`RTNLGRP_LINK`: links added, removed or changed, MTU changes included), and, where
@@ -40,20 +42,45 @@ const NOTIFIED: [u16; 4] = [16, 17, 88, 89];
 /// pod-side MTU change is seen too.
 pub(crate) struct LinkMonitor {
     sock: Socket,
+    /// Whether it gets the namespace-id notifications too.
+    nsids: bool,
+}
+
+/// While alive, the scope trusts the namespace ids it resolved until a notification
+/// says otherwise (`namespaces::nsid_changed`); the watching thread holds it.
+struct FollowingNsids;
+
+impl FollowingNsids {
+    fn start(nsids: bool) -> Option<Self> {
+        nsids.then(|| {
+            super::namespaces::follow_nsids(true);
+            Self
+        })
+    }
+}
+
+impl Drop for FollowingNsids {
+    fn drop(&mut self) {
+        super::namespaces::follow_nsids(false);
+    }
 }
 
 impl LinkMonitor {
     pub(crate) fn new() -> Result<Self, NetlinkError> {
         let mut sock = Socket::new(NETLINK_ROUTE)?;
         sock.bind(&SocketAddr::new(0, RTMGRP_LINK))?;
-        if let Err(e) = sock.add_membership(RTNLGRP_NSID) {
-            tracing::debug!(error = %e, "no namespace id notifications; link ones only");
-        }
+        let nsids = match sock.add_membership(RTNLGRP_NSID) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::debug!(error = %e, "no namespace id notifications; link ones only");
+                false
+            }
+        };
         if let Err(e) = sock.set_listen_all_namespaces(true) {
             tracing::debug!(error = %e, "link notifications limited to the agent's namespace");
         }
         sock.set_non_blocking(true)?;
-        Ok(Self { sock })
+        Ok(Self { sock, nsids })
     }
 
     /// Reads what is queued; whether links changed. Only the messages' kinds are read:
@@ -64,13 +91,20 @@ impl LinkMonitor {
         loop {
             match self.sock.recv_from_full() {
                 Ok((data, _)) => {
-                    changed |=
-                        super::nlmsg::messages(&data).any(|(kind, _)| NOTIFIED.contains(&kind));
+                    for (kind, _) in super::nlmsg::messages(&data) {
+                        changed |= NOTIFIED.contains(&kind);
+                        if NSID_KINDS.contains(&kind) {
+                            super::namespaces::nsid_changed();
+                        }
+                    }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(changed),
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
                 // The receive queue overflowed: notifications were lost, so assume a change.
-                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => changed = true,
+                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+                    super::namespaces::nsid_changed();
+                    changed = true;
+                }
                 Err(e) => return Err(e.into()),
             }
         }
@@ -264,6 +298,7 @@ pub(crate) fn watch() -> Result<LinkWatch, MonitorError> {
                 tv_sec: 1,
                 tv_nsec: 0,
             };
+            let _following = FollowingNsids::start(monitor.nsids);
             loop {
                 let mut fds = vec![PollFd::new(&monitor.sock, PollFlags::IN)];
                 if let Some(own) = &own {
@@ -289,6 +324,9 @@ pub(crate) fn watch() -> Result<LinkWatch, MonitorError> {
                     }
                 }
                 changed |= own.as_ref().is_some_and(OwnLinks::drain);
+                if changed {
+                    tracing::trace!("links changed");
+                }
                 if changed
                     && let Err(tokio::sync::mpsc::error::TrySendError::Closed(())) =
                         tx.try_send(())

@@ -8,7 +8,9 @@ use std::{
     fs::{self, File},
     os::{fd::AsRawFd as _, unix::fs::MetadataExt as _},
     path::{Path, PathBuf},
+    sync::atomic::{AtomicBool, AtomicU64, Ordering},
     thread,
+    time::{Duration, Instant},
 };
 
 use netlink_packet_route::{
@@ -182,14 +184,47 @@ fn pod_veth_peers(links: &[Link]) -> Result<Vec<(u32, NetnsFile)>, NetlinkError>
 }
 
 /// The namespaces of veth peers found so far, by the id ours gives them.
-static PEERS: std::sync::Mutex<PeerFiles> = std::sync::Mutex::new(PeerFiles(None));
+static PEERS: std::sync::Mutex<PeerFiles> = std::sync::Mutex::new(PeerFiles {
+    known: None,
+    checked: None,
+});
+
+/// Namespace-id notifications seen (`RTM_NEWNSID`, `RTM_DELNSID`, or notifications
+/// lost): an id our namespace gives is taken back only when its namespace dies, which
+/// the kernel announces, so while this stands still the ids already resolved name the
+/// same namespaces.
+static NSID_CHANGES: AtomicU64 = AtomicU64::new(0);
+/// Whether the link monitor follows namespace-id notifications (else every refresh
+/// checks every id).
+static NSID_FOLLOWED: AtomicBool = AtomicBool::new(false);
+/// Even with notifications, each id is checked again this often: a pinning file may
+/// stop pinning (its process gone) while the namespace lives on.
+const RECHECK_IDS: Duration = Duration::from_secs(10);
+
+/// The link monitor saw a namespace get or lose an id in ours (or lost notifications).
+pub(crate) fn nsid_changed() {
+    NSID_CHANGES.fetch_add(1, Ordering::AcqRel);
+}
+
+/// Whether namespace-id notifications are followed (see [`nsid_changed`]).
+pub(crate) fn follow_nsids(followed: bool) {
+    NSID_FOLLOWED.store(followed, Ordering::Release);
+    nsid_changed();
+}
 
 /// The file pinning each namespace that holds a veth's peer (a pod's, or another node's
 /// underlay), by the id our namespace gives it, as found by earlier refreshes of the scope
 /// and of the MTU model: a refresh checks each (one netlink request) and scans `/proc` and
 /// `/run/netns` only for an id none of them has, so following a node's pods costs what
 /// they are, not what its processes are.
-struct PeerFiles(Option<std::collections::HashMap<i32, NetnsFile>>);
+/// With notifications followed, ids are checked only after one came (or every
+/// [`RECHECK_IDS`]): a churning node refreshes its scope several times a second, and
+/// checking each of 110 pods' ids on every refresh was most of what that cost.
+struct PeerFiles {
+    known: Option<std::collections::HashMap<i32, NetnsFile>>,
+    /// When every known id was last checked, and the notification count then.
+    checked: Option<(Instant, u64)>,
+}
 
 impl PeerFiles {
     /// The files of the namespaces with the ids `wanted`, those found.
@@ -198,9 +233,20 @@ impl PeerFiles {
         wanted: &HashSet<i32>,
     ) -> Result<std::collections::HashMap<i32, NetnsFile>, NetlinkError> {
         let sock = socket()?;
-        let known = self.0.get_or_insert_with(Default::default);
-        // A namespace gone, or its id now another's (ids are reused), is found anew.
-        known.retain(|id, f| wanted.contains(id) && still_has(&sock, f, *id));
+        // Read before the check: a notification during it has the next refresh check.
+        let changes = NSID_CHANGES.load(Ordering::Acquire);
+        let trusted = NSID_FOLLOWED.load(Ordering::Acquire)
+            && self
+                .checked
+                .is_some_and(|(at, seen)| seen == changes && at.elapsed() < RECHECK_IDS);
+        let known = self.known.get_or_insert_with(Default::default);
+        if trusted {
+            known.retain(|id, _| wanted.contains(id));
+        } else {
+            // A namespace gone, or its id now another's (ids are reused), is found anew.
+            known.retain(|id, f| wanted.contains(id) && still_has(&sock, f, *id));
+            self.checked = Some((Instant::now(), changes));
+        }
         let missing: HashSet<i32> = wanted
             .iter()
             .filter(|id| !known.contains_key(id))
@@ -284,6 +330,11 @@ pub(crate) fn local_node() -> Result<LocalNode, NetlinkError> {
 /// left them (see [`LocalNode`]).
 pub(crate) fn local_node_from(links: Vec<Link>) -> Result<LocalNode, NetlinkError> {
     let peers = pod_veth_peers(&links)?;
+    tracing::trace!(
+        veths = ?links.iter().filter(|l| l.kind.as_deref() == Some("veth")).map(|l| (l.index, l.name.clone(), l.link_netnsid)).collect::<Vec<_>>(),
+        peers = ?peers.iter().map(|(i, f)| (*i, f.inode)).collect::<Vec<_>>(),
+        "local node"
+    );
     let own = netns_inode(Path::new("/proc/self/ns/net")).unwrap_or(0);
     let mut scope = BTreeSet::from([own]);
     scope.extend(peers.iter().map(|(_, f)| f.inode));

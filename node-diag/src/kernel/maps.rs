@@ -24,7 +24,7 @@ use node_diag_common::{
     MAP_POD_LINKS, MAP_RETRANS, MAP_SCOPE, MAP_SCOPE_GEN, MAP_SYN_DROPS, MAP_VERDICT_AGG, NatInfo,
     RETRANS_REPORTED_PMTUD, RetransState, VerdictAgg, VerdictKey, counter, pod_link,
 };
-use tracing::warn;
+use tracing::{debug, warn};
 
 /// A flow the kernel reported as a PMTUD black hole (see [`KernelMaps::reported_blackholes`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,6 +86,12 @@ pub(crate) struct KernelMaps {
     scope_gen: Array<MapData, u64>,
     /// The pods' veths in the agent's namespace, for the inbound drops.
     pod_links: BpfHashMap<MapData, u64, u32>,
+    /// What the agent last wrote to `scope` and `pod_links`, which the programs only
+    /// read: a refresh writes the difference, not every entry (a churning node refreshes
+    /// several times a second, and 110 pods made that hundreds of syscalls each time).
+    /// `None` until the first write, which reads the map.
+    scope_written: Option<BTreeSet<u32>>,
+    pod_links_written: Option<HashMap<u64, u32>>,
     inbound: BpfHashMap<MapData, InboundKey, InboundAgg>,
 }
 
@@ -151,6 +157,8 @@ impl KernelMaps {
                 scope: take(ebpf, MAP_SCOPE, BpfHashMap::try_from)?,
                 scope_gen: take(ebpf, MAP_SCOPE_GEN, Array::try_from)?,
                 pod_links: take(ebpf, MAP_POD_LINKS, BpfHashMap::try_from)?,
+                scope_written: None,
+                pod_links_written: None,
                 inbound: take(ebpf, MAP_INBOUND, BpfHashMap::try_from)?,
             },
         ))
@@ -352,42 +360,63 @@ impl KernelMaps {
             .iter()
             .map(|&(ifindex, pod)| (pod_link::key(own, ifindex), pod))
             .collect();
-        let stale: Vec<u64> = self
-            .pod_links
-            .keys()
-            .flatten()
-            .filter(|k| !wanted.contains_key(k))
-            .collect();
-        for k in stale {
-            let _ = self.pod_links.remove(&k);
+        let written = match self.pod_links_written.take() {
+            Some(w) => w,
+            None => self
+                .pod_links
+                .iter()
+                .flatten()
+                .collect::<HashMap<u64, u32>>(),
+        };
+        let mut now = written.clone();
+        for k in written.keys().filter(|k| !wanted.contains_key(k)) {
+            let _ = self.pod_links.remove(k);
+            now.remove(k);
         }
-        for (k, pod) in wanted {
-            if self.pod_links.get(&k, 0).ok() == Some(pod) {
+        for (&k, &pod) in &wanted {
+            if written.get(&k) == Some(&pod) {
                 continue;
             }
-            if let Err(e) = self.pod_links.insert(k, pod, 0) {
-                warn!(netns = pod, error = %e, "pod link map full; drops towards this pod are not seen as inbound");
+            match self.pod_links.insert(k, pod, 0) {
+                Ok(()) => {
+                    now.insert(k, pod);
+                }
+                Err(e) => {
+                    warn!(netns = pod, error = %e, "pod link map full; drops towards this pod are not seen as inbound");
+                }
             }
         }
+        self.pod_links_written = Some(now);
     }
 
     /// Makes the kernel's scope map equal to `scope`, this node's current set of
     /// network namespaces (inodes).
     pub(crate) fn set_scope(&mut self, scope: &BTreeSet<u32>) {
-        let stale: Vec<u32> = self
-            .scope
-            .keys()
-            .flatten()
-            .filter(|k| !scope.contains(k))
-            .collect();
-        for ns in stale {
-            let _ = self.scope.remove(&ns);
+        let written = match self.scope_written.take() {
+            Some(w) => w,
+            None => self.scope.keys().flatten().collect::<BTreeSet<u32>>(),
+        };
+        if written != *scope {
+            debug!(
+                added = ?scope.difference(&written).collect::<Vec<_>>(),
+                removed = ?written.difference(scope).collect::<Vec<_>>(),
+                "scope changed"
+            );
         }
-        for ns in scope {
-            if let Err(e) = self.scope.insert(ns, 1, 0) {
-                warn!(netns = ns, error = %e, "scope map full; namespace not watched");
+        let mut now = written.clone();
+        for ns in written.difference(scope) {
+            let _ = self.scope.remove(ns);
+            now.remove(ns);
+        }
+        for ns in scope.difference(&written) {
+            match self.scope.insert(ns, 1, 0) {
+                Ok(()) => {
+                    now.insert(*ns);
+                }
+                Err(e) => warn!(netns = ns, error = %e, "scope map full; namespace not watched"),
             }
         }
+        self.scope_written = Some(now);
         // After the map is written: the drop counters' cached scope decisions are retaken
         // (see the eBPF `in_scope_cached`). Every refresh, changed or not, so a decision
         // taken in a race with a write lasts one refresh at most.
