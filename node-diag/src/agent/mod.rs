@@ -312,9 +312,9 @@ const SCOPE_NET: Duration = Duration::from_secs(60);
 /// first connect; a node churning interfaces gets a refresh (a look at its links) at
 /// most four times a second.
 const SCOPE_SPACING: Duration = Duration::from_millis(250);
-/// A burst's second scope refresh comes this soon after its first (see
-/// [`Coalesce::with_follow_up`]).
-const SCOPE_FOLLOW_UP: Duration = Duration::from_millis(5);
+/// A burst's second scope refresh comes once its notifications paused this long (see
+/// [`Coalesce::with_quiet`]).
+const SCOPE_QUIET: Duration = Duration::from_millis(5);
 /// The MTU model (which reads every pod's namespace) at most this often on them: a node
 /// replacing a pod every 2 s is read whole once per replacement, not twice.
 const MTU_SPACING: Duration = Duration::from_secs(2);
@@ -360,7 +360,7 @@ pub(crate) async fn run(opts: RunOptions) -> Result<(), AgentError> {
         }
     };
     let mut scope_tick = scope_interval(link_changes.is_some()).await;
-    let mut scope_due = Coalesce::with_follow_up(SCOPE_SPACING, SCOPE_FOLLOW_UP);
+    let mut scope_due = Coalesce::with_quiet(SCOPE_SPACING, SCOPE_QUIET);
     let mut mtu_due = Coalesce::new(MTU_SPACING);
     loop {
         tokio::select! {
