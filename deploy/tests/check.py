@@ -37,6 +37,7 @@ COMPONENT = DEPLOY / "components" / "prometheus-operator"
 CRIO_COMPONENT = DEPLOY / "components" / "cri-o"
 WEB_CONFIG_COMPONENT = DEPLOY / "components" / "web-config"
 CLUSTER_VIEW_COMPONENT = DEPLOY / "components" / "cluster-view"
+KERNEL_510_COMPONENT = DEPLOY / "components" / "kernel-5.10"
 RULES = DEPLOY / "prometheus" / "rules.yaml"
 RULES_TEST = DEPLOY / "prometheus" / "rules.test.yaml"
 PROMETHEUS_RULE = COMPONENT / "prometheusrule.yaml"
@@ -315,6 +316,7 @@ def check_render(tmp: Path):
         ("base", DEPLOY),
         ("with-operator", overlay_with_component(tmp)),
         ("with-cri-o", overlay_with_component(tmp, CRIO_COMPONENT)),
+        ("with-kernel-5.10", overlay_with_component(tmp, KERNEL_510_COMPONENT)),
         ("with-web-config", overlay_with_component(tmp, WEB_CONFIG_COMPONENT)),
         (
             "with-cluster-view",
@@ -355,7 +357,7 @@ def check_schemas():
     if not objects:
         raise CheckError("nothing rendered")
     # The other components change the DaemonSet and the Service only.
-    for variant in ("with-cri-o", "with-web-config", "with-cluster-view"):
+    for variant in ("with-cri-o", "with-kernel-5.10", "with-web-config", "with-cluster-view"):
         objects = objects + [
             o for o in RENDERED.get(variant, []) if o["kind"] in ("DaemonSet", "Service")
         ]
@@ -568,6 +570,22 @@ def check_crio_component():
     host_paths = {v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
     if CONTAINERD_SOCKET in host_paths:
         raise CheckError("containerd's socket still mounted")
+
+
+@check("components/kernel-5.10: SYS_RESOURCE added, nothing else")
+def check_kernel_510_component():
+    pod = _daemonset("with-kernel-5.10")
+    (container,) = pod["containers"]
+    caps = container["securityContext"]["capabilities"]
+    want = CAPABILITIES | {"SYS_RESOURCE"}
+    if caps.get("drop") != ["ALL"] or sorted(caps.get("add", [])) != sorted(want):
+        raise CheckError(f"capabilities must drop ALL and add {sorted(want)}: {caps}")
+    base = _daemonset("base")
+    (base_container,) = base["containers"]
+    if {k: v for k, v in container.items() if k != "securityContext"} != {
+        k: v for k, v in base_container.items() if k != "securityContext"
+    }:
+        raise CheckError("the component changes more than the capabilities")
 
 
 @check("components/web-config: --web-config-file from the Secret, probes unchanged")
@@ -831,6 +849,7 @@ def main() -> int:
         check_crd_schemas()
         check_daemonset()
         check_crio_component()
+        check_kernel_510_component()
         check_web_config_component()
         check_cluster_view_component()
         check_yamllint()

@@ -34,7 +34,7 @@ pub(crate) enum LoadError {
     Tracefs(#[from] TracefsError),
     #[error(transparent)]
     Rewrite(#[from] super::rewrite::RewriteError),
-    #[error("loading the eBPF object failed: {0}")]
+    #[error("loading the eBPF object failed: {0}{hint}", hint = super::memlock::hint())]
     Load(#[from] aya::EbpfError),
     #[error("eBPF program {0} is missing from the object")]
     MissingProgram(&'static str),
@@ -86,6 +86,7 @@ struct Prepared {
 }
 
 fn prepare(opts: &Options) -> Result<Prepared, LoadError> {
+    super::memlock::lift();
     let (root, mounted) = tracefs::ensure_mounted()?;
     if mounted {
         info!(path = %root.display(), "mounted tracefs");

@@ -27,6 +27,7 @@ pub(crate) mod hook_programs;
 pub(crate) mod hooks;
 pub(crate) mod loader;
 pub(crate) mod maps;
+pub(crate) mod memlock;
 pub(crate) mod rewrite;
 pub(crate) mod ring;
 pub(crate) mod tc;
