@@ -99,6 +99,15 @@ fn bpf(cmd: libc::c_long, attr: &mut [u8; 128]) -> libc::c_long {
 /// Loads `insns` as a program of `prog_type` named `name`; panics with the verifier's
 /// log on failure.
 fn load(prog_type: u32, expected_attach: u32, name: &str, insns: &[u8]) -> OwnedFd {
+    // Before Linux 5.11 a program counts against the user's RLIMIT_MEMLOCK, summed over
+    // its processes: the agent's maps, charged to root too, leave no room under it.
+    let _ = rustix::process::setrlimit(
+        rustix::process::Resource::Memlock,
+        rustix::process::Rlimit {
+            current: None,
+            maximum: None,
+        },
+    );
     let license = CString::new("GPL").unwrap();
     let mut log = vec![0u8; 64 * 1024];
     let mut attr = [0u8; 128];

@@ -358,7 +358,7 @@ fn unprivileged_run_fails_with_one_clear_line() {
         .lines()
         .filter(|l| !l.trim().is_empty())
         .collect();
-    assert_eq!(lines.len(), 1, "stderr must be one line:\n{}", run.stderr);
+    assert_eq!(lines.len(), 1, "stderr must be one line: {run:?}");
     assert!(
         lines[0].starts_with("node-diag: "),
         "stderr: {:?}",
