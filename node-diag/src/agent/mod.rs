@@ -105,7 +105,7 @@ use crate::{
         },
         names::Names,
     },
-    host_network::LocalNode,
+    host_network::{LocalNode, PodReads},
     kernel::{
         caps,
         event::EventKind,
@@ -376,7 +376,7 @@ pub(crate) async fn run(opts: RunOptions) -> Result<(), AgentError> {
                 agent.confirm_shrinks().await;
             }
             _ = mtu_tick.tick() => {
-                agent.refresh_mtu().await;
+                agent.refresh_mtu(PodReads::Fresh).await;
                 mtu_due.done(Instant::now());
             }
             changed = next_change(&mut link_changes) => {
@@ -402,7 +402,7 @@ pub(crate) async fn run(opts: RunOptions) -> Result<(), AgentError> {
                     agent.on_scope();
                     scope_due.done(Instant::now());
                 }
-                agent.refresh_mtu().await;
+                agent.refresh_mtu(PodReads::Reuse).await;
                 mtu_due.done(Instant::now());
             }
             _ = scope_tick.tick() => {
@@ -593,7 +593,7 @@ impl Agent {
                 }
             }));
         }
-        agent.refresh_mtu().await;
+        agent.refresh_mtu(PodReads::Fresh).await;
         // Start-up's scratch (the kernel's BTF parsed, the programs' objects relocated
         // and verified) is freed by now; the pages it leaves free go back.
         allocator::release_free();
@@ -1085,7 +1085,7 @@ impl Agent {
         }
     }
 
-    async fn refresh_mtu(&self) {
+    async fn refresh_mtu(&self, pods: PodReads) {
         let senders = self.maps.frag_needed_senders();
         refresh_mtu(
             &self.shared,
@@ -1093,6 +1093,7 @@ impl Agent {
             &senders,
             self.opts.format,
             self.links.clone(),
+            pods,
         )
         .await;
     }

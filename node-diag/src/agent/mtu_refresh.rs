@@ -20,7 +20,7 @@ static READ_INTERFACES: Failing = Failing::new(
 );
 use crate::{
     findings::{Kind, Status},
-    host_network::SharedLinks,
+    host_network::{PodReads, SharedLinks},
     output::{OutputFormat, print_finding},
     pods::PodsHandle,
 };
@@ -30,18 +30,21 @@ use crate::{
 /// `senders`: who sent the frag-needed seen for each destination, named in the
 /// mismatches judged on a learned path MTU. `links`: the agent's namespace's links as
 /// their notifications keep them, taken rather than dumped again (`None`: dumped).
+/// `pod_reads`: whether the pods' namespaces are all read again or their recent reads
+/// stand (a rebuild those links' notifications asked for).
 pub(crate) async fn refresh_mtu(
     shared: &Shared,
     pods: &PodsHandle,
     senders: &HashMap<IpAddr, IpAddr>,
     format: OutputFormat,
     links: Option<SharedLinks>,
+    pod_reads: PodReads,
 ) {
     // A blocking-pool thread: in the agent's namespace, as the table's dump must be.
     let read = move || match links {
         Some(links) => crate::host_network::current_links(&links)
-            .and_then(|own| crate::host_network::snapshot_with(Some(own))),
-        None => crate::host_network::snapshot(),
+            .and_then(|own| crate::host_network::snapshot_of(Some(own), pod_reads)),
+        None => crate::host_network::snapshot_of(None, pod_reads),
     };
     let snapshot = match tokio::task::spawn_blocking(read).await {
         Ok(Ok(s)) => {

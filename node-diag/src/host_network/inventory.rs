@@ -10,7 +10,16 @@
 //! it. `assemble` then joins the reads: names the devices tunnels sit on and pairs the
 //! two ends of each veth across namespaces.
 
-use std::{collections::HashMap, fs, path::Path};
+use std::{
+    collections::HashMap,
+    fs,
+    path::Path,
+    sync::{
+        Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
 
 use tracing::{debug, warn};
 
@@ -29,6 +38,7 @@ use super::{
 };
 
 /// One namespace as read from inside it.
+#[derive(Clone)]
 struct Raw {
     links: Vec<Link>,
     sysctls: Sysctls,
@@ -43,13 +53,94 @@ struct Raw {
 /// context (`spawn_blocking` in the agent). Only a failure to read the agent's own
 /// namespace is an error; an unreadable pod namespace is recorded in its `error`.
 pub(crate) fn snapshot() -> Result<Snapshot, NetlinkError> {
-    snapshot_with(None)
+    snapshot_of(None, PodReads::Fresh)
+}
+
+/// Whether a pod namespace's last read may stand in for reading it again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PodReads {
+    /// Every pod namespace is read.
+    Fresh,
+    /// A pod namespace read less than [`KEPT_FOR`] ago whose veths on this side are as
+    /// they were then, and from which no link notification came since, is not read
+    /// again. For rebuilds asked by link notifications: on a node whose interfaces
+    /// churn, entering each of 110 pods' namespaces on every rebuild was most of the
+    /// agent's cost. What changes inside a pod without a link notification (a route's
+    /// MTU, a sysctl) waits for the periodic, fresh, rebuild.
+    Reuse,
+}
+
+/// How long a pod namespace's read may stand in for a new one ([`PodReads::Reuse`]).
+const KEPT_FOR: Duration = Duration::from_secs(10);
+
+/// A pod namespace's last read, with this namespace's links towards it and the
+/// notifications counted from it at the time.
+struct Kept {
+    at: Instant,
+    towards: Vec<Link>,
+    notices: (u64, u64),
+    raw: Raw,
+}
+
+/// Link notifications that came from inside other namespaces, by the id ours gives each
+/// (the link monitor counts them, see [`pod_notified`]).
+static POD_NOTICES: Mutex<Option<HashMap<i32, u64>>> = Mutex::new(None);
+/// Notifications lost, or from a namespace we give no id: no kept read stands.
+static ANY_NOTICES: AtomicU64 = AtomicU64::new(0);
+
+/// A link notification came from inside the namespace our namespace calls `nsid`
+/// (`None`: from one unknown, or notifications were lost): its kept read no longer
+/// stands.
+pub(crate) fn pod_notified(nsid: Option<i32>) {
+    match nsid {
+        Some(id) => {
+            *POD_NOTICES
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .get_or_insert_with(HashMap::new)
+                .entry(id)
+                .or_default() += 1;
+        }
+        None => {
+            ANY_NOTICES.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// The notifications counted so far for the namespace of id `nsid`.
+fn notices(nsid: i32) -> (u64, u64) {
+    let any = ANY_NOTICES.load(Ordering::Acquire);
+    let own = POD_NOTICES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .as_ref()
+        .and_then(|m| m.get(&nsid).copied())
+        .unwrap_or(0);
+    (any, own)
+}
+
+/// The pod namespaces' last reads, by the inode of the namespace they were read from
+/// (the agent's; a test's own) and their own.
+static KEPT: Mutex<Option<HashMap<(u32, u32), Kept>>> = Mutex::new(None);
+
+/// This namespace's links whose peer is in the namespace of id `nsid`: a change to
+/// any of them (MTU, state, a veth added or gone) has the pod namespace read again.
+fn links_towards(links: &[Link], nsid: i32) -> Vec<Link> {
+    links
+        .iter()
+        .filter(|l| l.link_netnsid == Some(nsid))
+        .cloned()
+        .collect()
 }
 
 /// [`snapshot`], with the agent's namespace's links given (`own_links`: as its link
-/// notifications left them, see `monitor::LinkTable`) rather than dumped again; the
-/// rest (routes, FDB entries, the pods' namespaces) is read as ever.
-pub(crate) fn snapshot_with(own_links: Option<Vec<Link>>) -> Result<Snapshot, NetlinkError> {
+/// notifications left them, see `monitor::LinkTable`) rather than dumped again, and
+/// the pods' namespaces read as `pods` says; the rest (routes, FDB entries) is read as
+/// ever.
+pub(crate) fn snapshot_of(
+    own_links: Option<Vec<Link>>,
+    pods: PodReads,
+) -> Result<Snapshot, NetlinkError> {
     let own = namespaces::netns_inode(Path::new("/proc/thread-self/ns/net"))
         .or_else(|| namespaces::netns_inode(Path::new("/proc/self/ns/net")))
         .unwrap_or(0);
@@ -69,16 +160,77 @@ pub(crate) fn snapshot_with(own_links: Option<Vec<Link>>) -> Result<Snapshot, Ne
         sysctls: own_raw.sysctls,
         error: None,
     }];
+    let towards: Vec<Vec<Link>> = peers
+        .iter()
+        .map(|(nsid, _)| links_towards(&own_raw.links, *nsid))
+        .collect();
+    let mut kept = KEPT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let kept = kept.get_or_insert_with(HashMap::new);
+    let mine: Vec<(u32, u32)> = kept
+        .keys()
+        .filter(|(from, _)| *from == own)
+        .copied()
+        .collect();
+    let mut last: HashMap<u32, Kept> = mine
+        .into_iter()
+        .filter_map(|key| Some((key.1, kept.remove(&key)?)))
+        .collect();
+    let now = Instant::now();
+    // Counted before the reads: a notification during one has the next rebuild read again.
+    let counted: Vec<(u64, u64)> = peers.iter().map(|(nsid, _)| notices(*nsid)).collect();
+    // The reads that stand, taken out of the last ones; `None`: to be read.
+    let mut reads: Vec<Option<Result<Kept, String>>> = peers
+        .iter()
+        .zip(&towards)
+        .zip(&counted)
+        .map(|(((_, file), towards), counted)| {
+            let k = last.remove(&file.inode)?;
+            let stands = pods == PodReads::Reuse
+                && now.duration_since(k.at) < KEPT_FOR
+                && k.towards == *towards
+                && k.notices == *counted;
+            stands.then_some(Ok(k))
+        })
+        .collect();
+    let to_read: Vec<NetnsFile> = peers
+        .iter()
+        .zip(&reads)
+        .filter(|(_, read)| read.is_none())
+        .map(|((_, f), _)| f.clone())
+        .collect();
+    let mut fresh = in_each_netns(&to_read, read_here).into_iter();
+    for ((read, towards), counted) in reads.iter_mut().zip(&towards).zip(&counted) {
+        if read.is_some() {
+            continue;
+        }
+        *read = Some(match fresh.next() {
+            Some(Ok(Ok(raw))) => Ok(Kept {
+                at: now,
+                towards: towards.clone(),
+                notices: *counted,
+                raw,
+            }),
+            Some(Ok(Err(e))) => Err(e.to_string()),
+            Some(Err(e)) => Err(e.to_string()),
+            None => Err("not read".to_string()),
+        });
+    }
     let mut raws = vec![own_raw];
     let mut nsid_to_inode = HashMap::new();
-    let files: Vec<NetnsFile> = peers.iter().map(|(_, f)| f.clone()).collect();
-    let reads = in_each_netns(&files, read_here);
+    // Only the namespaces still attached are kept: those gone are forgotten.
+    let mut still: HashMap<u32, Kept> = HashMap::new();
     for ((nsid, file), read) in peers.into_iter().zip(reads) {
         nsid_to_inode.insert(nsid, file.inode);
         let (raw, error) = match read {
-            Ok(Ok(raw)) => (raw, None),
-            Ok(Err(e)) => (Raw::empty(), Some(e.to_string())),
-            Err(e) => (Raw::empty(), Some(e.to_string())),
+            Some(Ok(k)) => {
+                let raw = k.raw.clone();
+                still.insert(file.inode, k);
+                (raw, None)
+            }
+            Some(Err(e)) => (Raw::empty(), Some(e)),
+            None => (Raw::empty(), Some("not read".to_string())),
         };
         if let Some(e) = &error {
             warn!(netns = %file.name, error = %e, "cannot read a pod network namespace");
@@ -92,6 +244,7 @@ pub(crate) fn snapshot_with(own_links: Option<Vec<Link>>) -> Result<Snapshot, Ne
         });
         raws.push(raw);
     }
+    kept.extend(still.into_iter().map(|(inode, k)| ((own, inode), k)));
     Ok(assemble(namespaces, raws, &nsid_to_inode))
 }
 
@@ -420,6 +573,57 @@ mod tests {
                 .iter()
                 .any(|i| i.kind == LinkKind::Loopback && i.netns == snap.own_netns),
             "{snap:#?}"
+        );
+    }
+
+    /// A rebuild asked by the node's link notifications reuses a pod namespace's recent
+    /// read, so a change inside the pod waits for the periodic (fresh) one; a change of
+    /// the node's side of the pod's veth has the pod read again at once.
+    #[test]
+    fn pod_reads_reused_only_while_the_node_side_is_unchanged() {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        if unsafe { libc::geteuid() } != 0 || Command::new("ip").arg("-V").output().is_err() {
+            eprintln!("skipped: needs root and iproute2");
+            return;
+        }
+        let tag = std::process::id() % 100_000;
+        let (node, pod) = (format!("mtur{tag}n"), format!("mtur{tag}p"));
+        let _guard = Netns(vec![node.clone(), pod.clone()]);
+        for n in [&node, &pod] {
+            ip(&format!("netns add {n}"));
+        }
+        ip(&format!(
+            "-n {node} link add veth1 type veth peer name eth0 netns {pod}"
+        ));
+        ip(&format!("-n {node} link set veth1 up"));
+        ip(&format!("-n {pod} link set eth0 up"));
+        let node_file = NetnsFile {
+            inode: namespaces::netns_inode(Path::new(&format!("/run/netns/{node}"))).unwrap(),
+            path: format!("/run/netns/{node}").into(),
+            name: node.clone(),
+        };
+        let pod_mtu = |pods: PodReads| {
+            let snap = in_netns(&node_file, || snapshot_of(None, pods).expect("snapshot"))
+                .expect("enter node namespace");
+            snap.interfaces
+                .iter()
+                .find(|i| i.name == "eth0" && i.netns != snap.own_netns)
+                .map(|i| i.mtu)
+        };
+        assert_eq!(pod_mtu(PodReads::Fresh), Some(1500));
+        ip(&format!("-n {pod} link set eth0 mtu 1400"));
+        assert_eq!(
+            pod_mtu(PodReads::Reuse),
+            Some(1500),
+            "the recent read stands"
+        );
+        assert_eq!(pod_mtu(PodReads::Fresh), Some(1400));
+        ip(&format!("-n {pod} link set eth0 mtu 1300"));
+        ip(&format!("-n {node} link set veth1 mtu 1300"));
+        assert_eq!(
+            pod_mtu(PodReads::Reuse),
+            Some(1300),
+            "the node's side changed: the pod is read again"
         );
     }
 

@@ -51,7 +51,7 @@ pub(crate) use interfaces::{ARPHRD_ETHER, ARPHRD_LOOPBACK};
 pub(crate) use interfaces::{
     Family, Interface, LinkKind, Role, RouteMetrics, Snapshot, UnderlaySource,
 };
-pub(crate) use inventory::{local_port_range, snapshot, snapshot_with};
+pub(crate) use inventory::{PodReads, local_port_range, snapshot, snapshot_of};
 pub(crate) use links::{Link, UdpEncap, links};
 pub(crate) use monitor::{SharedLinks, current_links, mark_stale, watch};
 pub(crate) use namespaces::{

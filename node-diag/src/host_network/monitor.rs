@@ -88,27 +88,102 @@ impl LinkMonitor {
     /// node sends thousands.
     fn drain(&self) -> Result<bool, NetlinkError> {
         let mut changed = false;
+        let mut buf = vec![0u8; RECV_BUF];
         loop {
-            match self.sock.recv_from_full() {
-                Ok((data, _)) => {
-                    for (kind, _) in super::nlmsg::messages(&data) {
-                        changed |= NOTIFIED.contains(&kind);
+            match recv_with_nsid(&self.sock, &mut buf) {
+                Ok(Received::Datagram { len, nsid }) => {
+                    let mut links = false;
+                    for (kind, _) in super::nlmsg::messages(&buf[..len]) {
+                        links |= NOTIFIED.contains(&kind);
                         if NSID_KINDS.contains(&kind) {
                             super::namespaces::nsid_changed();
                         }
                     }
+                    // From inside a pod: its kept read (MTU model) no longer stands.
+                    if links && let Some(nsid) = nsid {
+                        super::inventory::pod_notified(Some(nsid));
+                    }
+                    changed |= links;
+                }
+                Ok(Received::Truncated) => {
+                    super::inventory::pod_notified(None);
+                    changed = true;
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(changed),
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
                 // The receive queue overflowed: notifications were lost, so assume a change.
                 Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
                     super::namespaces::nsid_changed();
+                    super::inventory::pod_notified(None);
                     changed = true;
                 }
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(NetlinkError::from(e)),
             }
         }
     }
+}
+
+/// Room for one datagram of notifications: the kernel sends each link notification
+/// alone, a few KiB with its statistics.
+const RECV_BUF: usize = 1 << 16;
+/// `NETLINK_LISTEN_ALL_NSID` as a control message type (level `SOL_NETLINK`): the id
+/// our namespace gives the one a notification came from.
+const NETLINK_LISTEN_ALL_NSID: libc::c_int = 8;
+
+enum Received {
+    /// `len` bytes; `nsid`: the id of the namespace it came from, `None` for ours.
+    Datagram { len: usize, nsid: Option<i32> },
+    /// Larger than the buffer: its messages are lost.
+    Truncated,
+}
+
+/// Receives one datagram without waiting, with the namespace id the kernel attaches
+/// to a notification from another namespace.
+fn recv_with_nsid(sock: &Socket, buf: &mut [u8]) -> std::io::Result<Received> {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // Room for one control message of an int, 8-byte aligned as cmsghdr wants.
+    let mut control = [0u64; 4];
+    // SAFETY: msghdr is plain data; all-zero is a valid empty header.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &raw mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = size_of_val(&control) as _;
+    // SAFETY: `msg` points at `iov` (into `buf`) and `control`, both live and writable
+    // for the lengths given; recvmsg writes within them.
+    let n = unsafe {
+        libc::recvmsg(
+            std::os::fd::AsRawFd::as_raw_fd(sock),
+            &raw mut msg,
+            libc::MSG_DONTWAIT,
+        )
+    };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if msg.msg_flags & libc::MSG_TRUNC != 0 {
+        return Ok(Received::Truncated);
+    }
+    let mut nsid = None;
+    // SAFETY: the kernel filled `control` with `msg_controllen` bytes of well-formed
+    // control messages; CMSG_FIRSTHDR/CMSG_NXTHDR stay within them, and CMSG_DATA of a
+    // SOL_NETLINK / NETLINK_LISTEN_ALL_NSID message holds an int (read unaligned).
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&raw const msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_NETLINK && (*c).cmsg_type == NETLINK_LISTEN_ALL_NSID {
+                nsid = Some(std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<i32>()));
+            }
+            c = libc::CMSG_NXTHDR(&raw const msg, c);
+        }
+    }
+    Ok(Received::Datagram {
+        len: usize::try_from(n).unwrap_or(0),
+        nsid,
+    })
 }
 
 /// `RTM_NEWLINK`, `RTM_DELLINK`.
