@@ -104,7 +104,9 @@ echo "ND-VM-TEST-END {name} exit=$rc""#,
         );
     }
     s.push_str(
-        r#"echo done > "$OUT/done"
+        r#"# What the kernel logged of crashed processes (a test sees only the signal).
+dmesg | grep -E 'segfault|traps:|general protection' | tail -20 | sed 's/^/ND-VM-DMESG: /'
+echo done > "$OUT/done"
 sync
 echo "ND-VM: powering off"
 echo o > /proc/sysrq-trigger
