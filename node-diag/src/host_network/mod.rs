@@ -37,7 +37,7 @@ mod inventory;
 mod links;
 mod monitor;
 mod namespaces;
-mod nlmsg;
+pub(crate) mod nlmsg;
 mod routes;
 mod rtnetlink;
 mod sender_path;

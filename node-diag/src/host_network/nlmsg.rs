@@ -62,19 +62,25 @@ pub(crate) fn attrs(mut buf: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
 }
 
 /// One reply datagram's messages: (type, payload after the netlink header).
-pub(crate) fn messages(mut data: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+pub(crate) fn messages(data: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+    messages_with_flags(data).map(|(kind, _, payload)| (kind, payload))
+}
+
+/// [`messages`], with each one's flags (`NLM_F_DUMP_INTR`...).
+pub(crate) fn messages_with_flags(mut data: &[u8]) -> impl Iterator<Item = (u16, u16, &[u8])> {
     std::iter::from_fn(move || {
         if data.len() < NLMSG_HDRLEN {
             return None;
         }
         let len = u32::from_ne_bytes(data[..4].try_into().ok()?) as usize;
         let kind = u16::from_ne_bytes([data[4], data[5]]);
+        let flags = u16::from_ne_bytes([data[6], data[7]]);
         if len < NLMSG_HDRLEN || len > data.len() {
             return None;
         }
         let payload = &data[NLMSG_HDRLEN..len];
         data = &data[align4(len).min(data.len())..];
-        Some((kind, payload))
+        Some((kind, flags, payload))
     })
 }
 

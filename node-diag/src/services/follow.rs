@@ -33,6 +33,8 @@ use rustix::event::{PollFd, PollFlags, Timespec, poll};
 
 use tracing::{debug, warn};
 
+use crate::host_network::nlmsg;
+
 use super::{
     CatalogWatcher, ServiceCatalog, ServicesError, Source,
     sources::{Kind, legacy_table_names, read_one},
@@ -146,18 +148,11 @@ pub(crate) const NOTIFYING: [Kind; 4] = [
 ];
 
 /// The rulesets that netlink messages in `buf` touched.
-fn kinds_of(mut buf: &[u8], changed: &mut HashSet<Kind>) {
-    // nlmsghdr: len u32, type u16, flags u16, seq u32, pid u32 (host order).
-    while buf.len() >= 16 {
-        let len = u32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
-        if len < 16 || len > buf.len() {
-            return;
-        }
-        let ty = u16::from_ne_bytes([buf[4], buf[5]]);
-        if let Some(kind) = kind_of(ty, &buf[16..len]) {
+fn kinds_of(buf: &[u8], changed: &mut HashSet<Kind>) {
+    for (ty, body) in nlmsg::messages(buf) {
+        if let Some(kind) = kind_of(ty, body) {
             changed.insert(kind);
         }
-        buf = &buf[align4(len).min(buf.len())..];
     }
 }
 
@@ -169,17 +164,9 @@ fn kind_of(ty: u16, body: &[u8]) -> Option<Kind> {
         return None;
     }
     let family = body[0];
-    let attrs = &body[4..];
-    if attrs.len() < 4 {
+    let (1, name) = nlmsg::attrs(&body[4..]).next()? else {
         return None;
-    }
-    let nla_len = usize::from(u16::from_ne_bytes([attrs[0], attrs[1]]));
-    // Flags (nested, byte order) in the two top bits.
-    let nla_type = u16::from_ne_bytes([attrs[2], attrs[3]]) & 0x3fff;
-    if nla_type != 1 || nla_len < 4 || nla_len > attrs.len() {
-        return None;
-    }
-    let name = &attrs[4..nla_len];
+    };
     let name = name.split(|&b| b == 0).next().unwrap_or_default();
     let name = std::str::from_utf8(name).ok()?;
     let xtables = XTABLES.contains(&name);
@@ -190,10 +177,6 @@ fn kind_of(ty: u16, body: &[u8]) -> Option<Kind> {
         (NFPROTO_IPV6, _) if xtables => Some(Kind::IptablesNft6),
         _ => None,
     }
-}
-
-fn align4(n: usize) -> usize {
-    (n + 3) & !3
 }
 
 /// What identifies the content of a legacy table cheaply: its name, valid hooks, hook

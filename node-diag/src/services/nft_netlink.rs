@@ -24,16 +24,17 @@ use std::{
 use netlink_sys::{Socket, protocols::NETLINK_NETFILTER};
 use rustix::event::{PollFd, PollFlags, Timespec, poll};
 
+use crate::host_network::nlmsg::{
+    NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, attrs, message, messages_with_flags,
+    put_attr,
+};
+
 /// nfnetlink subsystem of nf_tables, the message type's high byte.
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
 const NFT_MSG_NEWTABLE: u16 = 0;
 const NFT_MSG_GETTABLE: u16 = 1;
 const NFT_MSG_NEWRULE: u16 = 6;
 const NFT_MSG_GETRULE: u16 = 7;
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
-const NLM_F_REQUEST: u16 = 0x1;
-const NLM_F_DUMP: u16 = 0x300;
 /// Set on a dump's messages when the ruleset changed while it ran.
 const NLM_F_DUMP_INTR: u16 = 0x10;
 
@@ -222,7 +223,14 @@ fn dump(
     let mut socket = Socket::new(NETLINK_NETFILTER).map_err(DumpError::Socket)?;
     socket.bind_auto().map_err(DumpError::Socket)?;
     socket.set_non_blocking(true).map_err(DumpError::Socket)?;
-    socket.send(&request(req), 0).map_err(DumpError::Refused)?;
+    let request = message(
+        (NFNL_SUBSYS_NFTABLES << 8) | req.get,
+        NLM_F_REQUEST | NLM_F_DUMP,
+        // nfgenmsg: family, version (NFNETLINK_V0), resource id (unused).
+        [req.family, 0, 0, 0],
+        &req.attrs,
+    );
+    socket.send(&request, 0).map_err(DumpError::Refused)?;
     // A dump message is at most 32 KiB; room for one more keeps it from truncating.
     let mut buf: Vec<u8> = Vec::with_capacity(1 << 16);
     loop {
@@ -240,7 +248,7 @@ fn dump(
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(DumpError::Receive(e)),
         }
-        for (ty, flags, body) in messages(&buf) {
+        for (ty, flags, body) in messages_with_flags(&buf) {
             match ty {
                 NLMSG_DONE => return Ok(()),
                 NLMSG_ERROR => {
@@ -268,69 +276,6 @@ fn wait_readable(socket: &Socket, left: Duration) -> io::Result<()> {
         Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
         Err(e) => Err(e.into()),
     }
-}
-
-/// The dump request's bytes: nlmsghdr, nfgenmsg, attributes.
-fn request(req: &Request) -> Vec<u8> {
-    let len = 16 + 4 + req.attrs.len();
-    let mut msg = Vec::with_capacity(len);
-    msg.extend_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_ne_bytes());
-    msg.extend_from_slice(&((NFNL_SUBSYS_NFTABLES << 8) | req.get).to_ne_bytes());
-    msg.extend_from_slice(&(NLM_F_REQUEST | NLM_F_DUMP).to_ne_bytes());
-    msg.extend_from_slice(&1u32.to_ne_bytes()); // sequence
-    msg.extend_from_slice(&0u32.to_ne_bytes()); // port id: the kernel's
-    // nfgenmsg: family, version (NFNETLINK_V0), resource id (big endian, unused).
-    msg.extend_from_slice(&[req.family, 0, 0, 0]);
-    msg.extend_from_slice(&req.attrs);
-    msg
-}
-
-fn put_attr(out: &mut Vec<u8>, ty: u16, payload: &[u8]) {
-    let len = 4 + payload.len();
-    out.extend_from_slice(&u16::try_from(len).unwrap_or(u16::MAX).to_ne_bytes());
-    out.extend_from_slice(&ty.to_ne_bytes());
-    out.extend_from_slice(payload);
-    out.resize(align4(out.len()), 0);
-}
-
-fn align4(n: usize) -> usize {
-    (n + 3) & !3
-}
-
-/// The netlink messages in `buf`: type, flags, and the body after the header.
-fn messages(mut buf: &[u8]) -> impl Iterator<Item = (u16, u16, &[u8])> {
-    std::iter::from_fn(move || {
-        if buf.len() < 16 {
-            return None;
-        }
-        let len = u32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
-        if len < 16 || len > buf.len() {
-            return None;
-        }
-        let ty = u16::from_ne_bytes([buf[4], buf[5]]);
-        let flags = u16::from_ne_bytes([buf[6], buf[7]]);
-        let body = &buf[16..len];
-        buf = &buf[align4(len).min(buf.len())..];
-        Some((ty, flags, body))
-    })
-}
-
-/// The attributes in `buf`: type (flags cleared) and payload.
-fn attrs(mut buf: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
-    std::iter::from_fn(move || {
-        if buf.len() < 4 {
-            return None;
-        }
-        let len = usize::from(u16::from_ne_bytes([buf[0], buf[1]]));
-        // Nested and byte-order flags in the two top bits.
-        let ty = u16::from_ne_bytes([buf[2], buf[3]]) & 0x3fff;
-        if len < 4 || len > buf.len() {
-            return None;
-        }
-        let payload = &buf[4..len];
-        buf = &buf[align4(len).min(buf.len())..];
-        Some((ty, payload))
-    })
 }
 
 fn attr(buf: &[u8], ty: u16) -> Option<&[u8]> {
@@ -532,7 +477,7 @@ mod tests {
     }
 
     #[test]
-    fn messages_and_truncated_buffers() {
+    fn a_dump_message_keeps_its_interrupted_flag() {
         let mut buf = Vec::new();
         for (ty, body) in [
             (NFT_MSG_NEWRULE | (10 << 8), vec![1u8; 5]),
@@ -544,9 +489,11 @@ mod tests {
             buf.extend_from_slice(&NLM_F_DUMP_INTR.to_ne_bytes());
             buf.extend_from_slice(&[0; 8]);
             buf.extend_from_slice(&body);
-            buf.resize(align4(buf.len()), 0);
+            buf.resize((buf.len() + 3) & !3, 0);
         }
-        let got: Vec<_> = messages(&buf).map(|(t, f, b)| (t, f, b.len())).collect();
+        let got: Vec<_> = messages_with_flags(&buf)
+            .map(|(t, f, b)| (t, f, b.len()))
+            .collect();
         assert_eq!(
             got,
             [
@@ -554,27 +501,6 @@ mod tests {
                 (NLMSG_DONE, NLM_F_DUMP_INTR, 0)
             ]
         );
-        assert_eq!(messages(&buf[..20]).count(), 0);
-    }
-
-    #[test]
-    fn the_request_names_the_table() {
-        let mut attrs = Vec::new();
-        put_attr(&mut attrs, NFTA_RULE_TABLE, b"kube-proxy\0");
-        let req = request(&Request {
-            get: NFT_MSG_GETRULE,
-            new: NFT_MSG_NEWRULE,
-            family: Family::Ip6.nfproto(),
-            attrs,
-        });
-        assert_eq!(
-            req.len(),
-            usize::try_from(u32::from_ne_bytes(req[..4].try_into().unwrap())).unwrap()
-        );
-        assert_eq!(req[16], 10);
-        assert_eq!(
-            cstr(attr(&req[20..], NFTA_RULE_TABLE).unwrap()),
-            Some("kube-proxy")
-        );
+        assert_eq!(messages_with_flags(&buf[..20]).count(), 0);
     }
 }
