@@ -103,37 +103,27 @@ fn family_name(nfproto: u8) -> Option<&'static str> {
 ///
 /// As [`dnat_targets`].
 pub(crate) fn tables(deadline: Duration) -> Result<Vec<Table>, DumpError> {
-    let start = Instant::now();
-    for _ in 0..ATTEMPTS {
-        let mut found = Vec::new();
-        let mut interrupted = false;
-        let get = Request {
-            get: NFT_MSG_GETTABLE,
-            new: NFT_MSG_NEWTABLE,
-            family: 0,
-            attrs: Vec::new(),
+    let get = Request {
+        get: NFT_MSG_GETTABLE,
+        new: NFT_MSG_NEWTABLE,
+        family: 0,
+        attrs: Vec::new(),
+    };
+    dump_consistent(&get, deadline, |body, found| {
+        let Some(family) = body.first().copied().and_then(family_name) else {
+            return;
         };
-        dump(&get, start + deadline, deadline, |flags, body| {
-            interrupted |= flags & NLM_F_DUMP_INTR != 0;
-            let Some(family) = body.first().copied().and_then(family_name) else {
-                return;
-            };
-            if let Some(name) = body
-                .get(4..)
-                .and_then(|a| attr(a, NFTA_TABLE_NAME))
-                .and_then(cstr)
-            {
-                found.push(Table {
-                    family,
-                    name: name.to_owned(),
-                });
-            }
-        })?;
-        if !interrupted {
-            return Ok(found);
+        if let Some(name) = body
+            .get(4..)
+            .and_then(|a| attr(a, NFTA_TABLE_NAME))
+            .and_then(cstr)
+        {
+            found.push(Table {
+                family,
+                name: name.to_owned(),
+            });
         }
-    }
-    Err(DumpError::Interrupted)
+    })
 }
 
 /// A dump request: its message type, the type of the answers, family and attributes.
@@ -155,11 +145,11 @@ pub(crate) struct Dnat {
 pub(crate) enum DumpError {
     #[error("cannot open a netfilter netlink socket: {0}")]
     Socket(#[source] io::Error),
-    #[error("nf_tables refused the rule dump: {0}")]
+    #[error("nf_tables refused the dump: {0}")]
     Refused(#[source] io::Error),
-    #[error("reading the rule dump failed: {0}")]
+    #[error("reading the dump failed: {0}")]
     Receive(#[source] io::Error),
-    #[error("the rule dump took longer than {0:?}")]
+    #[error("the dump took longer than {0:?}")]
     Timeout(Duration),
     #[error("the ruleset kept changing during the dump ({ATTEMPTS} attempts)")]
     Interrupted,
@@ -179,32 +169,45 @@ pub(crate) fn dnat_targets(
     keep: impl Fn(&str) -> bool,
     deadline: Duration,
 ) -> Result<Vec<Dnat>, DumpError> {
-    let start = Instant::now();
+    let mut attrs = Vec::new();
+    put_attr(
+        &mut attrs,
+        NFTA_RULE_TABLE,
+        &[table.as_bytes(), &[0]].concat(),
+    );
+    let get = Request {
+        get: NFT_MSG_GETRULE,
+        new: NFT_MSG_NEWRULE,
+        family: family.nfproto(),
+        attrs,
+    };
+    dump_consistent(&get, deadline, |body, found| {
+        if let Some((chain, exprs)) = rule_of(body)
+            && keep(chain)
+        {
+            found.extend(dnats_of(exprs).map(|to| Dnat {
+                chain: chain.to_owned(),
+                to,
+            }));
+        }
+    })
+}
+
+/// Dumps `req` and collects what `each` takes from each answer, again from scratch when
+/// the ruleset changed during the dump (`NLM_F_DUMP_INTR`), [`ATTEMPTS`] times at most,
+/// all within `deadline`.
+fn dump_consistent<T>(
+    req: &Request,
+    deadline: Duration,
+    mut each: impl FnMut(&[u8], &mut Vec<T>),
+) -> Result<Vec<T>, DumpError> {
+    let until = Instant::now() + deadline;
     for _ in 0..ATTEMPTS {
         let mut found = Vec::new();
         let mut interrupted = false;
-        let mut attrs = Vec::new();
-        put_attr(
-            &mut attrs,
-            NFTA_RULE_TABLE,
-            &[table.as_bytes(), &[0]].concat(),
-        );
-        let get = Request {
-            get: NFT_MSG_GETRULE,
-            new: NFT_MSG_NEWRULE,
-            family: family.nfproto(),
-            attrs,
-        };
-        dump(&get, start + deadline, deadline, |flags, body| {
+        dump(req, until, deadline, |flags, body| {
             interrupted |= flags & NLM_F_DUMP_INTR != 0;
-            if let Some((chain, exprs)) = rule_of(body)
-                && keep(chain)
-            {
-                found.extend(dnats_of(exprs).map(|to| Dnat {
-                    chain: chain.to_owned(),
-                    to,
-                }));
-            }
+            each(body, &mut found);
         })?;
         if !interrupted {
             return Ok(found);
