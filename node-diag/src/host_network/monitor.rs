@@ -44,6 +44,8 @@ pub(crate) struct LinkMonitor {
     sock: Socket,
     /// Whether it gets the namespace-id notifications too.
     nsids: bool,
+    /// One datagram's room, kept: a churning node wakes the watcher many times a second.
+    buf: Vec<u8>,
 }
 
 /// While alive, the scope trusts the namespace ids it resolved until a notification
@@ -80,20 +82,23 @@ impl LinkMonitor {
             tracing::debug!(error = %e, "link notifications limited to the agent's namespace");
         }
         sock.set_non_blocking(true)?;
-        Ok(Self { sock, nsids })
+        Ok(Self {
+            sock,
+            nsids,
+            buf: vec![0u8; RECV_BUF],
+        })
     }
 
     /// Reads what is queued; whether links changed. Only the messages' kinds are read:
     /// a link notification carries the whole link, statistics included, and a churning
     /// node sends thousands.
-    fn drain(&self) -> Result<bool, NetlinkError> {
+    fn drain(&mut self) -> Result<bool, NetlinkError> {
         let mut changed = false;
-        let mut buf = vec![0u8; RECV_BUF];
         loop {
-            match recv_with_nsid(&self.sock, &mut buf) {
+            match recv_with_nsid(&self.sock, &mut self.buf) {
                 Ok(Received::Datagram { len, nsid }) => {
                     let mut links = false;
-                    for (kind, _) in super::nlmsg::messages(&buf[..len]) {
+                    for (kind, _) in super::nlmsg::messages(&self.buf[..len]) {
                         links |= NOTIFIED.contains(&kind);
                         if NSID_KINDS.contains(&kind) {
                             super::namespaces::nsid_changed();
@@ -356,7 +361,7 @@ pub(crate) struct LinkWatch {
 /// The watching thread stops once the receiver is dropped (within a second); the
 /// channel closes if notifications fail, leaving the agent's periodic snapshots.
 pub(crate) fn watch() -> Result<LinkWatch, MonitorError> {
-    let monitor = LinkMonitor::new()?;
+    let mut monitor = LinkMonitor::new()?;
     let own = match OwnLinks::new() {
         Ok(own) => Some(own),
         Err(e) => {
