@@ -73,6 +73,15 @@ mount -t devpts devpts /dev/pts
 mount -t tmpfs tmpfs /dev/shm
 mount -t cgroup2 cgroup2 /sys/fs/cgroup
 mount -t bpf bpf /sys/fs/bpf
+# devtmpfs has no /dev/fd links (udev makes them on a real system); curl -o /dev/stdout
+# and bash's process substitution need them.
+[ -e /dev/fd ] || ln -s /proc/self/fd /dev/fd
+[ -e /dev/stdin ] || ln -s /proc/self/fd/0 /dev/stdin
+[ -e /dev/stdout ] || ln -s /proc/self/fd/1 /dev/stdout
+[ -e /dev/stderr ] || ln -s /proc/self/fd/2 /dev/stderr
+# The kernel gives PID 1 a hard open-files limit of 4096; systemd raises it to 524288,
+# which the endpoint tests' thousands of held connections rely on.
+ulimit -H -n 524288
 hostname nd-vm
 ip link set lo up
 modprobe -a {modules} 2>&1 | sed 's/^/modprobe: /'
