@@ -103,7 +103,11 @@ pub const MAP_INBOUND: &str = "INBOUND";
 /// address) falls in one of them or in none. Filled up to the first entry with `end` 0.
 pub const MAP_DROP_SITES: &str = "DROP_SITES";
 /// Capacity of [`MAP_DROP_SITES`].
-pub const DROP_SITE_ENTRIES: u32 = 16;
+pub const DROP_SITE_ENTRIES: u32 = 24;
+/// Per-CPU array of one [`Shot`]: the last packet another eBPF program (a tc classifier,
+/// a `cgroup_skb` egress program) told the kernel to drop on this CPU, recorded by fexit
+/// programs on kernels without drop reasons, for the drop sites marked [`site_needs`].
+pub const MAP_SHOT: &str = "SHOT";
 /// The reason of a drop located in none of [`MAP_DROP_SITES`]' functions; the agent names
 /// it `NOT_SPECIFIED` (the value newer kernels give that name).
 pub const DROP_SITE_UNKNOWN: u32 = 2;
@@ -589,9 +593,35 @@ pub struct DropSite {
     pub start: u64,
     pub end: u64,
     pub reason: u32,
-    pub _pad: u32,
+    /// [`site_needs`] bits: the site stands for its reason only for a packet the matching
+    /// [`MAP_SHOT`] mark names; any other drop there stays `NOT_SPECIFIED`.
+    pub needs: u32,
 }
 const _: () = assert!(core::mem::size_of::<DropSite>() == 24);
+
+/// [`DropSite::needs`] and [`Shot::hook`] bits.
+pub mod site_needs {
+    /// A tc classifier (clsact ingress or egress) returned `TC_ACT_SHOT` for the packet.
+    pub const TC_SHOT: u32 = 1;
+    /// A `cgroup_skb` egress program denied the packet.
+    pub const CGROUP_EGRESS_DENIED: u32 = 2;
+}
+
+/// The packet another eBPF program just told the kernel to drop ([`MAP_SHOT`]): the
+/// `kfree_skb` that follows on the same CPU, microseconds later, reads it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Shot {
+    /// The `struct sk_buff` address; 0 once its drop was read.
+    pub skb: u64,
+    pub at_ns: u64,
+    /// One [`site_needs`] bit.
+    pub hook: u32,
+    pub _pad: u32,
+}
+const _: () = assert!(core::mem::size_of::<Shot>() == 24);
+/// A [`Shot`] older than this is not the drop being read (its skb's memory reused).
+pub const SHOT_MAX_AGE_NS: u64 = 10_000_000;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -959,6 +989,7 @@ mod user {
     unsafe impl aya::Pod for FlowState {}
     unsafe impl aya::Pod for DropSlot {}
     unsafe impl aya::Pod for DropSite {}
+    unsafe impl aya::Pod for Shot {}
     unsafe impl aya::Pod for DropInfo {}
     unsafe impl aya::Pod for IcmpInfo {}
     unsafe impl aya::Pod for DropKey {}

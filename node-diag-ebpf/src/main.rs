@@ -1,4 +1,5 @@
-//! node-diag's kernel programs: tracepoints only (no kprobes), one module per hook family.
+//! node-diag's kernel programs: tracepoints and fentry/fexit (no kprobes), one module per
+//! hook family.
 //!
 //! - `sock`: `sock:inet_sock_set_state` tracks connecting sockets in [`maps::CONNECTS`];
 //!   the raw tracepoint `inet_sk_error_report` turns a socket error into a verdict event.
@@ -7,6 +8,9 @@
 //! - `skb`: `skb:kfree_skb` aggregates every drop by reason/netns/device and remembers
 //!   which flow's SYN was dropped, so a timeout verdict carries its kernel evidence.
 //! - `icmp`: `icmp:icmp_send` remembers the ICMP errors this kernel generated per flow.
+//! - `shot` (kernels without drop reasons only): fexit on `tcf_classify` and
+//!   `__cgroup_bpf_run_filter_skb` marks the packet another eBPF program condemned, so
+//!   `skb` names its drop `TC_INGRESS`/`TC_EGRESS`/`BPF_CGROUP_EGRESS` as newer kernels do.
 //! - `tc`: a TC ingress classifier on the node's interfaces remembers ICMP frag-needed /
 //!   packet-too-big received per flow. The agent attaches it only while trouble shows
 //!   (by default), as any TC ingress program costs every packet the ingress step; each
@@ -46,6 +50,7 @@ mod kernel;
 mod maps;
 mod nat;
 mod packet;
+mod shot;
 mod skb;
 mod sock;
 mod tc;

@@ -11,7 +11,7 @@ use node_diag_common::{
     DEV_MAP_ENTRIES, DROP_MAP_ENTRIES, DROP_REASON_SLOTS, DROP_SITE_ENTRIES, DropInfo, DropKey,
     DropSite, DropSlot, EVENTS_BYTES, FLOW_MAP_ENTRIES, FlowKey, FlowState, INBOUND_MAP_ENTRIES,
     IcmpInfo, InboundAgg, InboundKey, LINK_MAP_ENTRIES, NatInfo, POD_LINK_MAP_ENTRIES,
-    RetransState, SCOPE_MAP_ENTRIES, VERDICT_MAP_ENTRIES, VerdictAgg, VerdictKey, counter,
+    RetransState, SCOPE_MAP_ENTRIES, Shot, VERDICT_MAP_ENTRIES, VerdictAgg, VerdictKey, counter,
 };
 
 #[map]
@@ -72,3 +72,5 @@ pub static INBOUND: HashMap<InboundKey, InboundAgg> =
     HashMap::with_max_entries(INBOUND_MAP_ENTRIES, 0);
 #[map]
 pub static DROP_SITES: Array<DropSite> = Array::with_max_entries(DROP_SITE_ENTRIES, 0);
+#[map]
+pub static SHOT: PerCpuArray<Shot> = PerCpuArray::with_max_entries(1, 0);

@@ -7,7 +7,8 @@
 //! Kernels before 5.17 give `kfree_skb` no reason: there `nd_kfree_site` reads the drop's
 //! location instead (the return address into the function that dropped), looks it up
 //! among the functions the agent resolved at load time ([`DROP_SITES`]) and goes on with
-//! the reason that function stands for, through the same paths.
+//! the reason that function stands for, through the same paths. Drops by other eBPF
+//! programs (tc, `cgroup_skb`) are told apart there with the `shot` module's marks.
 
 use core::mem::MaybeUninit;
 
@@ -29,6 +30,7 @@ use crate::{
     },
     nat::nat_join,
     packet::{Packet, TCP_FLAG_ACK, TCP_FLAG_SYN, ip_flow, is_frag_needed},
+    shot::condemned,
 };
 
 /// A BTF tracepoint: the arguments (`kfree_skb(skb, location, reason[, rx_sk])`,
@@ -65,7 +67,8 @@ pub fn nd_kfree_site(ctx: BtfTracePointContext) -> i32 {
 
 /// The reason of the [`DROP_SITES`] entry whose function holds the drop's location;
 /// `ip_forward` and `ip6_forward` drop for other causes too (hop limit, policy), so
-/// there only a packet longer than its route's MTU is the too-big drop.
+/// there only a packet longer than its route's MTU is the too-big drop, and the sites of
+/// other eBPF programs' drops need the packet marked by `shot`.
 #[inline(never)]
 fn site_reason(ctx: &BtfTracePointContext) -> u32 {
     let location: u64 = ctx.arg(1);
@@ -78,7 +81,11 @@ fn site_reason(ctx: &BtfTracePointContext) -> u32 {
             break;
         }
         if location >= site.start && location < site.end {
-            reason = site.reason;
+            // A site that also drops for other causes stands for its reason only for
+            // the packet another eBPF program just condemned (see `shot`).
+            if site.needs == 0 || condemned(ctx.arg(0), site.needs) {
+                reason = site.reason;
+            }
             break;
         }
     }

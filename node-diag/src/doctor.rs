@@ -7,7 +7,7 @@ use serde::Serialize;
 use crate::kernel::{
     btf::{self, Btf},
     caps,
-    hooks::HOOKS,
+    hooks::{HOOKS, companions},
     loader,
     tracefs::{self, Format},
 };
@@ -421,6 +421,13 @@ fn programs(checks: &mut Vec<Check>) {
                     Some(Ok(())) => check(name, Status::Ok, "accepted by this kernel's verifier"),
                     // An fentry hook only adds evidence, and some kernels refuse fentry
                     // outright (arm64 before 6.0, lockdown): the agent runs without it.
+                    // A companion of a fallback only sharpens its evidence.
+                    Some(Err(e)) if companions().any(|c| c.program == program) => {
+                        let lost = companions()
+                            .find(|c| c.program == program)
+                            .map_or("", |c| c.feature);
+                        check(name, Status::Warn, format!("refused: {e}; lost: {lost}"))
+                    }
                     Some(Err(e)) if HOOKS.iter().any(|h| h.fentry && h.program == program) => {
                         let lost = HOOKS
                             .iter()

@@ -25,7 +25,7 @@ use crate::{agent, cmd, say::cross_builds as say};
 
 /// Programs every build of the agent embeds (names from node-diag-ebpf), with the
 /// section their program type puts them in (aya's `#[tracepoint]`, `#[raw_tracepoint]`,
-/// `#[classifier]`).
+/// `#[fexit]`, `#[classifier]`).
 const PROGRAMS: &[(&str, &str)] = &[
     ("nd_set_state", "raw_tp"),
     ("nd_err_report", "tp_btf"),
@@ -35,6 +35,10 @@ const PROGRAMS: &[(&str, &str)] = &[
     ("nd_snd_reset", "raw_tp"),
     ("nd_kfree_skb", "tp_btf"),
     ("nd_kfree_site", "tp_btf"),
+    ("nd_tc_shot4", "fexit"),
+    ("nd_tc_shot5", "fexit"),
+    ("nd_tc_shot_ingress", "fexit"),
+    ("nd_cgroup_shot", "fexit"),
     ("nd_icmp_send", "tracepoint"),
     ("nd_icmp_fentry", "fentry"),
     ("nd_icmp6_send", "fentry"),

@@ -6,7 +6,10 @@
 //! runtime answered its last read, and how many findings the full store pushed out.
 
 use super::Agent;
-use crate::kernel::{hooks::HOOKS, tc};
+use crate::kernel::{
+    hooks::{HOOKS, companions},
+    tc,
+};
 
 impl Agent {
     pub(super) fn check_health(&mut self) {
@@ -28,6 +31,12 @@ impl Agent {
                 (program, None, self.loaded.attached.contains(&program))
             })
             .collect();
+        // A fallback's fexit companions, like fentry hooks, only where they run.
+        programs.extend(
+            companions()
+                .filter(|c| self.loaded.attached.contains(&c.program))
+                .map(|c| (c.program, None, true)),
+        );
         // The classifier: loaded (attached on demand, see `icmp_watch`), then each
         // interface it is attached to, failed on or lost.
         programs.push((tc::PROGRAM, None, self.tc.is_some()));

@@ -44,6 +44,9 @@ pub(crate) const KFUNCS: &[&str] = &[
     "sock_def_error_report",
     "__icmp_send",
     "icmp6_send",
+    "tcf_classify",
+    "tcf_classify_ingress",
+    "__cgroup_bpf_run_filter_skb",
 ];
 /// Raw tracepoints' prototypes are typedefs named so.
 const TRACE_PREFIX: &str = "btf_trace_";
@@ -233,6 +236,13 @@ impl Btf {
     /// BTF id of kernel function `name` (one of [`KFUNCS`]), when this kernel has it.
     pub(crate) fn func_id(&self, name: &str) -> Option<u32> {
         self.funcs.get(name).copied()
+    }
+
+    /// How many arguments kernel function `name` (one of [`KFUNCS`]) takes here.
+    pub(crate) fn func_arg_count(&self, name: &str) -> Option<usize> {
+        let func = self.types.get(*self.funcs.get(name)? as usize)?;
+        let proto = self.types.get(self.resolve(func.referenced) as usize)?;
+        (proto.kind == KIND_FUNC_PROTO).then_some(proto.members.len())
     }
 
     /// Size in bytes of `struct name`.
@@ -444,6 +454,8 @@ pub(crate) mod tests {
     fn keeps_the_ids_of_the_kfuncs_it_calls_and_of_structs() {
         let btf = Btf::parse(&blob()).unwrap();
         assert_eq!(btf.func_id("bpf_rdonly_cast"), Some(11));
+        assert_eq!(btf.func_arg_count("bpf_rdonly_cast"), Some(3));
+        assert_eq!(btf.func_arg_count("other_fn"), None);
         // Not one of KFUNCS: vmlinux's tens of thousands of functions are not kept.
         assert_eq!(btf.func_id("other_fn"), None);
         assert_eq!(btf.struct_id("outer").unwrap(), 4);

@@ -41,7 +41,37 @@ pub(crate) struct Fallback {
     /// The kernel function (fentry) or tracepoint (BTF tracepoint) it is attached to.
     pub(crate) function: &'static str,
     pub(crate) kind: FallbackKind,
+    /// fexit programs the fallback's program reads from, loaded beside it where their
+    /// functions are in the kernel's BTF; without them it gives coarser evidence.
+    pub(crate) with: &'static [Companion],
 }
+
+/// An fexit program on kernel function `function` that serves a fallback. Several may
+/// serve one function, for its prototypes across kernels: the one whose `args` (the
+/// arguments before the return value) match this kernel's BTF is loaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Companion {
+    pub(crate) program: &'static str,
+    pub(crate) function: &'static str,
+    pub(crate) args: usize,
+    /// The function exists on some kernels only (folded into another since): where it
+    /// is absent, nothing is lost.
+    pub(crate) optional: bool,
+    /// What the fallback loses without it, for the warning and `doctor`.
+    pub(crate) feature: &'static str,
+}
+
+/// The companions of every fallback.
+pub(crate) fn companions() -> impl Iterator<Item = &'static Companion> {
+    HOOKS
+        .iter()
+        .filter_map(|h| h.fallback)
+        .flat_map(|f| f.with.iter())
+}
+
+/// What drops by other eBPF programs read as without their companions.
+const OTHER_PROGRAMS: &str =
+    "drops by other eBPF programs (tc, cgroup egress) named: they read NOT_SPECIFIED";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum FallbackKind {
@@ -54,12 +84,18 @@ pub(crate) enum FallbackKind {
 impl Fallback {
     /// How `doctor` and the logs name it.
     pub(crate) fn mechanism(&self) -> String {
-        match self.kind {
+        let mut m = match self.kind {
             FallbackKind::Fentry => format!("fentry on {}", self.function),
             FallbackKind::Tracepoint(_) => {
                 format!("{} by its drop site (kallsyms)", self.function)
             }
+        };
+        let mut functions: Vec<&str> = self.with.iter().map(|c| c.function).collect();
+        functions.dedup();
+        if !functions.is_empty() {
+            m.push_str(&format!(" with fexit on {}", functions.join(", ")));
         }
+        m
     }
 }
 
@@ -104,6 +140,7 @@ pub(crate) const HOOKS: &[Hook] = &[
             program: "nd_err_fentry",
             function: "sock_def_error_report",
             kind: FallbackKind::Fentry,
+            with: &[],
         }),
         fentry: false,
     },
@@ -153,6 +190,36 @@ pub(crate) const HOOKS: &[Hook] = &[
             program: "nd_kfree_site",
             function: "kfree_skb",
             kind: FallbackKind::Tracepoint(&["*sk_buff", "*void"]),
+            with: &[
+                Companion {
+                    program: "nd_tc_shot4",
+                    function: "tcf_classify",
+                    args: 4,
+                    optional: false,
+                    feature: OTHER_PROGRAMS,
+                },
+                Companion {
+                    program: "nd_tc_shot5",
+                    function: "tcf_classify",
+                    args: 5,
+                    optional: false,
+                    feature: OTHER_PROGRAMS,
+                },
+                Companion {
+                    program: "nd_tc_shot_ingress",
+                    function: "tcf_classify_ingress",
+                    args: 5,
+                    optional: true,
+                    feature: OTHER_PROGRAMS,
+                },
+                Companion {
+                    program: "nd_cgroup_shot",
+                    function: "__cgroup_bpf_run_filter_skb",
+                    args: 3,
+                    optional: false,
+                    feature: OTHER_PROGRAMS,
+                },
+            ],
         }),
         fentry: false,
     },
@@ -169,6 +236,7 @@ pub(crate) const HOOKS: &[Hook] = &[
             program: "nd_icmp_fentry",
             function: "__icmp_send",
             kind: FallbackKind::Fentry,
+            with: &[],
         }),
         fentry: false,
     },
@@ -189,6 +257,17 @@ pub(crate) const HOOKS: &[Hook] = &[
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_companion_function_is_looked_up_in_btf() {
+        for c in companions() {
+            assert!(
+                super::super::btf::KFUNCS.contains(&c.function),
+                "{} is not among btf::KFUNCS",
+                c.function
+            );
+        }
+    }
 
     #[test]
     fn every_fentry_fallback_function_is_looked_up_in_btf() {

@@ -7,7 +7,9 @@ use std::path::PathBuf;
 
 use aya::{
     Ebpf, EbpfLoader,
-    programs::{BtfTracePoint, FEntry, ProgramError, RawTracePoint, SchedClassifier, TracePoint},
+    programs::{
+        BtfTracePoint, FEntry, FExit, ProgramError, RawTracePoint, SchedClassifier, TracePoint,
+    },
 };
 use node_diag_common::{Config, GLOBAL_CONFIG};
 use tracing::{debug, info, warn};
@@ -15,7 +17,7 @@ use tracing::{debug, info, warn};
 use super::{
     btf::Btf,
     drop_family, drop_sites, ebpf_log,
-    hooks::{FULLSIZE_RETRANS_THRESHOLD, Fallback, FallbackKind, HOOKS, Hook},
+    hooks::{Companion, FULLSIZE_RETRANS_THRESHOLD, Fallback, FallbackKind, HOOKS, Hook},
     tracefs::{self, DropReasons, Format, TracefsError},
 };
 
@@ -83,6 +85,8 @@ struct Prepared {
     degraded: Vec<(String, String)>,
     drop_reasons: DropReasons,
     btf_ok: bool,
+    /// The companions of the fallbacks in `usable` that fit this kernel's prototypes.
+    companions: Vec<&'static Companion>,
 }
 
 fn prepare(opts: &Options) -> Result<Prepared, LoadError> {
@@ -138,6 +142,10 @@ fn prepare(opts: &Options) -> Result<Prepared, LoadError> {
             },
         }
     }
+    let companions = match &btf {
+        Ok(btf) => fitting_companions(&usable, btf, &mut degraded),
+        Err(_) => Vec::new(),
+    };
     config.reason_pkt_too_big = drop_reasons.value("PKT_TOO_BIG").unwrap_or(u32::MAX);
     config.reason_netfilter_drop = drop_reasons.value("NETFILTER_DROP").unwrap_or(u32::MAX);
     for name in drop_family::flow_reasons() {
@@ -207,7 +215,79 @@ fn prepare(opts: &Options) -> Result<Prepared, LoadError> {
         degraded,
         drop_reasons,
         btf_ok,
+        companions,
     })
+}
+
+/// The companions of the fallbacks chosen in `usable` whose function this kernel has
+/// with the arguments they read; a function none fits is a degraded feature.
+fn fitting_companions(
+    usable: &[(&'static Hook, Option<Fallback>)],
+    btf: &Btf,
+    degraded: &mut Vec<(String, String)>,
+) -> Vec<&'static Companion> {
+    let mut chosen = Vec::new();
+    for f in usable.iter().filter_map(|(_, f)| *f) {
+        let mut functions: Vec<&str> = f.with.iter().map(|c| c.function).collect();
+        functions.dedup();
+        for function in functions {
+            let found = btf.func_arg_count(function);
+            match f
+                .with
+                .iter()
+                .find(|c| c.function == function && Some(c.args) == found)
+            {
+                Some(c) => chosen.push(c),
+                None if found.is_none()
+                    && f.with.iter().any(|c| c.function == function && c.optional) =>
+                {
+                    debug!(
+                        function,
+                        "not in this kernel (folded into another): its fexit program is not needed"
+                    );
+                }
+                None => {
+                    let why = match found {
+                        Some(n) => format!(
+                            "{function} takes {n} arguments here, no program reads that many"
+                        ),
+                        None => format!("{function} is not in this kernel's BTF"),
+                    };
+                    let lost = f
+                        .with
+                        .iter()
+                        .find(|c| c.function == function)
+                        .map_or("", |c| c.feature);
+                    warn!(function, error = %why, lost, "fexit unusable; feature disabled");
+                    degraded.push((format!("fexit:{function}"), why));
+                }
+            }
+        }
+    }
+    chosen
+}
+
+/// Loads (and with `attach`, attaches) an fexit companion; the error is the kernel's.
+fn load_companion(
+    ebpf: &mut Ebpf,
+    c: &Companion,
+    btf: &aya::Btf,
+    attach: bool,
+) -> Result<Result<(), ProgramError>, LoadError> {
+    let program = ebpf
+        .program_mut(c.program)
+        .ok_or(LoadError::MissingProgram(c.program))?;
+    let program: &mut FExit = program.try_into().map_err(|source| LoadError::Program {
+        program: c.program,
+        source,
+    })?;
+    Ok(program.load(c.function, btf).and_then(|()| {
+        if attach {
+            program.attach().map(drop)
+        } else {
+            Ok(())
+        }
+    }))
 }
 
 /// A program's name and what the verifier said of it; `None` when it was not loaded, as
@@ -248,6 +328,13 @@ pub(crate) fn verify(opts: &Options) -> Result<Vec<Verdict>, LoadError> {
                 }
             };
             results.push((f.program, Some(result.map_err(|e| verifier_error(&e)))));
+            for c in prepared.companions.iter().filter(|c| f.with.contains(c)) {
+                let Some(btf) = &prepared.kernel_btf else {
+                    break;
+                };
+                let result = load_companion(&mut prepared.ebpf, c, btf, false)?;
+                results.push((c.program, Some(result.map_err(|e| verifier_error(&e)))));
+            }
             continue;
         }
         let Some(program) = prepared.ebpf.program_mut(hook.program) else {
@@ -325,6 +412,7 @@ pub(crate) fn load(opts: &Options) -> Result<Loaded, LoadError> {
         mut degraded,
         drop_reasons,
         btf_ok,
+        companions,
     } = prepare(opts)?;
     let ebpf_log = ebpf_log::init(&mut ebpf, opts.ebpf_log).unwrap_or_else(|e| {
         warn!(error = %e, "eBPF programs' logs unavailable");
@@ -350,6 +438,21 @@ pub(crate) fn load(opts: &Options) -> Result<Loaded, LoadError> {
                 let e = verifier_error(&e);
                 warn!(program, error = %e, lost = hook.feature, "load or attach failed; feature disabled");
                 degraded.push((hook.label(), e));
+                continue;
+            }
+        }
+        let (Some(f), Some(btf)) = (fallback, kernel_btf.as_ref()) else {
+            continue;
+        };
+        for c in companions.iter().filter(|c| f.with.contains(c)) {
+            match load_companion(&mut ebpf, c, btf, true)? {
+                Ok(()) => attached.push(c.program),
+                Err(e) => {
+                    // arm64 before 6.0 has no fexit trampolines, for one.
+                    let e = verifier_error(&e);
+                    warn!(program = c.program, error = %e, lost = c.feature, "fexit load or attach failed; feature disabled");
+                    degraded.push((format!("fexit:{}", c.function), e));
+                }
             }
         }
     }
@@ -382,6 +485,7 @@ fn attach(
             program: hook.program,
             function: hook.name,
             kind: FallbackKind::Fentry,
+            with: &[],
         };
         return attach_fallback(ebpf, as_fentry, btf);
     }
