@@ -139,12 +139,13 @@ pub(super) const KERNEL_SUBSET: &[&str] = &[
 ];
 
 /// The kernel subset on the kernel where the agent runs its fallbacks (Debian 11's 5.10:
-/// fentry on `sock_def_error_report` and `__icmp_send`, `kfree_skb` by drop site), within
+/// fentry on `sock_def_error_report` and `__icmp_send`, `kfree_skb` by drop site with
+/// fexit on the functions that run tc and cgroup programs), within
 /// CI's 90 minutes beside the 6.1 subset: every program through this kernel's verifier
 /// (`doctor`), and each verdict whose evidence those fallbacks give: refused, reset,
 /// unreachable and the ICMP errors sent, the firewall and routing layers from the drop
 /// sites, drop counts, the MTU black hole and oversize drops (IPv4 and IPv6), the inbound
-/// firewall drop, and the clean shutdown. The rest of the kernel subset reads the same
+/// firewall drop, drops by other eBPF programs, and the clean shutdown. The rest of the kernel subset reads the same
 /// tracepoints as 6.1 (retransmits, resets, TC through netlink) and stays there;
 /// `integration --kernel 5.10` runs everything.
 pub(super) const FALLBACK_SUBSET: &[&str] = &[
@@ -168,6 +169,8 @@ pub(super) const FALLBACK_SUBSET: &[&str] = &[
     "oversized_pod_mtu_with_icmp_allowed_is_an_oversize_drop_that_recovers",
     "refused_storm_is_aggregated_in_the_kernel_and_accounted_exactly",
     "syn_dropped_by_an_ingress_policy_is_an_inbound_firewall_finding",
+    "tc_program_that_dropped_the_syn_is_named",
+    "cgroup_egress_program_that_dropped_the_syn_is_named",
 ];
 
 pub(super) fn suite_name(
