@@ -11,8 +11,8 @@ use std::{net::IpAddr, time::SystemTime};
 use crate::findings::{
     Finding, Kind, Layer, Severity, Status,
     evidence::{
-        BlackholeEvidence, Evidence, PathEvidence, PathProbeEvidence, PathProbeResult,
-        StallEvidence,
+        BlackholeEvidence, ConnectEvidence, Evidence, PathEvidence, PathProbeEvidence,
+        PathProbeResult, StallEvidence,
     },
 };
 
@@ -41,14 +41,23 @@ pub(crate) fn question(f: &Finding) -> Option<Question> {
         // A next hop through a tunnel whose neighbour entry is learned through it (ARP
         // over the VXLAN, not a CNI's static entry) fails when the tunnel is lost.
         (Kind::TcpTimeout | Kind::TcpUnreachable, Layer::CniRouting, Evidence::Connect(e))
-            if e.drop
-                .as_ref()
-                .is_some_and(|d| d.drop_reason == "NEIGH_FAILED") =>
+            if next_hop_unresolved(&e) =>
         {
             Some(Question::Tunnel)
         }
         _ => None,
     }
+}
+
+/// The attempt's packets died waiting for the next hop's link-layer address: dropped
+/// with a neighbour reason, or dropped otherwise where the next hop was found unresolved
+/// (the kernel purges a neighbour's queue with no reason when its resolution restarts
+/// while it fails, as any other packet to that next hop can make it).
+fn next_hop_unresolved(e: &ConnectEvidence) -> bool {
+    e.drop
+        .as_ref()
+        .is_some_and(|d| d.drop_reason.starts_with("NEIGH_"))
+        || e.drop_site.as_ref().is_some_and(|s| s.neighbour.is_some())
 }
 
 /// Whether `f` is a black hole a probe found on the path: nothing on this node shows
@@ -394,8 +403,9 @@ mod tests {
     use std::net::Ipv4Addr;
 
     use super::*;
-    use crate::findings::evidence::{
-        ConnectEvidence, DropEvidence, FragEvidence, RecoveredEvidence, Recovery,
+    use crate::{
+        findings::evidence::{DropEvidence, FragEvidence, RecoveredEvidence, Recovery},
+        host_network::drop_site::DropSite,
     };
 
     const POD_B: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 244, 2, 9));
@@ -742,6 +752,21 @@ mod tests {
         };
         e.drop.as_mut().unwrap().drop_reason = "IP_NOROUTE".into();
         assert_eq!(question(&unreachable), None);
+        // A queue purged without a reason, its next hop found unresolved: the same
+        // question, and the same overlay verdict.
+        let Evidence::Connect(e) = &mut unreachable.evidence else {
+            unreachable!("connect evidence");
+        };
+        e.drop.as_mut().unwrap().drop_reason = "NOT_SPECIFIED".into();
+        e.drop_site = Some(Box::new(DropSite {
+            neighbour: Some("10.200.0.2 dev vx0 incomplete".into()),
+            ..Default::default()
+        }));
+        assert_eq!(question(&unreachable), Some(Question::Tunnel));
+        let PathVerdict::Replace(f) = judge(&unreachable, &check, SystemTime::now()) else {
+            panic!("overlay");
+        };
+        assert_eq!((f.kind, f.layer), (Kind::TcpUnreachable, Layer::Overlay));
     }
 
     #[test]
