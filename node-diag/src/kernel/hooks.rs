@@ -90,12 +90,19 @@ impl Fallback {
                 format!("{} by its drop site (kallsyms)", self.function)
             }
         };
-        let mut functions: Vec<&str> = self.with.iter().map(|c| c.function).collect();
-        functions.dedup();
+        let functions = self.companion_functions();
         if !functions.is_empty() {
             m.push_str(&format!(" with fexit on {}", functions.join(", ")));
         }
         m
+    }
+
+    /// The kernel functions its companions attach to, each once (a function's programs
+    /// are listed together).
+    pub(crate) fn companion_functions(&self) -> Vec<&'static str> {
+        let mut functions: Vec<&'static str> = self.with.iter().map(|c| c.function).collect();
+        functions.dedup();
+        functions
     }
 }
 

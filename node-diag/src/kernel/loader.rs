@@ -228,9 +228,7 @@ fn fitting_companions(
 ) -> Vec<&'static Companion> {
     let mut chosen = Vec::new();
     for f in usable.iter().filter_map(|(_, f)| *f) {
-        let mut functions: Vec<&str> = f.with.iter().map(|c| c.function).collect();
-        functions.dedup();
-        for function in functions {
+        for function in f.companion_functions() {
             let found = btf.func_arg_count(function);
             match f
                 .with
