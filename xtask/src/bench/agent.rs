@@ -9,8 +9,8 @@ use node_diag_testbed::{Topology, metrics};
 use serde::Serialize;
 use serde_json::Value;
 
-use super::signal::interrupted;
-use crate::cmd;
+use super::{floor, signal::interrupted};
+use crate::{cmd, say::bench as say};
 
 /// Where the agent listens, inside node A's namespace.
 const LISTEN: &str = "127.0.0.1:9464";
@@ -103,14 +103,26 @@ impl<'t> Agent<'t> {
     ) -> Result<BTreeMap<String, String>> {
         let mut out = BTreeMap::new();
         for (_, info) in bpf_fdinfos(self.pid(), "anon_inode:bpf_link")? {
-            let (Some(id), Some(tracepoint)) = (
-                fdinfo_field(&info, "prog_id"),
-                fdinfo_text(&info, "tp_name"),
-            ) else {
+            let Some(prog) = fdinfo_field(&info, "prog_id")
+                .and_then(|id| u32::try_from(id).ok())
+                .and_then(|id| names.get(&id))
+            else {
                 continue;
             };
-            if let Some(prog) = u32::try_from(id).ok().and_then(|id| names.get(&id)) {
+            if let Some(tracepoint) = fdinfo_text(&info, "tp_name") {
                 out.insert(prog.name.clone(), tracepoint.to_owned());
+            } else if prog.kind == "tracing" {
+                // An fentry/fexit link: its function, as the agent attaches it.
+                match floor::hook_of(&prog.name) {
+                    Some(hook) => {
+                        out.insert(prog.name.clone(), hook.to_owned());
+                    }
+                    None => say(format_args!(
+                        "{} is attached through a trampoline the bench does not know \
+                         (floor::TRAMPOLINES): judged net of the whole bench's floor",
+                        prog.name
+                    )),
+                }
             }
         }
         Ok(out)

@@ -1,5 +1,7 @@
 //! The measuring instrument's own cost: an empty program (`r0 = 0; exit`) attached as a
-//! raw tracepoint to each tracepoint the agent hooks, for the profile measurements only.
+//! raw tracepoint to each tracepoint the agent hooks, and as fentry/fexit to each kernel
+//! function it hooks through a BPF trampoline (its fallbacks on kernels without a
+//! tracepoint or drop reasons, and ICMPv6), for the profile measurements only.
 //!
 //! With `kernel.bpf_stats_enabled=1` the kernel reads its clock before and after every
 //! program run and counts the difference in `run_time_ns`. An empty program's average is
@@ -32,7 +34,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 use super::agent::{RunStats, fdinfo_field};
-use crate::say::bench as say;
+use crate::{cmd, say::bench as say};
 
 /// Every tracepoint the agent's programs hook (its TC classifier aside: the floor of a
 /// classifier's statistics is the same clock reads around the same kind of call).
@@ -46,12 +48,38 @@ pub const TRACEPOINTS: &[&str] = &[
     "icmp_send",
 ];
 
+/// The agent's programs attached through a BPF trampoline, with the hook each runs on
+/// (`fentry:<function>` or `fexit:<function>`), as node-diag's `kernel/hooks.rs` attaches
+/// them: before Linux 5.13 a tracing link does not say which function it is attached to,
+/// so the bench cannot read it from the kernel. A tracing program missing here is judged
+/// net of the whole bench's floor (and said so, see [`hook_of`]).
+pub const TRAMPOLINES: &[(&str, &str)] = &[
+    ("nd_err_fentry", "fentry:sock_def_error_report"),
+    ("nd_icmp_fentry", "fentry:__icmp_send"),
+    ("nd_icmp6_send", "fentry:icmp6_send"),
+    ("nd_tc_shot4", "fexit:tcf_classify"),
+    ("nd_tc_shot5", "fexit:tcf_classify"),
+    ("nd_tc_shot_ingress", "fexit:tcf_classify_ingress"),
+    ("nd_cgroup_shot", "fexit:__cgroup_bpf_run_filter_skb"),
+];
+
+/// The hook of the agent's trampoline program `program`, if known.
+pub fn hook_of(program: &str) -> Option<&'static str> {
+    TRAMPOLINES
+        .iter()
+        .find(|(name, _)| *name == program)
+        .map(|(_, hook)| *hook)
+}
+
 /// Not `nd_`: the bench's check for other agents' programs must not count these.
 const PROG_NAME: &[u8] = b"ndb_empty";
 
 const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_RAW_TRACEPOINT_OPEN: libc::c_long = 17;
 const BPF_PROG_TYPE_RAW_TRACEPOINT: u32 = 17;
+const BPF_PROG_TYPE_TRACING: u32 = 26;
+const BPF_TRACE_FENTRY: u32 = 24;
+const BPF_TRACE_FEXIT: u32 = 25;
 /// Large enough for every field written below; the kernel reads the rest as zeros.
 const ATTR_SIZE: usize = 128;
 
@@ -62,14 +90,14 @@ pub struct EmptyPrograms {
 }
 
 impl EmptyPrograms {
-    /// One empty program on each of [`TRACEPOINTS`] this kernel has; fails only when none
-    /// could be attached.
+    /// One empty program on each of [`TRACEPOINTS`] this kernel has, and on each of
+    /// [`TRAMPOLINES`]' hooks it allows; fails only when no tracepoint could be attached.
     pub fn attach() -> Result<Self> {
         let mut attached = Vec::new();
         let mut errors = Vec::new();
         for tracepoint in TRACEPOINTS {
-            match load().and_then(|prog| {
-                let link = open_raw_tracepoint(&prog, tracepoint)?;
+            match load_raw_tracepoint().and_then(|prog| {
+                let link = open_raw_tracepoint(&prog, Some(tracepoint))?;
                 Ok((*tracepoint, prog, link))
             }) {
                 Ok(pair) => attached.push(pair),
@@ -82,9 +110,22 @@ impl EmptyPrograms {
                 errors.join("; ")
             );
         }
-        for error in errors {
-            say(format_args!("floor: {error} (left out)"));
+        let mut hooks: Vec<&'static str> = TRAMPOLINES.iter().map(|(_, hook)| *hook).collect();
+        hooks.sort_unstable();
+        hooks.dedup();
+        for hook in hooks {
+            match attach_trampoline(hook) {
+                Ok((prog, link)) => attached.push((hook, prog, link)),
+                Err(err) => errors.push(format!("{hook}: {err:#}")),
+            }
         }
+        // The same hooks fail the same way at every measurement: said once.
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| {
+            for error in errors {
+                say(format_args!("floor: {error} (left out)"));
+            }
+        });
         Ok(Self { attached })
     }
 
@@ -126,25 +167,91 @@ fn bpf_fd(cmd: libc::c_long, attr: &mut [u8; ATTR_SIZE], what: &str) -> Result<O
 }
 
 /// Loads `r0 = 0; exit` as a raw tracepoint program.
-fn load() -> Result<OwnedFd> {
+fn load_raw_tracepoint() -> Result<OwnedFd> {
+    load(BPF_PROG_TYPE_RAW_TRACEPOINT, 0, 0)
+}
+
+/// An empty fentry or fexit program on `hook`'s function (`fentry:<function>`), attached.
+fn attach_trampoline(hook: &str) -> Result<(OwnedFd, OwnedFd)> {
+    let (attach_type, function) = match hook.split_once(':') {
+        Some(("fentry", function)) => (BPF_TRACE_FENTRY, function),
+        Some(("fexit", function)) => (BPF_TRACE_FEXIT, function),
+        _ => bail!("`{hook}` is neither fentry:<function> nor fexit:<function>"),
+    };
+    let btf_id = vmlinux_func_id(function)?;
+    let prog = load(BPF_PROG_TYPE_TRACING, attach_type, btf_id)?;
+    let link = open_raw_tracepoint(&prog, None)?;
+    Ok((prog, link))
+}
+
+/// Loads `r0 = 0; exit` as a program of `prog_type` (for a tracing program, attached at
+/// `attach_type` to the kernel function whose BTF id is `attach_btf_id`).
+fn load(prog_type: u32, attach_type: u32, attach_btf_id: u32) -> Result<OwnedFd> {
     // BPF_MOV64_IMM(BPF_REG_0, 0), BPF_EXIT_INSN(): code, registers, offset, immediate.
     let insns: [u8; 16] = [0xb7, 0, 0, 0, 0, 0, 0, 0, 0x95, 0, 0, 0, 0, 0, 0, 0];
     let license = c"GPL";
     let mut attr = [0u8; ATTR_SIZE];
-    attr[0..4].copy_from_slice(&BPF_PROG_TYPE_RAW_TRACEPOINT.to_ne_bytes());
+    attr[0..4].copy_from_slice(&prog_type.to_ne_bytes());
     attr[4..8].copy_from_slice(&2u32.to_ne_bytes());
     attr[8..16].copy_from_slice(&(insns.as_ptr() as u64).to_ne_bytes());
     attr[16..24].copy_from_slice(&(license.as_ptr() as u64).to_ne_bytes());
     // prog_name, at offset 48 (after log_level, log_size, log_buf, kern_version, flags).
     attr[48..48 + PROG_NAME.len()].copy_from_slice(PROG_NAME);
+    // expected_attach_type at 68 (after prog_ifindex); attach_btf_id at 108 (after
+    // prog_btf_fd and the func_info and line_info fields).
+    attr[68..72].copy_from_slice(&attach_type.to_ne_bytes());
+    attr[108..112].copy_from_slice(&attach_btf_id.to_ne_bytes());
     bpf_fd(BPF_PROG_LOAD, &mut attr, "BPF_PROG_LOAD")
 }
 
-/// Attaches `prog` to the raw tracepoint `name`.
-fn open_raw_tracepoint(prog: &OwnedFd, name: &str) -> Result<OwnedFd> {
-    let name = CString::new(name)?;
+/// The BTF id of the kernel function `name`, from `bpftool btf dump` of the kernel's BTF
+/// (its raw format: `[ID] FUNC 'name' type_id=... linkage=...`).
+fn vmlinux_func_id(name: &str) -> Result<u32> {
+    static FUNCS: std::sync::OnceLock<std::result::Result<BTreeMap<String, u32>, String>> =
+        std::sync::OnceLock::new();
+    let funcs = FUNCS.get_or_init(|| {
+        let wanted: Vec<&str> = TRAMPOLINES
+            .iter()
+            .filter_map(|(_, hook)| hook.split_once(':').map(|(_, f)| f))
+            .collect();
+        cmd::output(cmd::command("bpftool").args([
+            "btf",
+            "dump",
+            "file",
+            "/sys/kernel/btf/vmlinux",
+        ]))
+        .map(|dump| func_ids(&dump, &wanted))
+        .map_err(|err| format!("{err:#}"))
+    });
+    match funcs {
+        Ok(funcs) => funcs
+            .get(name)
+            .copied()
+            .with_context(|| format!("the kernel's BTF has no function {name}")),
+        Err(err) => bail!("cannot read the kernel's BTF: {err}"),
+    }
+}
+
+/// The ids of the `wanted` functions in a raw `bpftool btf dump`.
+fn func_ids(dump: &str, wanted: &[&str]) -> BTreeMap<String, u32> {
+    dump.lines()
+        .filter_map(|line| {
+            let (id, rest) = line.strip_prefix('[')?.split_once("] FUNC '")?;
+            let (name, _) = rest.split_once('\'')?;
+            wanted
+                .contains(&name)
+                .then(|| Some((name.to_owned(), id.parse().ok()?)))?
+        })
+        .collect()
+}
+
+/// Attaches `prog` to the raw tracepoint `name`, or a tracing program (`None`) to the
+/// function it was loaded for.
+fn open_raw_tracepoint(prog: &OwnedFd, name: Option<&str>) -> Result<OwnedFd> {
+    let name = name.map(CString::new).transpose()?;
     let mut attr = [0u8; ATTR_SIZE];
-    attr[0..8].copy_from_slice(&(name.as_ptr() as u64).to_ne_bytes());
+    let name_ptr = name.as_ref().map_or(0, |n| n.as_ptr() as u64);
+    attr[0..8].copy_from_slice(&name_ptr.to_ne_bytes());
     let fd = prog.as_raw_fd() as u32;
     attr[8..12].copy_from_slice(&fd.to_ne_bytes());
     bpf_fd(
@@ -152,4 +259,39 @@ fn open_raw_tracepoint(prog: &OwnedFd, name: &str) -> Result<OwnedFd> {
         &mut attr,
         "BPF_RAW_TRACEPOINT_OPEN",
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_functions_in_a_raw_btf_dump() {
+        let dump = "[1] INT 'int' size=4 bits_offset=0 nr_bits=32 encoding=SIGNED\n\
+                    [2] FUNC_PROTO '(anon)' ret_type_id=1 vlen=1\n\
+                    \t'skb' type_id=3\n\
+                    [4050] FUNC 'tcf_classify' type_id=2 linkage=static\n\
+                    [4051] FUNC 'tcf_classify_ingress' type_id=2 linkage=static\n\
+                    [4052] FUNC 'other' type_id=2 linkage=static\n";
+        let ids = func_ids(dump, &["tcf_classify", "tcf_classify_ingress", "absent"]);
+        assert_eq!(
+            ids.into_iter().collect::<Vec<_>>(),
+            [
+                ("tcf_classify".to_owned(), 4050),
+                ("tcf_classify_ingress".to_owned(), 4051)
+            ]
+        );
+    }
+
+    #[test]
+    fn every_trampoline_hook_names_its_kind_and_function() {
+        for (program, hook) in TRAMPOLINES {
+            assert!(program.starts_with("nd_"), "{program}");
+            let (kind, function) = hook.split_once(':').expect(hook);
+            assert!(matches!(kind, "fentry" | "fexit"), "{hook}");
+            assert!(!function.is_empty(), "{hook}");
+            assert_eq!(hook_of(program), Some(*hook));
+        }
+        assert_eq!(hook_of("nd_kfree_skb"), None);
+    }
 }

@@ -57,9 +57,51 @@ pub(crate) struct Options {
     /// 1.000 a median lands when the agent costs nothing.
     #[arg(long)]
     pub null: bool,
-    /// Where to write the JSON results (default target/bench/bench.json).
+    /// Where to write the JSON results (default target/bench/bench.json; with
+    /// --kernel, target/bench/bench-<KERNEL>.json).
     #[arg(long, value_name = "PATH")]
     pub out: Option<PathBuf>,
+    /// Run the bench inside a guest booted with this Debian kernel (5.10, 6.1 or 6.12;
+    /// x86_64), as `cargo xtask integration` boots them: the per-program figures on the
+    /// hooks that kernel gives the agent (5.10's fallbacks). Under emulation (TCG) only
+    /// ratios and relative costs mean anything, no absolute throughput.
+    #[arg(long, value_name = "KERNEL")]
+    pub kernel: Option<String>,
+    /// Minutes the guest of --kernel may run before it is killed.
+    #[arg(long, value_name = "MINUTES", default_value_t = 90, requires = "kernel",
+          value_parser = clap::value_parser!(u64).range(1..=600))]
+    pub timeout: u64,
+    /// The release agent to measure, instead of building it (how the guest of --kernel
+    /// runs the bench: it has no toolchain to build with).
+    #[arg(long, value_name = "PATH", hide = true, conflicts_with = "kernel")]
+    pub agent: Option<PathBuf>,
+}
+
+impl Options {
+    /// The options a guest's bench runs with: these, but where it runs and where it
+    /// writes, which the guest decides.
+    pub(crate) fn guest_args(&self) -> Vec<String> {
+        let mut args = Vec::new();
+        if self.smoke {
+            args.push("--smoke".to_owned());
+        }
+        let mut value = |flag: &str, value: Option<String>| {
+            if let Some(value) = value {
+                args.extend([flag.to_owned(), value]);
+            }
+        };
+        value("--runs", self.runs.map(|v| v.to_string()));
+        value("--duration", self.duration.map(|v| v.to_string()));
+        value("--conn-rate", self.conn_rate.map(|v| v.to_string()));
+        value("--storm", self.storm.map(|v| v.to_string()));
+        for workload in &self.workloads {
+            args.extend(["--workload".to_owned(), workload.name()]);
+        }
+        if self.null {
+            args.push("--null".to_owned());
+        }
+        args
+    }
 }
 
 /// The sizes this bench runs with.
@@ -182,6 +224,9 @@ impl Settings {
         }
         if self.null {
             line.push_str(" --null");
+        }
+        if let Some(kernel) = &options.kernel {
+            line.push_str(&format!(" --kernel {kernel}"));
         }
         if let Some(out) = &options.out {
             line.push_str(&format!(" --out {}", out.display()));

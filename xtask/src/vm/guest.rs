@@ -60,7 +60,58 @@ pub struct Plan<'a> {
 
 /// The guest script for `plan`.
 pub fn script(plan: &Plan<'_>) -> String {
-    let mut s = format!(
+    let mut s = prelude(plan.agent);
+    let _ = writeln!(s, "cd {}", quote(plan.manifest_dir));
+    let filters: Vec<String> = plan.filters.iter().map(|f| quote_str(f)).collect();
+    for binary in plan.binaries {
+        let name = test_name(binary);
+        let _ = writeln!(
+            s,
+            r#"echo "ND-VM-TEST-START {name}"
+start=$(date +%s)
+NODE_DIAG_BIN="$AGENT" CARGO_MANIFEST_DIR={manifest} NODE_DIAG_REQUIRE_TUNNELS=1 NODE_DIAG_TEST_TIME_SCALE={scale} {binary} --test-threads=1 {filters}
+rc=$?
+echo "{name} $rc $(( $(date +%s) - start ))" >> "$OUT/results"
+echo "ND-VM-TEST-END {name} exit=$rc""#,
+            manifest = quote(plan.manifest_dir),
+            binary = quote(binary),
+            filters = filters.join(" "),
+            scale = plan.time_scale,
+        );
+    }
+    s.push_str(EPILOGUE);
+    s
+}
+
+/// The name a bench run is recorded under in the results file.
+pub const BENCH: &str = "bench";
+/// What the bench in a guest writes into the results share.
+pub const BENCH_JSON: &str = "bench.json";
+
+/// The guest script of `cargo xtask bench --kernel`: `xtask bench` (the host's binary)
+/// on `agent` with `args`, its JSON (and table) written to the results share, recorded
+/// in the results file as one entry, [`BENCH`].
+pub fn bench_script(agent: &Path, xtask: &Path, args: &[String]) -> String {
+    let mut s = prelude(agent);
+    let args: Vec<String> = args.iter().map(|a| quote_str(a)).collect();
+    let _ = writeln!(
+        s,
+        r#"echo "ND-VM-TEST-START {BENCH}"
+start=$(date +%s)
+{xtask} bench --agent "$AGENT" --out "$OUT/{BENCH_JSON}" {args}
+rc=$?
+echo "{BENCH} $rc $(( $(date +%s) - start ))" >> "$OUT/results"
+echo "ND-VM-TEST-END {BENCH} exit=$rc""#,
+        xtask = quote(xtask),
+        args = args.join(" "),
+    );
+    s.push_str(EPILOGUE);
+    s
+}
+
+/// The script's start: the mounts a booted system would have, the modules, `doctor`.
+fn prelude(agent: &Path) -> String {
+    format!(
         r#"#!/bin/sh
 # Written by `cargo xtask integration`; runs as PID 1 inside the guest's root.
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
@@ -89,31 +140,14 @@ echo "ND-VM: kernel $(uname -r) ($(uname -m)), $(nproc) CPUs, user space ready"
 AGENT={agent}
 "$AGENT" doctor -o json > "$OUT/doctor.json" 2>"$OUT/doctor.err"
 "$AGENT" doctor 2>&1
-cd {manifest}
 "#,
         modules = MODULES.join(" "),
-        agent = quote(plan.agent),
-        manifest = quote(plan.manifest_dir),
-    );
-    let filters: Vec<String> = plan.filters.iter().map(|f| quote_str(f)).collect();
-    for binary in plan.binaries {
-        let name = test_name(binary);
-        let _ = writeln!(
-            s,
-            r#"echo "ND-VM-TEST-START {name}"
-start=$(date +%s)
-NODE_DIAG_BIN="$AGENT" CARGO_MANIFEST_DIR={manifest} NODE_DIAG_REQUIRE_TUNNELS=1 NODE_DIAG_TEST_TIME_SCALE={scale} {binary} --test-threads=1 {filters}
-rc=$?
-echo "{name} $rc $(( $(date +%s) - start ))" >> "$OUT/results"
-echo "ND-VM-TEST-END {name} exit=$rc""#,
-            manifest = quote(plan.manifest_dir),
-            binary = quote(binary),
-            filters = filters.join(" "),
-            scale = plan.time_scale,
-        );
-    }
-    s.push_str(
-        r#"# What the kernel logged of crashed processes (a test sees only the signal).
+        agent = quote(agent),
+    )
+}
+
+/// The script's end, after its work: what the kernel logged of crashes, `done`, power off.
+const EPILOGUE: &str = r#"# What the kernel logged of crashed processes (a test sees only the signal).
 dmesg | grep -E 'segfault|traps:|general protection' | tail -20 | sed 's/^/ND-VM-DMESG: /'
 echo done > "$OUT/done"
 sync
@@ -122,10 +156,7 @@ echo o > /proc/sysrq-trigger
 # Wait in the shell itself: the power-off unmounts the root, so no command can start,
 # and PID 1 must not exit (the kernel would panic).
 while :; do :; done
-"#,
-    );
-    s
-}
+"#;
 
 /// `target/debug/deps/scenarios-0123abcd` → `scenarios`.
 pub fn test_name(binary: &Path) -> String {
@@ -172,6 +203,21 @@ mod tests {
         assert!(s.contains(r#"echo "mtu $rc"#));
         // `done` is written after the last test only.
         assert!(s.rfind("ND-VM-TEST-END mtu").unwrap() < s.find("\"$OUT/done\"").unwrap());
+    }
+
+    #[test]
+    fn bench_script_runs_the_hosts_xtask_on_the_agent_and_records_it() {
+        let s = bench_script(
+            Path::new("/w/target/release/node-diag"),
+            Path::new("/w/target/debug/xtask"),
+            &["--runs".to_owned(), "3".to_owned()],
+        );
+        assert!(s.contains("AGENT='/w/target/release/node-diag'"));
+        assert!(s.contains(
+            "'/w/target/debug/xtask' bench --agent \"$AGENT\" --out \"$OUT/bench.json\" '--runs' '3'"
+        ));
+        assert!(s.contains(r#"echo "bench $rc"#));
+        assert!(s.rfind("ND-VM-TEST-END bench").unwrap() < s.find("\"$OUT/done\"").unwrap());
     }
 
     #[test]

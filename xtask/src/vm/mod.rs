@@ -315,12 +315,91 @@ fn run_vm(
     root: &Path,
     options: &Options,
 ) -> Result<Outcome> {
+    let filters = guest_filters(&options.filters, options.subset, arch, series.subset);
+    let guest = boot_guest(
+        series,
+        arch,
+        root,
+        &format!("{}-{arch}", series.name),
+        options.deadline(),
+        options.keep,
+        |accel| {
+            guest::script(&guest::Plan {
+                agent: &build.agent,
+                manifest_dir: &build.manifest_dir,
+                binaries: &build.binaries,
+                filters: &filters,
+                // Emulated CPUs run several times slower than the host's.
+                time_scale: match accel {
+                    qemu::Accel::Kvm => 1,
+                    qemu::Accel::Tcg => TCG_TIME_SCALE,
+                },
+            })
+        },
+    )?;
+    let tests = read_results(&guest.out.join("results"));
+    let (doctor, tc_attach) =
+        doctor_summary(&fs::read_to_string(guest.out.join("doctor.json")).unwrap_or_default());
+    let error = guest.failure.or_else(|| {
+        if tests.len() != build.binaries.len() {
+            Some(format!(
+                "{} of {} test binaries reported",
+                tests.len(),
+                build.binaries.len()
+            ))
+        } else {
+            tests
+                .iter()
+                .filter(|(_, rc, _)| *rc != 0)
+                .map(|(name, rc, _)| format!("{name} exited {rc}"))
+                .reduce(|a, b| format!("{a}, {b}"))
+        }
+    });
+    Ok(Outcome {
+        kernel: series.name.to_owned(),
+        arch,
+        release: guest.release,
+        accel: guest.accel.name().to_owned(),
+        suite: suite_name(&options.filters, options.subset, arch, series.subset),
+        tests,
+        doctor,
+        tc_attach,
+        passed: error.is_none(),
+        seconds: guest.seconds,
+        error,
+    })
+}
+
+/// A guest that ran its script and powered off (or was stopped).
+struct Guest {
+    /// The kernel's release (`uname -r`).
+    release: String,
+    accel: qemu::Accel,
+    /// The results share, as the guest left it.
+    out: PathBuf,
+    /// Why the guest did not finish its script: a timeout, a panic, a crash.
+    failure: Option<String>,
+    seconds: u64,
+}
+
+/// Boots `series` on `arch` with the init script `script` gives for the accelerator
+/// picked, in `root`/runs/`run_name` (replaced), and waits (at most `deadline`) for it
+/// to power off.
+fn boot_guest(
+    series: kernel::Series,
+    arch: Arch,
+    root: &Path,
+    run_name: &str,
+    deadline: Duration,
+    keep: bool,
+    script: impl FnOnce(qemu::Accel) -> String,
+) -> Result<Guest> {
     qemu::require(arch)?;
     let cache = root.join("cache");
     let package = series.newest_package(arch, &cache)?;
     let kernel = kernel::fetch(&series, &package, arch, &cache)?;
     say(format_args!("{package}: kernel {}", kernel.release));
-    let run_dir = root.join("runs").join(format!("{}-{arch}", series.name));
+    let run_dir = root.join("runs").join(run_name);
     if run_dir.exists() {
         fs::remove_dir_all(&run_dir)?;
     }
@@ -332,7 +411,6 @@ fn run_vm(
         Arch::Aarch64 => arm64::busybox(&arm64::userland(&cache)?),
     };
     let modules = kernel.modules_for(ROOT_MODULES)?;
-    let filters = guest_filters(&options.filters, options.subset, arch, series.subset);
     let (root_dir, workspace) = match arch {
         Arch::X86_64 => (PathBuf::from("/"), None::<PathBuf>),
         Arch::Aarch64 => (
@@ -345,17 +423,7 @@ fn run_vm(
     let accel = qemu::pick_accel(arch, &kernel.image, &probe, &run_dir.join("probe.log"))?;
     say(format_args!("accelerator: {}", accel.name()));
 
-    let script = guest::script(&guest::Plan {
-        agent: &build.agent,
-        manifest_dir: &build.manifest_dir,
-        binaries: &build.binaries,
-        filters: &filters,
-        // Emulated CPUs run several times slower than the host's.
-        time_scale: match accel {
-            qemu::Accel::Kvm => 1,
-            qemu::Accel::Tcg => TCG_TIME_SCALE,
-        },
-    });
+    let script = script(accel);
     let initrd = run_dir.join("initramfs.cpio");
     initramfs::write(
         &initramfs::Contents {
@@ -411,7 +479,7 @@ fn run_vm(
         let boot = machine.boot(
             &prefix,
             &run_dir.join("console.log"),
-            options.deadline(),
+            deadline,
             false,
             &[
                 INIT_UP,
@@ -433,14 +501,11 @@ fn run_vm(
         attempt += 1;
     };
 
-    let tests = read_results(&out.join("results"));
     let done = out.join("done").exists();
-    let (doctor, tc_attach) =
-        doctor_summary(&fs::read_to_string(out.join("doctor.json")).unwrap_or_default());
-    let error = if !boot.exited {
+    let failure = if !boot.exited {
         Some(format!(
             "the guest did not finish within {} (console: {})",
-            minutes(options.deadline().as_secs()),
+            minutes(deadline.as_secs()),
             run_dir.join("console.log").display()
         ))
     } else if let Some(line) = boot
@@ -453,38 +518,102 @@ fn run_vm(
         Some(format!("the guest failed: {line}"))
     } else if !done {
         Some("the guest stopped before the tests finished (crash?)".to_owned())
-    } else if tests.len() != build.binaries.len() {
-        Some(format!(
-            "{} of {} test binaries reported",
-            tests.len(),
-            build.binaries.len()
-        ))
     } else {
-        tests
-            .iter()
-            .filter(|(_, rc, _)| *rc != 0)
-            .map(|(name, rc, _)| format!("{name} exited {rc}"))
-            .reduce(|a, b| format!("{a}, {b}"))
+        None
     };
-    if options.keep {
+    if keep {
         say(format_args!("kept {}", run_dir.display()));
     } else {
         let _ = fs::remove_file(&initrd);
         let _ = fs::remove_dir_all(run_dir.join("scratch"));
     }
-    Ok(Outcome {
-        kernel: series.name.to_owned(),
-        arch,
+    Ok(Guest {
         release: kernel.release,
-        accel: accel.name().to_owned(),
-        suite: suite_name(&options.filters, options.subset, arch, series.subset),
-        tests,
-        doctor,
-        tc_attach,
-        passed: error.is_none(),
+        accel,
+        out,
+        failure,
         seconds: boot.elapsed.as_secs(),
-        error,
     })
+}
+
+/// `cargo xtask bench --kernel KERNEL`: the bench inside a guest of that kernel, on the
+/// release agent built here, its JSON and table copied to target/bench/bench-KERNEL.*.
+pub fn bench(kernel: &str, options: &crate::bench::Options) -> Result<()> {
+    let series = kernel::series(kernel).with_context(|| {
+        let known: Vec<_> = kernel::SERIES.iter().map(|s| s.name).collect();
+        format!(
+            "unknown kernel `{kernel}` for the bench: expected {}",
+            known.join(", ")
+        )
+    })?;
+    if options
+        .workloads
+        .iter()
+        .any(|w| !matches!(w, crate::bench::Choice::Pair(_)))
+    {
+        bail!(
+            "--kernel measures the baseline/agent pairs and the per-program figures; run the scale workloads without it, on this machine"
+        );
+    }
+    if !cmd::is_root() {
+        bail!(
+            "`cargo xtask bench --kernel` needs root (the guests' 9p shares map root; the bench loads eBPF): run it as root"
+        );
+    }
+    prereqs::ensure(prereqs::Tools::BUILD)?;
+    prereqs::ensure_vm(false)?;
+    prereqs::ensure_system_tools(crate::bench::BENCH_TOOLS)?;
+    agent::build(true)?;
+    let agent = agent::binary(true)?;
+    // This very binary runs the bench in the guest, whose root is this machine's.
+    let xtask = std::env::current_exe().context("cannot find the xtask binary")?;
+    let target = cmd::target_dir()?;
+    let guest = boot_guest(
+        series,
+        Arch::X86_64,
+        &target.join("vm"),
+        // Not the integration suite's run directory: both may run at once.
+        &format!("bench-{}-{}", series.name, Arch::X86_64),
+        Duration::from_secs(options.timeout * 60),
+        false,
+        |_| guest::bench_script(&agent, &xtask, &options.guest_args()),
+    )?;
+    let json = guest.out.join(guest::BENCH_JSON);
+    let out = match &options.out {
+        Some(out) => out.clone(),
+        None => target.join("bench").join(format!("bench-{kernel}.json")),
+    };
+    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        fs::create_dir_all(dir)?;
+    }
+    let copied = fs::copy(&json, &out).is_ok();
+    let table = json.with_extension("md");
+    if let Ok(markdown) = fs::read_to_string(&table) {
+        fs::write(out.with_extension("md"), &markdown)?;
+        println!("\n{markdown}");
+    }
+    let rc = read_results(&guest.out.join("results"))
+        .into_iter()
+        .find(|(name, _, _)| name == guest::BENCH)
+        .map(|(_, rc, _)| rc);
+    if let Some(failure) = guest.failure {
+        bail!("the bench on {kernel} failed: {failure}");
+    }
+    match rc {
+        Some(0) if copied => {}
+        Some(0) => bail!("the bench on {kernel} wrote no {}", json.display()),
+        Some(rc) => bail!("the bench on {kernel} exited {rc} (its output above)"),
+        None => bail!("the bench on {kernel} did not report (its output above)"),
+    }
+    say(format_args!(
+        "bench on {kernel} ({} {}, {}): JSON {} (table: {})",
+        guest.release,
+        Arch::X86_64,
+        guest.accel.name(),
+        out.display(),
+        out.with_extension("md").display()
+    ));
+    Ok(())
 }
 
 /// What the init script prints once the kernel ran it.

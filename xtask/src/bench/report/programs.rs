@@ -17,12 +17,15 @@ use crate::bench::{
 /// connect (the error report path, which builds an event). `None` for a program without
 /// a budget (a new one: it is shown, not judged).
 pub(super) fn program_budget(name: &str) -> Option<(f64, &'static str)> {
+    // The fallbacks of kernels without a tracepoint or drop reasons (5.10–5.16) are
+    // held to the budget of the program they stand in for; the fexit companions of
+    // `nd_kfree_site` run on every packet a tc or cgroup program classifies.
     match name {
-        "nd_tc_ingress" | "nd_kfree_skb" => Some((60.0, "per packet")),
-        "nd_set_state" | "nd_rcv_reset" | "nd_snd_reset" | "nd_retransmit" | "nd_icmp_send" => {
-            Some((150.0, "per connection"))
-        }
-        "nd_err_report" => Some((400.0, "error report")),
+        "nd_tc_ingress" | "nd_kfree_skb" | "nd_kfree_site" | "nd_tc_shot4" | "nd_tc_shot5"
+        | "nd_tc_shot_ingress" | "nd_cgroup_shot" => Some((60.0, "per packet")),
+        "nd_set_state" | "nd_rcv_reset" | "nd_snd_reset" | "nd_retransmit" | "nd_icmp_send"
+        | "nd_icmp_fentry" | "nd_icmp6_send" => Some((150.0, "per connection")),
+        "nd_err_report" | "nd_err_fentry" => Some((400.0, "error report")),
         _ => None,
     }
 }
@@ -373,6 +376,19 @@ mod tests {
         assert_eq!(
             program_budget("nd_err_report"),
             Some((400.0, "error report"))
+        );
+        assert_eq!(program_budget("nd_kfree_site"), Some((60.0, "per packet")));
+        assert_eq!(
+            program_budget("nd_tc_shot_ingress"),
+            Some((60.0, "per packet"))
+        );
+        assert_eq!(
+            program_budget("nd_err_fentry"),
+            program_budget("nd_err_report")
+        );
+        assert_eq!(
+            program_budget("nd_icmp_fentry"),
+            program_budget("nd_icmp_send")
         );
         assert_eq!(program_budget("nd_new_hook"), None);
     }
