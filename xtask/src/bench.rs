@@ -107,9 +107,6 @@ pub fn run(options: &Options) -> Result<()> {
             "the bench needs root (network namespaces, eBPF, sysctl): run `cargo xtask bench` as root"
         );
     }
-    if let Some(kernel) = &options.kernel {
-        return crate::vm::bench(kernel, options);
-    }
     let settings = Settings::new(options);
     let command_line = settings.command_line(options);
     prereqs::ensure_system_tools(BENCH_TOOLS)?;

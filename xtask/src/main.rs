@@ -90,7 +90,10 @@ fn main() -> ExitCode {
 
 fn dispatch(command: Command) -> anyhow::Result<()> {
     match command {
-        Command::Bench(options) => bench::run(&options),
+        Command::Bench(options) => match &options.kernel {
+            Some(kernel) => vm::bench(kernel, &options),
+            None => bench::run(&options),
+        },
         Command::Integration(options) => vm::run(&options),
         Command::Prereqs { test_tools } => prereqs::ensure(prereqs::Tools { test_tools }),
         Command::Build { release } => {

@@ -9,8 +9,8 @@ use node_diag_testbed::{Topology, metrics};
 use serde::Serialize;
 use serde_json::Value;
 
-use super::{floor, signal::interrupted};
-use crate::{cmd, say::bench as say};
+use super::signal::interrupted;
+use crate::cmd;
 
 /// Where the agent listens, inside node A's namespace.
 const LISTEN: &str = "127.0.0.1:9464";
@@ -111,18 +111,6 @@ impl<'t> Agent<'t> {
             };
             if let Some(tracepoint) = fdinfo_text(&info, "tp_name") {
                 out.insert(prog.name.clone(), tracepoint.to_owned());
-            } else if prog.kind == "tracing" {
-                // An fentry/fexit link: its function, as the agent attaches it.
-                match floor::hook_of(&prog.name) {
-                    Some(hook) => {
-                        out.insert(prog.name.clone(), hook.to_owned());
-                    }
-                    None => say(format_args!(
-                        "{} is attached through a trampoline the bench does not know \
-                         (floor::TRAMPOLINES): judged net of the whole bench's floor",
-                        prog.name
-                    )),
-                }
             }
         }
         Ok(out)

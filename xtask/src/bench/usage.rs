@@ -11,11 +11,12 @@ use anyhow::{Context as _, Result, bail};
 
 use super::{
     agent::{self, Agent, ProcSample, RunStats},
-    floor::EmptyPrograms,
+    floor::{self, EmptyPrograms},
     load::StormStats,
     sample::{Accounting, AgentUsage, ProgramRuns},
     signal::interrupted,
 };
+use crate::say::bench as say;
 
 /// Empty programs' runs since `earlier`: summed over their tracepoints, and by tracepoint.
 pub(super) fn empty_runs(
@@ -61,7 +62,24 @@ impl Before {
         if programs.is_empty() {
             bail!("the agent (pid {}) holds no nd_* eBPF program", agent.pid());
         }
-        let tracepoints = agent.prog_tracepoints(&names)?;
+        let mut tracepoints = agent.prog_tracepoints(&names)?;
+        // An fentry/fexit program's link names no tracepoint: its function, as the agent
+        // attaches it.
+        for prog in names.values().filter(|p| p.kind == "tracing") {
+            if tracepoints.contains_key(&prog.name) {
+                continue;
+            }
+            match floor::hook_of(&prog.name) {
+                Some(hook) => {
+                    tracepoints.insert(prog.name.clone(), hook.to_owned());
+                }
+                None => say(format_args!(
+                    "{} is attached through a trampoline the bench does not know \
+                     (floor::TRAMPOLINES): judged net of the whole bench's floor",
+                    prog.name
+                )),
+            }
+        }
         let (refused_count, _, _) = refused_findings(agent)?;
         Ok(Self {
             startup_hwm_kib,
