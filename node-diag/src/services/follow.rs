@@ -108,10 +108,11 @@ impl Notifications {
         timeout: Duration,
         changed: &mut HashSet<Kind>,
     ) -> Result<bool, FollowError> {
-        let ts = Timespec {
-            tv_sec: i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
-            tv_nsec: i64::from(timeout.subsec_nanos()),
-        };
+        // Longer than i64 seconds: forever, for all a poll can tell.
+        let ts = Timespec::try_from(timeout).unwrap_or(Timespec {
+            tv_sec: i64::MAX,
+            tv_nsec: 0,
+        });
         let mut fds = [PollFd::new(&self.socket, PollFlags::IN)];
         match poll(&mut fds, Some(&ts)) {
             Ok(0) => return Ok(false),

@@ -270,10 +270,11 @@ fn dump(
 }
 
 fn wait_readable(socket: &Socket, left: Duration) -> io::Result<()> {
-    let ts = Timespec {
-        tv_sec: i64::try_from(left.as_secs()).unwrap_or(i64::MAX),
-        tv_nsec: i64::from(left.subsec_nanos()),
-    };
+    // Longer than i64 seconds: forever, for all a poll can tell.
+    let ts = Timespec::try_from(left).unwrap_or(Timespec {
+        tv_sec: i64::MAX,
+        tv_nsec: 0,
+    });
     let mut fds = [PollFd::new(socket, PollFlags::IN)];
     match poll(&mut fds, Some(&ts)) {
         Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
