@@ -93,6 +93,7 @@ impl EmptyPrograms {
     /// One empty program on each of [`TRACEPOINTS`] this kernel has, and on each of
     /// [`TRAMPOLINES`]' hooks it allows; fails only when no tracepoint could be attached.
     pub fn attach() -> Result<Self> {
+        lift_memlock();
         let mut attached = Vec::new();
         let mut errors = Vec::new();
         for tracepoint in TRACEPOINTS {
@@ -152,6 +153,18 @@ impl EmptyPrograms {
         }
         Ok(by_tracepoint)
     }
+}
+
+/// Before Linux 5.11 a program's memory counts against `RLIMIT_MEMLOCK`, 64 KiB where
+/// no systemd raised it (a guest's init): lifted, as the agent lifts its own. A failure
+/// shows as the load's EPERM.
+fn lift_memlock() {
+    let unlimited = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: `unlimited` is a valid rlimit that outlives the call.
+    unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) };
 }
 
 /// `bpf(cmd, attr)`, its result as a new descriptor.

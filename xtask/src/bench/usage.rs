@@ -65,7 +65,11 @@ impl Before {
         let mut tracepoints = agent.prog_tracepoints(&names)?;
         // An fentry/fexit program's link names no tracepoint: its function, as the agent
         // attaches it.
-        for prog in names.values().filter(|p| p.kind == "tracing") {
+        // (`names` holds every program on the kernel: the agent's are the `nd_` ones.)
+        for prog in names
+            .values()
+            .filter(|p| p.kind == "tracing" && p.name.starts_with("nd_"))
+        {
             if tracepoints.contains_key(&prog.name) {
                 continue;
             }
