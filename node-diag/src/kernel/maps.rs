@@ -24,7 +24,7 @@ use node_diag_common::{
     MAP_POD_LINKS, MAP_RETRANS, MAP_SCOPE, MAP_SCOPE_GEN, MAP_SYN_DROPS, MAP_VERDICT_AGG, NatInfo,
     RETRANS_REPORTED_PMTUD, RetransState, VerdictAgg, VerdictKey, counter, pod_link,
 };
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 /// A flow the kernel reported as a PMTUD black hole (see [`KernelMaps::reported_blackholes`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -402,6 +402,12 @@ impl KernelMaps {
                 removed = ?written.difference(scope).collect::<Vec<_>>(),
                 "scope changed"
             );
+        }
+        // Rare on a node (a pod deleted), and what would explain connects going unseen in
+        // a namespace that still exists: said at the default level.
+        let removed: Vec<&u32> = written.difference(scope).collect();
+        if !removed.is_empty() {
+            info!(netns = ?removed, "namespaces left the scope");
         }
         let mut now = written.clone();
         for ns in written.difference(scope) {
