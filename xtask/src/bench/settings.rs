@@ -78,8 +78,8 @@ pub(crate) struct Options {
 }
 
 impl Options {
-    /// The options a guest's bench runs with: these, but where it runs and where it
-    /// writes, which the guest decides.
+    /// The options a guest's bench runs with, and the command line reproduces: these, but
+    /// where it runs and where it writes, which the guest decides.
     pub(crate) fn guest_args(&self) -> Vec<String> {
         let mut args = Vec::new();
         if self.smoke {
@@ -204,29 +204,9 @@ impl Settings {
     /// The command line that reproduces these settings.
     pub(super) fn command_line(&self, options: &Options) -> String {
         let mut line = String::from("cargo xtask bench");
-        if self.smoke {
-            line.push_str(" --smoke");
-        }
-        if options.runs.is_some() {
-            line.push_str(&format!(" --runs {}", self.runs));
-        }
-        if options.duration.is_some() {
-            line.push_str(&format!(" --duration {}", self.duration_s));
-        }
-        if options.conn_rate.is_some() {
-            line.push_str(&format!(" --conn-rate {}", self.conn_rate));
-        }
-        if options.storm.is_some() {
-            line.push_str(&format!(" --storm {}", self.storm_connects));
-        }
-        for workload in &options.workloads {
-            line.push_str(&format!(" --workload {}", workload.name()));
-        }
-        if self.null {
-            line.push_str(" --null");
-        }
-        if let Some(kernel) = &options.kernel {
-            line.push_str(&format!(" --kernel {kernel}"));
+        for arg in options.guest_args() {
+            line.push(' ');
+            line.push_str(&arg);
         }
         if let Some(out) = &options.out {
             line.push_str(&format!(" --out {}", out.display()));

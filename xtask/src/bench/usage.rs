@@ -65,23 +65,24 @@ impl Before {
         let mut tracepoints = agent.prog_tracepoints(&names)?;
         // An fentry/fexit program's link names no tracepoint: its function, as the agent
         // attaches it.
-        // (`names` holds every program on the kernel: the agent's are the `nd_` ones.)
-        for prog in names
-            .values()
-            .filter(|p| p.kind == "tracing" && p.name.starts_with("nd_"))
-        {
-            if tracepoints.contains_key(&prog.name) {
+        for name in programs.keys() {
+            if tracepoints.contains_key(name) {
                 continue;
             }
-            match floor::hook_of(&prog.name) {
+            match floor::hook_of(name) {
                 Some(hook) => {
-                    tracepoints.insert(prog.name.clone(), hook.to_owned());
+                    tracepoints.insert(name.clone(), hook.to_owned());
                 }
-                None => say(format_args!(
-                    "{} is attached through a trampoline the bench does not know \
-                     (floor::TRAMPOLINES): judged net of the whole bench's floor",
-                    prog.name
-                )),
+                None if names
+                    .values()
+                    .any(|p| &p.name == name && p.kind == "tracing") =>
+                {
+                    say(format_args!(
+                        "{name} is attached through a trampoline the bench does not know \
+                         (floor::TRAMPOLINES): judged net of the whole bench's floor"
+                    ));
+                }
+                None => {}
             }
         }
         let (refused_count, _, _) = refused_findings(agent)?;

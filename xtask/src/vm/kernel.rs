@@ -113,6 +113,11 @@ pub fn series(name: &str) -> Option<Series> {
     SERIES.iter().copied().find(|s| s.name == name)
 }
 
+/// The series' command-line names, for an error about an unknown one.
+pub fn names() -> String {
+    SERIES.iter().map(|s| s.name).collect::<Vec<_>>().join(", ")
+}
+
 impl Series {
     /// The package's ABI number if `package` belongs to this series on `arch` (and is
     /// not a cloud, rt or dbg flavour).

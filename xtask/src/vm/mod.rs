@@ -135,10 +135,9 @@ fn entries(kernels: &[String], arch: Option<Arch>) -> Result<Vec<Entry>> {
             }
             name => {
                 let series = kernel::series(name).with_context(|| {
-                    let known: Vec<_> = kernel::SERIES.iter().map(|s| s.name).collect();
                     format!(
                         "unknown kernel `{name}`: expected host, {} or all",
-                        known.join(", ")
+                        kernel::names()
                     )
                 })?;
                 push(Entry::Vm(series, arch.unwrap_or(Arch::X86_64)));
@@ -540,10 +539,9 @@ fn boot_guest(
 /// release agent built here, its JSON and table copied to target/bench/bench-KERNEL.*.
 pub fn bench(kernel: &str, options: &crate::bench::Options) -> Result<()> {
     let series = kernel::series(kernel).with_context(|| {
-        let known: Vec<_> = kernel::SERIES.iter().map(|s| s.name).collect();
         format!(
             "unknown kernel `{kernel}` for the bench: expected {}",
-            known.join(", ")
+            kernel::names()
         )
     })?;
     if options
