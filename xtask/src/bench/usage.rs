@@ -18,7 +18,9 @@ use super::{
 };
 use crate::say::bench as say;
 
-/// Empty programs' runs since `earlier`: summed over their tracepoints, and by tracepoint.
+/// Empty programs' runs since `earlier`: summed over the raw tracepoints (the whole
+/// bench's floor, which the TC classifier is charged: the same kind of call; a trampoline's
+/// is not), and by hook.
 pub(super) fn empty_runs(
     empty: &EmptyPrograms,
     earlier: &BTreeMap<&'static str, RunStats>,
@@ -33,8 +35,10 @@ pub(super) fn empty_runs(
     let mut by_tracepoint = BTreeMap::new();
     for (tracepoint, stats) in empty.stats()? {
         let runs = stats.since(earlier.get(tracepoint).copied().unwrap_or_default());
-        total.run_cnt += runs.run_cnt;
-        total.run_time_ns += runs.run_time_ns;
+        if floor::TRACEPOINTS.contains(&tracepoint) {
+            total.run_cnt += runs.run_cnt;
+            total.run_time_ns += runs.run_time_ns;
+        }
         by_tracepoint.insert(tracepoint.to_owned(), runs_of(Some(tracepoint), runs));
     }
     Ok((Some(runs_of(None, total)), by_tracepoint))
