@@ -29,7 +29,6 @@ use std::{
 };
 
 use netlink_sys::{Socket, protocols::NETLINK_NETFILTER};
-use rustix::event::{PollFd, PollFlags, Timespec, poll};
 
 use tracing::{debug, warn};
 
@@ -108,17 +107,10 @@ impl Notifications {
         timeout: Duration,
         changed: &mut HashSet<Kind>,
     ) -> Result<bool, FollowError> {
-        // Longer than i64 seconds: forever, for all a poll can tell.
-        let ts = Timespec::try_from(timeout).unwrap_or(Timespec {
-            tv_sec: i64::MAX,
-            tv_nsec: 0,
-        });
-        let mut fds = [PollFd::new(&self.socket, PollFlags::IN)];
-        match poll(&mut fds, Some(&ts)) {
-            Ok(0) => return Ok(false),
-            Ok(_) => {}
-            Err(rustix::io::Errno::INTR) => return Ok(false),
-            Err(e) => return Err(FollowError::Receive(e.into())),
+        if !super::nft_netlink::readable_within(&self.socket, timeout)
+            .map_err(FollowError::Receive)?
+        {
+            return Ok(false);
         }
         let mut any = false;
         loop {

@@ -245,7 +245,7 @@ fn dump(
                 if left.is_zero() {
                     return Err(DumpError::Timeout(deadline));
                 }
-                wait_readable(&socket, left).map_err(DumpError::Receive)?;
+                readable_within(&socket, left).map_err(DumpError::Receive)?;
                 continue;
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -269,15 +269,18 @@ fn dump(
     }
 }
 
-fn wait_readable(socket: &Socket, left: Duration) -> io::Result<()> {
+/// Waits up to `timeout` for `socket` to be readable: whether it is (`false` also when a
+/// signal cut the wait short).
+pub(super) fn readable_within(socket: &Socket, timeout: Duration) -> io::Result<bool> {
     // Longer than i64 seconds: forever, for all a poll can tell.
-    let ts = Timespec::try_from(left).unwrap_or(Timespec {
+    let ts = Timespec::try_from(timeout).unwrap_or(Timespec {
         tv_sec: i64::MAX,
         tv_nsec: 0,
     });
     let mut fds = [PollFd::new(socket, PollFlags::IN)];
     match poll(&mut fds, Some(&ts)) {
-        Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
+        Ok(n) => Ok(n > 0),
+        Err(rustix::io::Errno::INTR) => Ok(false),
         Err(e) => Err(e.into()),
     }
 }
