@@ -5,8 +5,10 @@
 use std::{
     env,
     ffi::{OsStr, OsString},
+    io::{BufRead as _, BufReader},
+    os::unix::process::CommandExt as _,
     path::PathBuf,
-    process::Command,
+    process::{Command, Stdio},
 };
 
 use anyhow::{Context as _, Result, bail};
@@ -43,6 +45,51 @@ pub fn run(cmd: &mut Command) -> Result<()> {
         bail!("`{line}` failed ({status})");
     }
     Ok(())
+}
+
+/// Runs `cmd` as [`run`] does, its standard output echoed line by line and libtest's
+/// summaries in it counted: the tests it ran, whether it succeeded or not.
+pub fn run_counting(cmd: &mut Command) -> (crate::steps::Counts, Result<()>) {
+    let mut counts = crate::steps::Counts::default();
+    let line = display(cmd);
+    let mut child = match cmd.stdout(Stdio::piped()).spawn() {
+        Ok(child) => child,
+        Err(err) => {
+            return (
+                counts,
+                Err(err).context(format!("failed to spawn `{line}`")),
+            );
+        }
+    };
+    if let Some(stdout) = child.stdout.take() {
+        for text in BufReader::new(stdout).lines().map_while(Result::ok) {
+            println!("{text}");
+            counts.add_line(&text);
+        }
+    }
+    let result = match child.wait() {
+        Ok(status) if status.success() => Ok(()),
+        Ok(status) => Err(anyhow::anyhow!("`{line}` failed ({status})")),
+        Err(err) => Err(err).context(format!("failed to wait for `{line}`")),
+    };
+    (counts, result)
+}
+
+/// Runs `cmd` (and its children) at scheduling niceness `niceness`: the steps that only
+/// need CPU give way to the tests that run beside them and wait on time.
+pub fn lower_priority(cmd: &mut Command, niceness: i32) -> &mut Command {
+    // SAFETY: the closure runs in the child between fork and exec, where only
+    // async-signal-safe calls are allowed; setpriority is a plain system call that
+    // touches no memory of the parent's.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setpriority(libc::PRIO_PROCESS, 0, niceness) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        })
+    }
 }
 
 /// Runs `cmd` and returns its standard output; fails (with its stderr) unless it succeeds.

@@ -82,9 +82,10 @@ pub const TARGETS: &[Target] = &[
     },
 ];
 
-/// Builds and checks every target; fails on the first broken build, skips (with the
-/// reason) a target whose Rust standard library cannot be installed.
-pub fn run() -> Result<()> {
+/// Builds and checks every target, cargo at scheduling niceness `niceness`; fails on
+/// the first broken build, skips (with the reason) a target whose Rust standard library
+/// cannot be installed.
+pub fn run(niceness: i32) -> Result<()> {
     let host = host_triple()?;
     let mut built = 0;
     for target in TARGETS {
@@ -95,7 +96,7 @@ pub fn run() -> Result<()> {
             ));
             continue;
         }
-        build(target, &host)?;
+        build(target, &host, niceness)?;
         built += 1;
     }
     if built == 0 {
@@ -158,8 +159,11 @@ pub(crate) fn host_triple() -> Result<String> {
         .context("`rustc -vV` printed no host")
 }
 
-fn build(target: &Target, host: &str) -> Result<()> {
+fn build(target: &Target, host: &str, niceness: i32) -> Result<()> {
     let mut cargo = cmd::cargo();
+    if niceness > 0 {
+        cmd::lower_priority(&mut cargo, niceness);
+    }
     cargo.args(["build", "--release", "-p", agent::PACKAGE]);
     // The host's own target builds where a plain `--release` build does, so the bench
     // (the next step of `cargo xtask test`) finds it built instead of building it again.

@@ -3,9 +3,8 @@
 //! integration` both here (`host`) and, built on the host, inside its guests; both
 //! tasks sit above this module, so neither has to import the other.
 //!
-//! As root they run through `cargo test`; otherwise they are built as the invoking user
-//! and their binaries run through `sudo -E`, which keeps the target directory owned by
-//! that user.
+//! They are built as the invoking user, then their binaries run one after another, as
+//! root or through `sudo -E` (which keeps the target directory owned by that user).
 
 use std::{
     io::BufReader,
@@ -16,48 +15,66 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use cargo_metadata::{Artifact, Message};
 
-use crate::{agent, cmd, say::test as say};
+use crate::{agent, cmd, say::test as say, steps::Counts};
 
 /// The integration-test package.
 pub(crate) const TESTS_PACKAGE: &str = "node-diag-tests";
 /// Tells the integration tests which agent binary to drive.
 const BIN_ENV: &str = "NODE_DIAG_BIN";
 
-/// The privileged integration tests, one test at a time (they share the kernel).
-pub(crate) fn run(privilege: &cmd::Privilege, filters: &[String]) -> Result<()> {
+/// The privileged integration tests, one test at a time (they share the kernel): built,
+/// then run as [`run_binaries`] does. Returns the tests they ran, passed or not.
+pub(crate) fn run(privilege: &cmd::Privilege, filters: &[String]) -> (Counts, Result<()>) {
     const STEP: &str = "integration tests";
-    let agent = agent::binary(false)?;
-    let harness_args = harness_args(filters);
-    match privilege {
-        cmd::Privilege::Root => {
-            let mut test = cmd::cargo_with(&["test", "-p", TESTS_PACKAGE, "--"]);
-            test.args(&harness_args).env(BIN_ENV, &agent);
-            say(format_args!(
-                "{STEP}: {BIN_ENV}={} {}",
-                agent.display(),
-                cmd::display(&test)
-            ));
-            cmd::run(&mut test).with_context(|| format!("test step `{STEP}` failed"))
+    let built = agent::binary(false).and_then(|agent| {
+        let (manifest_dir, binaries) =
+            build_test_binaries().with_context(|| format!("test step `{STEP}` failed to build"))?;
+        Ok((agent, manifest_dir, binaries))
+    });
+    match built {
+        Ok((agent, manifest_dir, binaries)) => {
+            run_binaries(privilege, &agent, &manifest_dir, &binaries, filters)
         }
-        cmd::Privilege::Sudo(_) => {
-            let (manifest_dir, binaries) = build_test_binaries()
-                .with_context(|| format!("test step `{STEP}` failed to build"))?;
-            for binary in binaries {
-                let mut test = privilege.command(&binary);
-                test.args(&harness_args)
-                    .current_dir(&manifest_dir)
-                    .env("CARGO_MANIFEST_DIR", &manifest_dir)
-                    .env(BIN_ENV, &agent);
-                say(format_args!(
-                    "{STEP}: {BIN_ENV}={} {}",
-                    agent.display(),
-                    cmd::display(&test)
-                ));
-                cmd::run(&mut test).with_context(|| format!("test step `{STEP}` failed"))?;
-            }
-            Ok(())
+        Err(err) => (Counts::default(), Err(err)),
+    }
+}
+
+/// Runs the test `binaries` one after another on `agent`, in `manifest_dir` as `cargo
+/// test` would, with root (directly, or through `sudo -E`, which keeps the target
+/// directory owned by the invoking user); stops at the first that fails. Running the
+/// binaries rather than `cargo test` takes no lock on the target directory, so builds
+/// can go on beside them.
+pub(crate) fn run_binaries(
+    privilege: &cmd::Privilege,
+    agent: &Path,
+    manifest_dir: &Path,
+    binaries: &[PathBuf],
+    filters: &[String],
+) -> (Counts, Result<()>) {
+    const STEP: &str = "integration tests";
+    let harness_args = harness_args(filters);
+    let mut counts = Counts::default();
+    for binary in binaries {
+        let mut test = privilege.command(binary);
+        test.args(&harness_args)
+            .current_dir(manifest_dir)
+            .env("CARGO_MANIFEST_DIR", manifest_dir)
+            .env(BIN_ENV, agent);
+        say(format_args!(
+            "{STEP}: {BIN_ENV}={} {}",
+            agent.display(),
+            cmd::display(&test)
+        ));
+        let (ran, result) = cmd::run_counting(&mut test);
+        counts.add(ran);
+        if let Err(err) = result {
+            return (
+                counts,
+                Err(err).with_context(|| format!("test step `{STEP}` failed")),
+            );
         }
     }
+    (counts, Ok(()))
 }
 
 /// Arguments for the libtest harness: one thread, then the optional name filter.

@@ -17,6 +17,7 @@ mod cross;
 mod integration_tests;
 mod prereqs;
 mod say;
+mod steps;
 mod suite;
 mod vm;
 

@@ -1,27 +1,68 @@
-//! `cargo xtask test`: the whole suite, in order, stopping at the first failing step.
+//! `cargo xtask test`: the whole suite, inside CI's budget on a 2-core machine.
 //!
-//! fmt, clippy, build, unit tests, the deploy checks (`deploy/tests/check.py`), then the
-//! integration tests, which load the real eBPF programs and so need root (on this kernel,
-//! then their kernel subset in a Debian 6.1 guest and the fallback subset in a Debian 11
-//! 5.10 guest, `vm/subset.rs`), the release
-//! cross builds for the container image's platforms (`cross.rs`), and last the bench
-//! smoke run. How the integration tests run, as root or through `sudo -E`, is
-//! `integration_tests.rs`'s.
+//! ```text
+//! prereqs → fmt → build → integration tests (build)
+//!   ├─ builds (nice 19):    build (release) → clippy → unit tests → cross builds
+//!   │    └─ VM guests (nice 10), on the release agent: the 6.1 kernel subset in two
+//!   │       guests, the 5.10 fallback subset in one
+//!   └─ deploy checks → host suite (debug agent)
+//! → bench smoke (once the builds are done) → the guests' results → the step table
+//! ```
+//!
+//! The integration tests load the real eBPF programs and so need root: on this kernel
+//! (the host suite), and their kernel subsets in Debian 6.1 and 5.10 guests (`vm/`).
+//! What runs at once is chosen by what each part waits on. The host suite and the
+//! guests spend most of their time waiting on the tests' clocks (SYN retransmits,
+//! timeouts, the agent's ticks), the builds only need CPU: so the guests, each its own
+//! kernel, run beside the host suite, and the builds take what CPU is left, at the
+//! lowest priority, while the host tests, whose waits have no scale, keep theirs. The
+//! host suite and the guests run copies of the binaries (`target/xtask-test/bin`), so
+//! the builds beside them can replace what cargo built without touching what runs.
+//!
+//! A failing step stops the steps after it and the guests still running. At the end
+//! (failed or not) the steps' table is printed, and written with its JSON to
+//! `target/xtask-test/steps.{md,json}`.
 
-use std::{path::Path, process::Command};
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        mpsc,
+    },
+    thread,
+};
 
-use anyhow::{Context as _, Result};
+use anyhow::{Context as _, Result, bail};
 
 use crate::{
     agent, cmd, cross,
     integration_tests::{self, TESTS_PACKAGE},
     prereqs,
     say::test as say,
+    steps::{Counts, Record, Status},
     vm,
 };
 
 /// The eBPF package; it only builds for BPF targets, through the agent's build script.
 const EBPF_PACKAGE: &str = "node-diag-ebpf";
+/// The packages the build and unit test steps cover: every one but the eBPF crate and
+/// the integration tests. Both steps name the same set, so cargo unifies the same
+/// features and the unit tests reuse what the build step compiled.
+const EXCLUDED: &[&str] = &["--exclude", EBPF_PACKAGE, "--exclude", TESTS_PACKAGE];
+/// Niceness of the guests: below the host suite, whose waits have no time scale, above
+/// the builds, which only need CPU.
+const VM_NICENESS: i32 = 10;
+/// Niceness of the builds that run beside the tests.
+const BUILD_NICENESS: i32 = 19;
+/// Guests the 6.1 kernel subset is split across: it is the longest step, and a guest
+/// under TCG mostly waits.
+const KERNEL_SUBSET_SHARDS: u32 = 2;
+/// Where the run's record and the binaries under test go, under the target directory.
+const OUT_DIR: &str = "xtask-test";
+/// The guests' step, when it did not run.
+const GUESTS: &str = "integration tests in VMs";
 
 /// Options of `cargo xtask test`.
 #[derive(Debug, clap::Args)]
@@ -33,9 +74,9 @@ pub struct Options {
     #[arg(long, value_name = "NAME")]
     pub filter: Option<String>,
     /// Also run the integration tests in a VM on this kernel (see `integration`);
-    /// repeatable; `none` skips it. By default 6.1 and 5.10 (the fallbacks' kernel);
-    /// `--vm 6.1` alone saves about 10 minutes. Each guest runs its kernel's subset (see
-    /// `integration --subset`) unless --vm-whole-suite or --filter is given.
+    /// repeatable; `none` skips it. By default 6.1 and 5.10 (the fallbacks' kernel),
+    /// beside the host suite. Each guest runs its kernel's subset (see `integration
+    /// --subset`) unless --vm-whole-suite or --filter is given.
     #[arg(long = "vm", value_name = "KERNEL", default_values = ["6.1", "5.10"])]
     pub vm: Vec<String>,
     /// Run the whole integration suite in the VMs, not the kernel subset.
@@ -44,125 +85,395 @@ pub struct Options {
 }
 
 pub fn run(options: &Options) -> Result<()> {
-    // Fail before the long steps if the integration tests could not get root anyway.
-    let privilege = if options.skip_integration {
-        None
-    } else {
-        Some(cmd::Privilege::acquire(
-            "the integration tests (they load eBPF programs)",
-            "run `cargo xtask test` as root, or add --skip-integration",
-        )?)
-    };
-    prereqs::ensure(prereqs::Tools::TEST)?;
+    let record = Record::new();
+    let out = cmd::target_dir()?.join(OUT_DIR);
+    let result = Run {
+        options,
+        record: &record,
+        out: &out,
+        failed: AtomicBool::new(false),
+    }
+    .all();
+    if result.is_err() {
+        vm::cancel();
+    }
+    let summary = record.summary(result.is_ok());
+    let table = summary.table();
+    println!("\n{table}");
+    match summary.write(&out) {
+        Ok(json) => say(format_args!(
+            "steps: {} (and steps.md), {} tests passed, {} failed, in {:.0} s",
+            json.display(),
+            summary.tests.passed,
+            summary.tests.failed,
+            summary.seconds
+        )),
+        Err(err) => say(format_args!(
+            "steps: not written to {}: {err:#}",
+            out.display()
+        )),
+    }
+    if result.is_ok() {
+        say("all steps passed");
+    }
+    result
+}
 
-    step("fmt", cmd::cargo_with(&["fmt", "--all", "--", "--check"]))?;
-    step(
-        "clippy",
-        cmd::cargo_with(&[
-            "clippy",
-            "--workspace",
-            "--all-targets",
-            "--exclude",
-            EBPF_PACKAGE,
-            "--",
-            "-D",
-            "warnings",
-        ]),
-    )?;
-    step("build", cmd::cargo_with(&["build", "-p", agent::PACKAGE]))?;
-    step(
-        "unit tests",
-        cmd::cargo_with(&[
-            "test",
-            "--workspace",
-            "--exclude",
-            EBPF_PACKAGE,
-            "--exclude",
-            TESTS_PACKAGE,
-        ]),
-    )?;
+/// One run of the suite.
+struct Run<'a> {
+    options: &'a Options,
+    record: &'a Record,
+    out: &'a Path,
+    /// Set by the first failing step of any thread: the others start no new step.
+    failed: AtomicBool,
+}
 
-    step("deploy checks", deploy_checks())?;
+impl Run<'_> {
+    fn all(&self) -> Result<()> {
+        let options = self.options;
+        // Fail before the long steps if the integration tests could not get root anyway.
+        let privilege = if options.skip_integration {
+            None
+        } else {
+            Some(cmd::Privilege::acquire(
+                "the integration tests (they load eBPF programs)",
+                "run `cargo xtask test` as root, or add --skip-integration",
+            )?)
+        };
+        let kernels = self.vm_kernels(privilege.is_some());
+        self.step("prereqs", || {
+            prereqs::ensure(prereqs::Tools::TEST)?;
+            if !kernels.is_empty() {
+                prereqs::ensure_vm(false)?;
+            }
+            Ok(((), None))
+        })?;
+        self.command("fmt", cmd::cargo_with(&["fmt", "--all", "--", "--check"]))?;
+        let mut build = cmd::cargo_with(&["build", "--workspace"]);
+        build.args(EXCLUDED);
+        self.command("build", build)?;
 
-    match privilege {
-        None => say("integration tests: skipped (--skip-integration)"),
-        Some(privilege) => {
-            integration_tests::run(&privilege, options.filter.as_slice())?;
-            vm_integration(options)?;
+        let staged = match &privilege {
+            Some(_) => Some(self.step("integration tests (build)", || {
+                let (manifest_dir, binaries) = integration_tests::build_test_binaries()?;
+                let staged = stage(
+                    &self.out.join("bin"),
+                    &agent::binary(false)?,
+                    manifest_dir,
+                    &binaries,
+                )?;
+                Ok((staged, None))
+            })?),
+            None => None,
+        };
+
+        // The guests start once the release agent they run is built, by the builds.
+        let (release_tx, release_rx) = mpsc::channel::<PathBuf>();
+        thread::scope(|scope| {
+            let guests = match &staged {
+                Some(staged) if !kernels.is_empty() => {
+                    Some(scope.spawn(move || match release_rx.recv() {
+                        Ok(agent) => self.guests(
+                            &kernels,
+                            &vm::Build {
+                                agent,
+                                ..staged.clone()
+                            },
+                        ),
+                        Err(_) => {
+                            self.record.skip(GUESTS, "the release build did not finish");
+                            Ok(())
+                        }
+                    }))
+                }
+                _ => {
+                    self.skip_guests(&kernels);
+                    None
+                }
+            };
+            let release_tx = guests.is_some().then_some(release_tx);
+            let builds = scope.spawn(move || self.builds(release_tx));
+            let host = self.host(privilege.as_ref(), staged.as_ref());
+            if host.is_err() {
+                // Nothing else is worth waiting for.
+                vm::cancel();
+            }
+            let builds = builds
+                .join()
+                .unwrap_or_else(|_| bail!("the builds panicked"));
+            let bench = match (&host, &builds) {
+                (Ok(()), Ok(())) => self.bench_smoke(),
+                _ => Ok(()),
+            };
+            if bench.is_err() || builds.is_err() {
+                vm::cancel();
+            }
+            let guests = guests
+                .map(|g| g.join().unwrap_or_else(|_| bail!("the VM guests panicked")))
+                .unwrap_or(Ok(()));
+            host.and(builds).and(bench).and(guests)
+        })
+    }
+
+    /// The kernels whose guests run: none without root or with --skip-integration.
+    fn vm_kernels(&self, integration: bool) -> Vec<String> {
+        let kernels: Vec<String> = self
+            .options
+            .vm
+            .iter()
+            .filter(|k| *k != "none")
+            .cloned()
+            .collect();
+        if integration && cmd::is_root() {
+            kernels
+        } else {
+            Vec::new()
         }
     }
-    if options.filter.is_some() {
-        say("cross builds: skipped (--filter runs only the matching tests)");
-    } else {
-        cross::run().context("test step `cross builds` failed")?;
+
+    fn skip_guests(&self, requested: &[String]) {
+        const STEP: &str = GUESTS;
+        let why = if self.options.skip_integration {
+            "--skip-integration"
+        } else if !cmd::is_root() {
+            "needs root: run `cargo xtask test` as root"
+        } else if requested.is_empty() {
+            "--vm none"
+        } else {
+            "the binaries were not built"
+        };
+        say(format_args!("{STEP}: skipped ({why})"));
+        self.record.skip(STEP, why);
     }
-    bench_smoke(options)?;
-    say("all steps passed");
-    Ok(())
+
+    /// The guests, at once, each its kernel's subset (the 6.1 one split in two), with
+    /// a row per kernel in the record. They run the release agent: under emulation
+    /// the debug build's start alone (BTF, the programs' relocations) costs about ten
+    /// seconds of CPU per test, which the host suite's debug agent does not need there.
+    fn guests(&self, kernels: &[String], staged: &vm::Build) -> Result<()> {
+        const STEP: &str = GUESTS;
+        let subset = !self.options.vm_whole_suite && self.options.filter.is_none();
+        let options = vm::Options {
+            kernels: kernels.to_vec(),
+            arch: None,
+            filters: self.options.filter.iter().cloned().collect(),
+            subset,
+            keep: false,
+            timeout: vm::DEFAULT_TIMEOUT.as_secs() / 60,
+            update_readme: false,
+            parallel: true,
+            shards: if subset { KERNEL_SUBSET_SHARDS } else { 1 },
+            niceness: VM_NICENESS,
+            prebuilt: Some(staged.clone()),
+        };
+        say(format_args!(
+            "{STEP}: cargo xtask integration --kernel {}{} --parallel --shards {}, beside the host suite",
+            kernels.join(" --kernel "),
+            if subset { " --subset" } else { "" },
+            options.shards,
+        ));
+        let start = self.record.elapsed();
+        let ran = vm::run_matrix(&options);
+        let ran = match ran {
+            Ok(ran) => ran,
+            Err(err) => {
+                self.record.push(
+                    STEP,
+                    start,
+                    self.record.elapsed() - start,
+                    Status::Failed,
+                    None,
+                    Some(format!("{err:#}")),
+                );
+                return Err(err).with_context(|| format!("test step `{STEP}` failed"));
+            }
+        };
+        for guest in &ran {
+            self.record.push(
+                format!("VM {}", guest.name),
+                start,
+                guest.seconds as f64,
+                if guest.passed {
+                    Status::Passed
+                } else {
+                    Status::Failed
+                },
+                Some(guest.tests),
+                guest.error.clone(),
+            );
+        }
+        let failed: Vec<String> = ran
+            .iter()
+            .filter(|g| !g.passed)
+            .map(|g| format!("{}: {}", g.name, g.error.as_deref().unwrap_or("failed")))
+            .collect();
+        if !failed.is_empty() {
+            self.failed.store(true, Ordering::Relaxed);
+            bail!("test step `{STEP}` failed on {}", failed.join("; "));
+        }
+        Ok(())
+    }
+
+    /// What only needs CPU, at the lowest priority, beside the tests: the release agent
+    /// (sent on `release` for the guests, staged), clippy, the unit tests, the cross
+    /// builds (whose x86_64 one is then built already).
+    fn builds(&self, release: Option<mpsc::Sender<PathBuf>>) -> Result<()> {
+        let agent = self.step("build (release)", || {
+            let mut build = cmd::cargo_with(&["build", "--release", "-p", agent::PACKAGE]);
+            cmd::lower_priority(&mut build, BUILD_NICENESS);
+            say(format_args!("build (release): {}", cmd::display(&build)));
+            cmd::run(&mut build)?;
+            let dir = self.out.join("bin").join("release");
+            let staged = stage(&dir, &agent::binary(true)?, PathBuf::new(), &[])?;
+            Ok((staged.agent, None))
+        })?;
+        if let Some(release) = release {
+            // The guests' thread waits for it; it has gone only if it failed already.
+            let _ = release.send(agent);
+        }
+
+        let mut clippy = cmd::cargo_with(&["clippy", "--workspace", "--all-targets"]);
+        clippy.args(["--exclude", EBPF_PACKAGE, "--", "-D", "warnings"]);
+        cmd::lower_priority(&mut clippy, BUILD_NICENESS);
+        self.command("clippy", clippy)?;
+
+        let mut unit = cmd::cargo_with(&["test", "--workspace"]);
+        unit.args(EXCLUDED);
+        cmd::lower_priority(&mut unit, BUILD_NICENESS);
+        self.counted("unit tests", unit)?;
+
+        if self.options.filter.is_some() {
+            self.skip("cross builds", "--filter runs only the matching tests");
+            return Ok(());
+        }
+        self.step("cross builds", || {
+            cross::run(BUILD_NICENESS)?;
+            Ok(((), None))
+        })
+    }
+
+    /// The deploy checks, then the integration tests on this kernel.
+    fn host(&self, privilege: Option<&cmd::Privilege>, staged: Option<&vm::Build>) -> Result<()> {
+        self.command("deploy checks", deploy_checks())?;
+        const STEP: &str = "host suite";
+        let (Some(privilege), Some(staged)) = (privilege, staged) else {
+            say(format_args!("{STEP}: skipped (--skip-integration)"));
+            self.record.skip(STEP, "--skip-integration");
+            return Ok(());
+        };
+        self.step(STEP, || {
+            let (counts, result) = integration_tests::run_binaries(
+                privilege,
+                &staged.agent,
+                &staged.manifest_dir,
+                &staged.binaries,
+                self.options.filter.as_slice(),
+            );
+            result.map(|()| ((), Some(counts))).map_err(|err| {
+                err.context(format!(
+                    "{} tests passed, {} failed",
+                    counts.passed, counts.failed
+                ))
+            })
+        })
+    }
+
+    /// Last: `cargo xtask bench --smoke`, so the benchmark keeps working. It fails only
+    /// when the benchmark breaks; its table (targets included) is for people to read,
+    /// and taken beside the guests it measures nothing. It needs root, and runs as root
+    /// only: under sudo it would leave root-owned build files behind.
+    fn bench_smoke(&self) -> Result<()> {
+        const STEP: &str = "bench smoke";
+        let why = if self.options.filter.is_some() {
+            Some("--filter")
+        } else if self.options.skip_integration {
+            Some("--skip-integration")
+        } else if !cmd::is_root() {
+            Some("needs root: run `cargo xtask test` as root")
+        } else {
+            None
+        };
+        match why {
+            Some(why) => {
+                self.skip(STEP, why);
+                Ok(())
+            }
+            None => self.command(STEP, cmd::cargo_with(&["xtask", "bench", "--smoke"])),
+        }
+    }
+
+    /// Runs `f` as step `name` unless a step failed already; `f` returns the tests it
+    /// counted, if any.
+    fn step<T>(&self, name: &str, f: impl FnOnce() -> Result<(T, Option<Counts>)>) -> Result<T>
+    where
+        T: Sized,
+    {
+        if self.failed.load(Ordering::Relaxed) {
+            self.record.skip(name, "an earlier step failed");
+            bail!("test step `{name}` not run: an earlier step failed");
+        }
+        let result = self
+            .record
+            .run(name, f)
+            .with_context(|| format!("test step `{name}` failed"));
+        if result.is_err() {
+            self.failed.store(true, Ordering::Relaxed);
+        }
+        result
+    }
+
+    /// Announces `cmd` as step `name` and runs it.
+    fn command(&self, name: &str, mut cmd: Command) -> Result<()> {
+        self.step(name, || {
+            say(format_args!("{name}: {}", cmd::display(&cmd)));
+            cmd::run(&mut cmd).map(|()| ((), None))
+        })
+    }
+
+    /// [`Run::command`], counting the tests `cmd` runs.
+    fn counted(&self, name: &str, mut cmd: Command) -> Result<()> {
+        self.step(name, || {
+            say(format_args!("{name}: {}", cmd::display(&cmd)));
+            let (counts, result) = cmd::run_counting(&mut cmd);
+            result.map(|()| ((), Some(counts)))
+        })
+    }
+
+    fn skip(&self, name: &str, why: &str) {
+        say(format_args!("{name}: skipped ({why})"));
+        self.record.skip(name, why);
+    }
 }
 
-/// The integration tests again inside Debian kernels (TCX-less 6.1 by default), which
-/// is where kernel differences show: verifier limits, tracepoint layouts, TC attachment.
-fn vm_integration(options: &Options) -> Result<()> {
-    const STEP: &str = "integration tests in VMs";
-    // `--vm none` leaves the step out.
-    let kernels: Vec<String> = options
-        .vm
-        .iter()
-        .filter(|k| *k != "none")
-        .cloned()
-        .collect();
-    if kernels.is_empty() {
-        say(format_args!("{STEP}: skipped (--vm none)"));
-        return Ok(());
+/// Hard links (copies across file systems) of the agent and the test binaries into
+/// `dir`, replacing what was there: what the tests run stays as built while builds
+/// beside them replace cargo's files.
+fn stage(
+    dir: &Path,
+    agent: &Path,
+    manifest_dir: PathBuf,
+    binaries: &[PathBuf],
+) -> Result<vm::Build> {
+    if dir.exists() {
+        fs::remove_dir_all(dir).with_context(|| format!("cannot empty {}", dir.display()))?;
     }
-    if !cmd::is_root() {
-        say(format_args!(
-            "{STEP}: skipped (needs root: run `cargo xtask test` as root)"
-        ));
-        return Ok(());
-    }
-    let subset = !options.vm_whole_suite && options.filter.is_none();
-    say(format_args!(
-        "{STEP}: cargo xtask integration --kernel {}{}",
-        kernels.join(" --kernel "),
-        if subset { " --subset" } else { "" }
-    ));
-    vm::run(&vm::Options {
-        kernels,
-        arch: None,
-        filters: options.filter.iter().cloned().collect(),
-        subset,
-        keep: false,
-        timeout: vm::DEFAULT_TIMEOUT.as_secs() / 60,
-        update_readme: false,
+    fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let link = |from: &Path| -> Result<PathBuf> {
+        let name = from
+            .file_name()
+            .with_context(|| format!("{} has no file name", from.display()))?;
+        let to = dir.join(name);
+        if fs::hard_link(from, &to).is_err() {
+            fs::copy(from, &to)
+                .with_context(|| format!("cannot copy {} to {}", from.display(), to.display()))?;
+        }
+        Ok(to)
+    };
+    Ok(vm::Build {
+        agent: link(agent)?,
+        manifest_dir,
+        binaries: binaries.iter().map(|b| link(b)).collect::<Result<_>>()?,
     })
-    .with_context(|| format!("test step `{STEP}` failed"))
-}
-
-/// Announces `cmd` as step `name`, runs it, and names the step if it fails.
-fn step(name: &str, mut cmd: Command) -> Result<()> {
-    say(format_args!("{name}: {}", cmd::display(&cmd)));
-    cmd::run(&mut cmd).with_context(|| format!("test step `{name}` failed"))
-}
-
-/// Last step: `cargo xtask bench --smoke`, so the benchmark keeps working. It fails only
-/// when the benchmark breaks; its table (targets included) is for people to read. It needs
-/// root, and runs as root only: under sudo it would leave root-owned build files behind.
-fn bench_smoke(options: &Options) -> Result<()> {
-    const STEP: &str = "bench smoke";
-    if options.filter.is_some() {
-        say(format_args!("{STEP}: skipped (--filter)"));
-    } else if options.skip_integration {
-        say(format_args!("{STEP}: skipped (--skip-integration)"));
-    } else if !cmd::is_root() {
-        say(format_args!(
-            "{STEP}: skipped (needs root: run `cargo xtask test` as root)"
-        ));
-    } else {
-        step(STEP, cmd::cargo_with(&["xtask", "bench", "--smoke"]))?;
-    }
-    Ok(())
 }
 
 /// deploy/tests/check.py: the manifests rendered and validated against the Kubernetes
@@ -175,4 +486,40 @@ fn deploy_checks() -> Command {
         python.current_dir(metadata.workspace_root.as_std_path());
     }
     python
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn staged_binaries_stay_as_built_when_cargo_replaces_its_own() {
+        let dir = std::env::temp_dir().join(format!("xtask-stage-{}", std::process::id()));
+        let built = dir.join("built");
+        fs::create_dir_all(&built).unwrap();
+        let agent = built.join("node-diag");
+        let test = built.join("scenarios-0123abcd");
+        fs::write(&agent, "agent v1").unwrap();
+        fs::write(&test, "test v1").unwrap();
+        let staged = stage(
+            &dir.join("bin"),
+            &agent,
+            built.clone(),
+            std::slice::from_ref(&test),
+        )
+        .unwrap();
+        // cargo replaces an output by removing it and linking the new one.
+        fs::remove_file(&agent).unwrap();
+        fs::write(&agent, "agent v2").unwrap();
+        assert_eq!(fs::read_to_string(&staged.agent).unwrap(), "agent v1");
+        assert_eq!(
+            staged.binaries,
+            [dir.join("bin").join("scenarios-0123abcd")]
+        );
+        assert_eq!(staged.manifest_dir, built);
+        // Staging again replaces the copies.
+        let again = stage(&dir.join("bin"), &agent, built, &[test]).unwrap();
+        assert_eq!(fs::read_to_string(&again.agent).unwrap(), "agent v2");
+        fs::remove_dir_all(&dir).unwrap();
+    }
 }

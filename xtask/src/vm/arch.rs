@@ -7,7 +7,7 @@ use std::fmt;
 use serde::Serialize;
 
 /// An architecture the matrix boots.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Arch {
     #[value(name = "x86_64")]

@@ -32,8 +32,11 @@ mod subset;
 pub use self::arch::Arch;
 
 use std::{
+    collections::HashMap,
     fmt, fs,
     path::{Path, PathBuf},
+    sync::{Mutex, PoisonError},
+    thread,
     time::{Duration, Instant},
 };
 
@@ -43,7 +46,9 @@ use self::{
     results::{Outcome, doctor_summary, merge_readme, minutes, table},
     subset::{guest_filters, suite_name},
 };
-use crate::{agent, cmd, integration_tests, prereqs, say::integration as say};
+use crate::{agent, cmd, integration_tests, prereqs, say::integration as say, steps::Counts};
+
+pub use self::qemu::cancel;
 
 /// How long a guest may run: the whole suite under TCG takes most of it.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(75 * 60);
@@ -75,6 +80,26 @@ pub struct Options {
     /// Record the outcome in README.md's kernel support table.
     #[arg(long)]
     pub update_readme: bool,
+    /// Boot the guests at once instead of one after another. Each guest has its own
+    /// kernel, so their tests cannot meet; they share only the CPUs, and under TCG a
+    /// guest spends most of its time waiting on the tests' clocks.
+    #[arg(long)]
+    pub parallel: bool,
+    /// Split each guest's tests across N guests of its kernel (by test name in a
+    /// subset or under --filter, else by test binary), booted at once (implies
+    /// --parallel); the matrix still shows one row per kernel.
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=4))]
+    pub shards: u32,
+    /// Scheduling niceness of the guests (`cargo xtask test` lowers them below the
+    /// host's own tests, which wait on time without a scale).
+    #[arg(long, value_name = "N", default_value_t = 0, hide = true,
+          value_parser = clap::value_parser!(i32).range(0..=19))]
+    pub niceness: i32,
+    /// The x86_64 binaries, when the caller built them (`cargo xtask test`, which builds
+    /// other things beside the guests and must not wait on cargo's lock here).
+    #[arg(skip)]
+    pub prebuilt: Option<Build>,
 }
 
 impl Options {
@@ -147,7 +172,23 @@ fn entries(kernels: &[String], arch: Option<Arch>) -> Result<Vec<Entry>> {
     Ok(out)
 }
 
+/// `cargo xtask integration`: the matrix `options` asks for; fails when an entry failed.
 pub fn run(options: &Options) -> Result<()> {
+    let ran = run_matrix(options)?;
+    let failed: Vec<_> = ran
+        .iter()
+        .filter(|r| !r.passed)
+        .map(|r| format!("{} {}", r.name, r.error.as_deref().unwrap_or("")))
+        .collect();
+    if !failed.is_empty() {
+        bail!("integration suite failed on: {}", failed.join("; "));
+    }
+    Ok(())
+}
+
+/// Runs the matrix `options` asks for and records it (`target/vm/results.*`, and the
+/// README's table with --update-readme); returns what each entry ran, passed or not.
+pub fn run_matrix(options: &Options) -> Result<Vec<Ran>> {
     let entries = entries(&options.kernels, options.arch)?;
     if !cmd::is_root() {
         bail!(
@@ -167,40 +208,81 @@ pub fn run(options: &Options) -> Result<()> {
     }
     let target = cmd::target_dir()?;
     let root = target.join("vm");
+    let mut builds = Builds {
+        x86_64: options.prebuilt.clone(),
+        aarch64: None,
+    };
+    // Every binary is built before a guest boots: the guests may run at once.
+    for arch in &vm_arches {
+        builds.get(*arch)?;
+    }
+    let parallel = options.parallel || options.shards > 1;
     let mut outcomes = Vec::new();
-    let mut builds = Builds::default();
-    for entry in &entries {
-        say(format_args!("=== {entry}: starting"));
-        let started = Instant::now();
-        let outcome = match *entry {
-            Entry::Host => run_host(options),
-            Entry::Vm(series, arch) => builds
-                .get(arch)
-                .and_then(|build| run_vm(series, arch, build, &root, options)),
-        };
-        let mut outcome = outcome.unwrap_or_else(|err| Outcome {
-            kernel: entry.to_string(),
-            arch: match entry {
-                Entry::Vm(_, arch) => *arch,
-                Entry::Host => Arch::X86_64,
-            },
-            release: String::new(),
-            accel: String::new(),
-            suite: String::new(),
-            tests: Vec::new(),
-            doctor: String::new(),
-            tc_attach: String::new(),
-            passed: false,
-            seconds: 0,
-            error: Some(format!("{err:#}")),
-        });
-        outcome.seconds = started.elapsed().as_secs();
-        say(format_args!(
-            "=== {entry}: {} in {}",
-            if outcome.passed { "PASSED" } else { "FAILED" },
-            minutes(outcome.seconds)
-        ));
-        outcomes.push(outcome);
+    for entry in entries.iter().filter(|e| **e == Entry::Host) {
+        outcomes.push(timed(*entry, || run_host(options)));
+    }
+    let guests: Vec<(kernel::Series, Arch)> = entries
+        .iter()
+        .filter_map(|e| match e {
+            Entry::Vm(series, arch) => Some((*series, *arch)),
+            Entry::Host => None,
+        })
+        .collect();
+    let builds = &builds;
+    let root_ref = &root;
+    let run_guest = |series: kernel::Series, arch: Arch| {
+        let entry = Entry::Vm(series, arch);
+        timed(entry, || {
+            let build = builds.built(arch)?;
+            let shards = shards(options, series, arch, build);
+            if shards.len() == 1 {
+                return run_vm(series, arch, build, root_ref, options, &shards[0]);
+            }
+            let parts: Vec<Outcome> = thread::scope(|scope| {
+                let handles: Vec<_> = shards
+                    .iter()
+                    .map(|shard| {
+                        scope.spawn(move || {
+                            run_vm(series, arch, build, root_ref, options, shard)
+                                .unwrap_or_else(|err| failed(entry, &err))
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| {
+                        h.join().unwrap_or_else(|_| {
+                            failed(entry, &anyhow::anyhow!("its thread panicked"))
+                        })
+                    })
+                    .collect()
+            });
+            Ok(merge_shards(parts))
+        })
+    };
+    if parallel {
+        outcomes.extend(thread::scope(|scope| {
+            let handles: Vec<_> = guests
+                .iter()
+                .map(|&(series, arch)| scope.spawn(move || run_guest(series, arch)))
+                .collect();
+            handles
+                .into_iter()
+                .zip(&guests)
+                .map(|(h, &(series, arch))| {
+                    h.join().unwrap_or_else(|_| {
+                        failed(
+                            Entry::Vm(series, arch),
+                            &anyhow::anyhow!("its thread panicked"),
+                        )
+                    })
+                })
+                .collect::<Vec<_>>()
+        }));
+    } else {
+        for &(series, arch) in &guests {
+            outcomes.push(run_guest(series, arch));
+        }
     }
     fs::create_dir_all(&root)?;
     let table = table(&outcomes);
@@ -220,27 +302,160 @@ pub fn run(options: &Options) -> Result<()> {
         "results: {} and results.json",
         root.join("results.md").display()
     ));
-    let failed: Vec<_> = outcomes
-        .iter()
-        .filter(|o| !o.passed)
-        .map(|o| format!("{} {}", o.kernel, o.error.as_deref().unwrap_or("")))
-        .collect();
-    if !failed.is_empty() {
-        bail!("integration suite failed on: {}", failed.join("; "));
+    Ok(outcomes.iter().map(Outcome::summary).collect())
+}
+
+/// What one matrix entry ran, for `cargo xtask test`'s record of its steps.
+#[derive(Debug, Clone)]
+pub struct Ran {
+    /// `6.1 x86_64 kernel subset`.
+    pub name: String,
+    pub passed: bool,
+    pub seconds: u64,
+    pub tests: Counts,
+    pub error: Option<String>,
+}
+
+/// Runs `f` for `entry`, announcing it and timing it; its error becomes a failed outcome.
+fn timed(entry: Entry, f: impl FnOnce() -> Result<Outcome>) -> Outcome {
+    say(format_args!("=== {entry}: starting"));
+    let started = Instant::now();
+    let mut outcome = f().unwrap_or_else(|err| failed(entry, &err));
+    outcome.seconds = started.elapsed().as_secs();
+    say(format_args!(
+        "=== {entry}: {} in {} ({} tests passed, {} failed)",
+        if outcome.passed { "PASSED" } else { "FAILED" },
+        minutes(outcome.seconds),
+        outcome.counts.passed,
+        outcome.counts.failed,
+    ));
+    outcome
+}
+
+/// The outcome of an entry that failed before any test could say so.
+fn failed(entry: Entry, err: &anyhow::Error) -> Outcome {
+    Outcome {
+        kernel: match entry {
+            Entry::Vm(series, _) => series.name.to_owned(),
+            Entry::Host => "host".to_owned(),
+        },
+        arch: match entry {
+            Entry::Vm(_, arch) => arch,
+            Entry::Host => Arch::X86_64,
+        },
+        release: String::new(),
+        accel: String::new(),
+        suite: String::new(),
+        tests: Vec::new(),
+        counts: Counts::default(),
+        doctor: String::new(),
+        tc_attach: String::new(),
+        passed: false,
+        seconds: 0,
+        error: Some(format!("{err:#}")),
     }
-    Ok(())
+}
+
+/// One guest's share of an entry's tests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Shard {
+    /// `(k, n)`: the k-th (from 1) of n guests of the entry; `(1, 1)` alone.
+    of: (u32, u32),
+    /// The libtest name filters it runs with (none: every test).
+    filters: Vec<String>,
+    /// The test binaries it runs.
+    binaries: Vec<PathBuf>,
+}
+
+/// How an entry's tests are split across `--shards` guests: by name where names select
+/// them (a subset or filters), dealt in turn so that each guest gets some of every
+/// binary's; else by binary. Never more guests than there are things to split.
+fn shards(options: &Options, series: kernel::Series, arch: Arch, build: &Build) -> Vec<Shard> {
+    let filters = guest_filters(&options.filters, options.subset, arch, series.subset);
+    let n = if filters.is_empty() {
+        options.shards.min(build.binaries.len().max(1) as u32)
+    } else {
+        options.shards.min(filters.len() as u32)
+    }
+    .max(1);
+    (0..n)
+        .map(|k| {
+            let pick = |i: usize| i % n as usize == k as usize;
+            let (filters, binaries) = if filters.is_empty() {
+                (
+                    Vec::new(),
+                    build
+                        .binaries
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, _)| pick(*i))
+                        .map(|(_, b)| b.clone())
+                        .collect(),
+                )
+            } else {
+                (
+                    filters
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, _)| pick(*i))
+                        .map(|(_, f)| f.clone())
+                        .collect(),
+                    build.binaries.clone(),
+                )
+            };
+            Shard {
+                of: (k + 1, n),
+                filters,
+                binaries,
+            }
+        })
+        .collect()
+}
+
+/// The shards' outcomes as one row of the matrix: passed when all passed, the longest
+/// wall time, every binary and count.
+fn merge_shards(parts: Vec<Outcome>) -> Outcome {
+    let mut parts = parts.into_iter();
+    let Some(mut merged) = parts.next() else {
+        unreachable!("an entry has at least one shard");
+    };
+    for part in parts {
+        merged.passed &= part.passed;
+        merged.seconds = merged.seconds.max(part.seconds);
+        merged.tests.extend(part.tests);
+        merged.counts.add(part.counts);
+        merged.error = match (merged.error.take(), part.error) {
+            (Some(a), Some(b)) => Some(format!("{a}; {b}")),
+            (a, b) => a.or(b),
+        };
+        if merged.release.is_empty() {
+            merged.release = part.release;
+            merged.accel = part.accel;
+            merged.doctor = part.doctor;
+            merged.tc_attach = part.tc_attach;
+        }
+    }
+    merged.suite = merged
+        .suite
+        .split(" (")
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    merged
 }
 
 /// The binaries a guest runs.
 #[derive(Debug, Clone)]
-struct Build {
-    agent: PathBuf,
-    manifest_dir: PathBuf,
-    binaries: Vec<PathBuf>,
+pub struct Build {
+    /// The agent (`NODE_DIAG_BIN`).
+    pub agent: PathBuf,
+    /// The tests' package directory, their working directory.
+    pub manifest_dir: PathBuf,
+    /// The test executables.
+    pub binaries: Vec<PathBuf>,
 }
 
 /// Each architecture's binaries, built once per invocation.
-#[derive(Default)]
 struct Builds {
     x86_64: Option<Build>,
     aarch64: Option<Build>,
@@ -259,6 +474,15 @@ impl Builds {
             });
         }
         Ok(slot.as_ref().expect("just built"))
+    }
+
+    /// `arch`'s binaries, built by an earlier [`Builds::get`].
+    fn built(&self, arch: Arch) -> Result<&Build> {
+        match arch {
+            Arch::X86_64 => self.x86_64.as_ref(),
+            Arch::Aarch64 => self.aarch64.as_ref(),
+        }
+        .context("the binaries for this architecture were not built")
     }
 }
 
@@ -284,7 +508,8 @@ fn build_host() -> Result<Build> {
 fn run_host(options: &Options) -> Result<Outcome> {
     agent::build(false)?;
     let privilege = cmd::Privilege::Root;
-    let ok = integration_tests::run(&privilege, &options.filters).is_ok();
+    let (counts, result) = integration_tests::run(&privilege, &options.filters);
+    let ok = result.is_ok();
     let release = cmd::output(cmd::command("uname").arg("-r"))?
         .trim()
         .to_owned();
@@ -299,6 +524,7 @@ fn run_host(options: &Options) -> Result<Outcome> {
         accel: "host".into(),
         suite: suite_name(&options.filters, false, Arch::X86_64, &[]),
         tests: Vec::new(),
+        counts,
         doctor: doctor.0,
         tc_attach: doctor.1,
         passed: ok,
@@ -313,21 +539,32 @@ fn run_vm(
     build: &Build,
     root: &Path,
     options: &Options,
+    shard: &Shard,
 ) -> Result<Outcome> {
-    let filters = guest_filters(&options.filters, options.subset, arch, series.subset);
+    let (k, n) = shard.of;
+    let (run_name, label) = if n == 1 {
+        (format!("{}-{arch}", series.name), String::new())
+    } else {
+        (
+            format!("{}-{arch}-{k}of{n}", series.name),
+            format!(" {k}/{n}"),
+        )
+    };
     let guest = boot_guest(
         series,
         arch,
         root,
-        &format!("{}-{arch}", series.name),
+        &run_name,
+        &label,
         options.deadline(),
         options.keep,
+        options.niceness,
         |accel| {
             guest::script(&guest::Plan {
                 agent: &build.agent,
                 manifest_dir: &build.manifest_dir,
-                binaries: &build.binaries,
-                filters: &filters,
+                binaries: &shard.binaries,
+                filters: &shard.filters,
                 // Emulated CPUs run several times slower than the host's.
                 time_scale: match accel {
                     qemu::Accel::Kvm => 1,
@@ -337,14 +574,15 @@ fn run_vm(
         },
     )?;
     let tests = read_results(&guest.out.join("results"));
+    let counts = Counts::from_text(&fs::read_to_string(&guest.console).unwrap_or_default());
     let (doctor, tc_attach) =
         doctor_summary(&fs::read_to_string(guest.out.join("doctor.json")).unwrap_or_default());
     let error = guest.failure.or_else(|| {
-        if tests.len() != build.binaries.len() {
+        if tests.len() != shard.binaries.len() {
             Some(format!(
                 "{} of {} test binaries reported",
                 tests.len(),
-                build.binaries.len()
+                shard.binaries.len()
             ))
         } else {
             tests
@@ -359,8 +597,17 @@ fn run_vm(
         arch,
         release: guest.release,
         accel: guest.accel.name().to_owned(),
-        suite: suite_name(&options.filters, options.subset, arch, series.subset),
+        suite: format!(
+            "{}{}",
+            suite_name(&options.filters, options.subset, arch, series.subset),
+            if n == 1 {
+                String::new()
+            } else {
+                format!(" ({k}/{n})")
+            }
+        ),
         tests,
+        counts,
         doctor,
         tc_attach,
         passed: error.is_none(),
@@ -379,22 +626,35 @@ struct Guest {
     /// Why the guest did not finish its script: a timeout, a panic, a crash.
     failure: Option<String>,
     seconds: u64,
+    /// Its console log.
+    console: PathBuf,
 }
 
+/// Held while a guest's kernel, userland and accelerator are looked up: guests booted
+/// at once share the download cache and apt state under `target/vm/cache`.
+static PREPARE: Mutex<()> = Mutex::new(());
+/// The accelerator picked per architecture, so the KVM probe boots once per run.
+static ACCEL: Mutex<Option<HashMap<Arch, qemu::Accel>>> = Mutex::new(None);
+
 /// Boots `series` on `arch` with the init script `script` gives for the accelerator
-/// picked, in `root`/runs/`run_name` (replaced), and waits (at most `deadline`) for it
-/// to power off.
+/// picked, in `root`/runs/`run_name` (replaced), at scheduling niceness `niceness`, and
+/// waits (at most `deadline`) for it to power off. Its console lines are prefixed
+/// `[vm SERIES{label}]`.
+#[expect(clippy::too_many_arguments, reason = "each is one fact of the boot")]
 fn boot_guest(
     series: kernel::Series,
     arch: Arch,
     root: &Path,
     run_name: &str,
+    label: &str,
     deadline: Duration,
     keep: bool,
+    niceness: i32,
     script: impl FnOnce(qemu::Accel) -> String,
 ) -> Result<Guest> {
     qemu::require(arch)?;
     let cache = root.join("cache");
+    let prepare = PREPARE.lock().unwrap_or_else(PoisonError::into_inner);
     let package = series.newest_package(arch, &cache)?;
     let kernel = kernel::fetch(&series, &package, arch, &cache)?;
     say(format_args!("{package}: kernel {}", kernel.release));
@@ -417,9 +677,19 @@ fn boot_guest(
             Some(cmd::metadata()?.workspace_root.into_std_path_buf()),
         ),
     };
-    let probe = run_dir.join("probe.cpio");
-    initramfs::write_probe(&busybox, &qemu::probe_init(), &probe)?;
-    let accel = qemu::pick_accel(arch, &kernel.image, &probe, &run_dir.join("probe.log"))?;
+    let mut picked = ACCEL.lock().unwrap_or_else(PoisonError::into_inner);
+    let accel = match picked.get_or_insert_with(HashMap::new).get(&arch) {
+        Some(accel) => *accel,
+        None => {
+            let probe = run_dir.join("probe.cpio");
+            initramfs::write_probe(&busybox, &qemu::probe_init(), &probe)?;
+            let accel = qemu::pick_accel(arch, &kernel.image, &probe, &run_dir.join("probe.log"))?;
+            picked.get_or_insert_with(HashMap::new).insert(arch, accel);
+            accel
+        }
+    };
+    drop(picked);
+    drop(prepare);
     say(format_args!("accelerator: {}", accel.name()));
 
     let script = script(accel);
@@ -467,9 +737,10 @@ fn boot_guest(
         shares: &shares,
         memory_mib: 4096,
         cpus: 2,
+        niceness,
     };
     let prefix = format!(
-        "[vm {}{}]",
+        "[vm {}{}{label}]",
         series.name,
         if arch.is_host() { "" } else { " arm64" }
     );
@@ -491,7 +762,7 @@ fn boot_guest(
         // A kernel that dies before reaching the init script ran nothing of ours: seen
         // under TCG (an int3 oops in early boot), it says nothing about the agent.
         let reached_init = boot.markers.iter().any(|l| l.contains(INIT_UP));
-        if reached_init || attempt == BOOT_ATTEMPTS {
+        if reached_init || attempt == BOOT_ATTEMPTS || qemu::cancelled() {
             break boot;
         }
         say(format_args!(
@@ -501,7 +772,9 @@ fn boot_guest(
     };
 
     let done = out.join("done").exists();
-    let failure = if !boot.exited {
+    let failure = if !boot.exited && qemu::cancelled() {
+        Some("stopped: the run failed in another step".to_owned())
+    } else if !boot.exited {
         Some(format!(
             "the guest did not finish within {} (console: {})",
             minutes(deadline.as_secs()),
@@ -532,6 +805,7 @@ fn boot_guest(
         out,
         failure,
         seconds: boot.elapsed.as_secs(),
+        console: run_dir.join("console.log"),
     })
 }
 
@@ -572,8 +846,10 @@ pub fn bench(kernel: &str, options: &crate::bench::Options) -> Result<()> {
         &target.join("vm"),
         // Not the integration suite's run directory: both may run at once.
         &format!("bench-{}-{}", series.name, Arch::X86_64),
+        "",
         Duration::from_secs(options.timeout * 60),
         false,
+        0,
         |_| guest::bench_script(&agent, &xtask, &options.guest_args()),
     )?;
     let json = guest.out.join(guest::BENCH_JSON);
@@ -668,6 +944,102 @@ mod tests {
             .iter()
             .map(ToString::to_string)
             .collect()
+    }
+
+    fn options(shards: u32, subset: bool, filters: &[&str]) -> Options {
+        Options {
+            kernels: vec!["6.1".into()],
+            arch: None,
+            filters: filters.iter().map(|f| (*f).to_owned()).collect(),
+            subset,
+            keep: false,
+            timeout: 1,
+            update_readme: false,
+            parallel: true,
+            shards,
+            niceness: 0,
+            prebuilt: None,
+        }
+    }
+
+    fn build(binaries: &[&str]) -> Build {
+        Build {
+            agent: "/t/node-diag".into(),
+            manifest_dir: "/t".into(),
+            binaries: binaries.iter().map(PathBuf::from).collect(),
+        }
+    }
+
+    #[test]
+    fn a_subset_is_dealt_by_name_and_every_name_runs_once() {
+        let series = kernel::series("6.1").unwrap();
+        let build = build(&["/t/a-1", "/t/b-2", "/t/c-3"]);
+        let split = shards(&options(2, true, &[]), series, Arch::X86_64, &build);
+        assert_eq!(split.len(), 2);
+        assert_eq!(split[0].of, (1, 2));
+        assert_eq!(split[1].of, (2, 2));
+        // Each guest runs every binary with its share of the names.
+        assert!(split.iter().all(|s| s.binaries == build.binaries));
+        let mut names: Vec<&String> = split.iter().flat_map(|s| &s.filters).collect();
+        assert_eq!(names.len(), series.subset.len());
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), series.subset.len(), "a name ran twice");
+        assert!(split[0].filters.len().abs_diff(split[1].filters.len()) <= 1);
+        // One shard is the entry as it was.
+        let whole = shards(&options(1, true, &[]), series, Arch::X86_64, &build);
+        assert_eq!(whole.len(), 1);
+        assert_eq!(whole[0].filters.len(), series.subset.len());
+    }
+
+    #[test]
+    fn the_whole_suite_is_dealt_by_binary_and_never_into_empty_guests() {
+        let series = kernel::series("6.1").unwrap();
+        let build = build(&["/t/a-1", "/t/b-2", "/t/c-3"]);
+        let split = shards(&options(2, false, &[]), series, Arch::X86_64, &build);
+        assert_eq!(split.len(), 2);
+        assert!(split.iter().all(|s| s.filters.is_empty()));
+        assert_eq!(
+            split[0].binaries,
+            [PathBuf::from("/t/a-1"), "/t/c-3".into()]
+        );
+        assert_eq!(split[1].binaries, [PathBuf::from("/t/b-2")]);
+        // One filter: one guest, whatever --shards says.
+        let one = shards(&options(3, false, &["mtu"]), series, Arch::X86_64, &build);
+        assert_eq!(one.len(), 1);
+        assert_eq!(one[0].filters, ["mtu"]);
+    }
+
+    #[test]
+    fn shards_merge_into_one_row_that_passes_only_when_all_did() {
+        let part = |k: u32, passed: bool, seconds: u64, passed_tests: u64| {
+            let mut o = failed(
+                Entry::Vm(kernel::series("6.1").unwrap(), Arch::X86_64),
+                &anyhow::anyhow!("x"),
+            );
+            o.error = (!passed).then(|| format!("shard {k} failed"));
+            o.passed = passed;
+            o.seconds = seconds;
+            o.suite = format!("kernel subset ({k}/2)");
+            o.release = "6.1.0-1-amd64".into();
+            o.tests = vec![(format!("bin{k}"), i32::from(!passed), seconds)];
+            o.counts = Counts {
+                passed: passed_tests,
+                failed: u64::from(!passed),
+                ignored: 0,
+                binaries: 1,
+            };
+            o
+        };
+        let merged = merge_shards(vec![part(1, true, 600, 40), part(2, false, 700, 30)]);
+        assert!(!merged.passed);
+        assert_eq!(merged.seconds, 700);
+        assert_eq!(merged.suite, "kernel subset");
+        assert_eq!(merged.counts.passed, 70);
+        assert_eq!(merged.counts.failed, 1);
+        assert_eq!(merged.tests.len(), 2);
+        assert_eq!(merged.error.as_deref(), Some("shard 2 failed"));
+        assert!(merge_shards(vec![part(1, true, 1, 1), part(2, true, 2, 2)]).passed);
     }
 
     #[test]

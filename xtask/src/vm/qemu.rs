@@ -10,7 +10,10 @@ use std::{
     io::{BufRead as _, BufReader, Write as _},
     path::{Path, PathBuf},
     process::{Child, Stdio},
-    sync::mpsc,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        mpsc,
+    },
     thread,
     time::{Duration, Instant},
 };
@@ -53,6 +56,22 @@ pub struct Machine<'a> {
     pub shares: &'a [Share],
     pub memory_mib: u32,
     pub cpus: u32,
+    /// Scheduling niceness of the qemu process (0: as the caller's).
+    pub niceness: i32,
+}
+
+/// Set once the run this guest belongs to has failed elsewhere: every guest still
+/// running is stopped, so a failure ends the run instead of waiting for the guests.
+static CANCELLED: AtomicBool = AtomicBool::new(false);
+
+/// Stops every guest booted from now on or still running (within 200 ms).
+pub fn cancel() {
+    CANCELLED.store(true, Ordering::Relaxed);
+}
+
+/// Whether [`cancel`] was called.
+pub fn cancelled() -> bool {
+    CANCELLED.load(Ordering::Relaxed)
 }
 
 /// How a boot ended.
@@ -84,6 +103,9 @@ impl Machine<'_> {
             Accel::Kvm => q.args(["-accel", "kvm", "-cpu", "host"]),
             Accel::Tcg => q.args(["-accel", "tcg,thread=multi", "-cpu", self.arch.tcg_cpu()]),
         };
+        if self.niceness > 0 {
+            cmd::lower_priority(&mut q, self.niceness);
+        }
         q.args(["-smp", &self.cpus.to_string()])
             .args(["-m", &format!("{}M", self.memory_mib)])
             .args(["-nodefaults", "-no-reboot", "-display", "none"])
@@ -153,7 +175,7 @@ impl Machine<'_> {
                 Err(mpsc::RecvTimeoutError::Disconnected) => break wait(&mut child)?,
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
             }
-            if Instant::now() >= deadline {
+            if Instant::now() >= deadline || cancelled() {
                 let _ = child.kill();
                 let _ = child.wait();
                 break false;
@@ -224,6 +246,7 @@ pub fn pick_accel(arch: Arch, image: &Path, probe_initramfs: &Path, log: &Path) 
         shares: &[],
         memory_mib: 512,
         cpus: 1,
+        niceness: 0,
     };
     let boot = machine.boot("", log, Duration::from_secs(20), true, &[PROBE_OK])?;
     Ok(if boot.markers.is_empty() {

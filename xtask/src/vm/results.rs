@@ -5,7 +5,8 @@
 use anyhow::{Result, bail};
 use serde::Serialize;
 
-use super::arch::Arch;
+use super::{Ran, arch::Arch};
+use crate::steps::Counts;
 
 /// The outcome of one matrix entry.
 #[derive(Debug, Serialize)]
@@ -20,6 +21,8 @@ pub(super) struct Outcome {
     pub suite: String,
     /// Test binaries: (name, exit code, seconds).
     pub tests: Vec<(String, i32, u64)>,
+    /// The tests they ran, from libtest's summaries.
+    pub counts: Counts,
     /// The agent's `doctor` verdict and how it attaches TC programs there.
     pub doctor: String,
     pub tc_attach: String,
@@ -27,6 +30,21 @@ pub(super) struct Outcome {
     pub seconds: u64,
     /// Why it failed, when it did not get as far as a test failure.
     pub error: Option<String>,
+}
+
+impl Outcome {
+    /// What it ran, for the record of `cargo xtask test`'s steps.
+    pub(super) fn summary(&self) -> Ran {
+        Ran {
+            name: format!("{} {} {}", self.kernel, self.arch, self.suite)
+                .trim_end()
+                .to_owned(),
+            passed: self.passed,
+            seconds: self.seconds,
+            tests: self.counts,
+            error: self.error.clone(),
+        }
+    }
 }
 
 /// Doctor checks about the node rather than its kernel: a guest has no container
@@ -139,6 +157,7 @@ mod tests {
             accel: "tcg".into(),
             suite: "whole suite".into(),
             tests: Vec::new(),
+            counts: Counts::default(),
             doctor: "ready".into(),
             tc_attach: "tcx".into(),
             passed,
