@@ -77,7 +77,8 @@ pub struct Options {
     #[arg(long, value_name = "MINUTES", default_value_t = DEFAULT_TIMEOUT.as_secs() / 60,
           value_parser = clap::value_parser!(u64).range(1..=600))]
     pub timeout: u64,
-    /// Record the outcome in README.md's kernel support table.
+    /// Record the outcome in README.md's kernel support table (`--kernel all` always
+    /// does).
     #[arg(long)]
     pub update_readme: bool,
     /// Boot the guests at once instead of one after another. Each guest has its own
@@ -292,7 +293,7 @@ pub fn run_matrix(options: &Options) -> Result<Vec<Ran>> {
         serde_json::to_string_pretty(&outcomes)?,
     )?;
     println!("\n{table}");
-    if options.update_readme {
+    if options.update_readme || options.kernels.iter().any(|k| k == "all") {
         let readme = cmd::metadata()?.workspace_root.join("README.md");
         let text = fs::read_to_string(&readme)?;
         fs::write(&readme, merge_readme(&text, &outcomes)?)?;
