@@ -45,7 +45,7 @@ DASHBOARD = DEPLOY / "grafana" / "node-diag.json"
 RUNBOOKS = ROOT / "docs" / "runbooks"
 SCHEMAS = DEPLOY / "tests" / "schemas"
 DOCKERFILE = ROOT / "Dockerfile"
-README = ROOT / "README.md"
+METRICS_DOC = ROOT / "docs" / "metrics.md"
 RUNBOOK_BASE = "https://github.com/node-diag/node-diag/blob/main/docs/runbooks/"
 
 # The alerts the deploy issue requires; rules.yaml may have more.
@@ -727,9 +727,9 @@ METRIC = re.compile(r"\bnode_diag_[a-z_]+\b")
 
 
 def documented_metrics() -> set[str]:
-    """Metric names in the README's metrics table (`| \\`node_diag_...\\` | labels |`)."""
+    """Metric names in docs/metrics.md's table (`| \\`node_diag_...\\` | labels |`)."""
     names = set()
-    for line in README.read_text().splitlines():
+    for line in METRICS_DOC.read_text().splitlines():
         m = re.match(r"\|\s*`(node_diag_[a-z_]+)`\s*\|", line)
         if m:
             names.add(m.group(1))
@@ -744,7 +744,7 @@ def check_rule_metrics():
         used |= set(METRIC.findall(a["expr"]))
     unknown = used - documented
     if unknown:
-        raise CheckError(f"not in README's metrics table: {sorted(unknown)}")
+        raise CheckError(f"not in docs/metrics.md's metrics table: {sorted(unknown)}")
     return f"{len(used)} metrics"
 
 
@@ -788,7 +788,7 @@ def check_dashboard(tmp: Path):
             raise CheckError(f"no panel shows {metric} by {by}")
     unknown = set(METRIC.findall(joined)) - documented_metrics()
     if unknown:
-        raise CheckError(f"queries use metrics missing from README's table: {sorted(unknown)}")
+        raise CheckError(f"queries use metrics missing from docs/metrics.md's table: {sorted(unknown)}")
     # Every query parses: as recording rules, with the template variables substituted.
     subst = {
         "$__rate_interval": "5m",
