@@ -272,7 +272,7 @@ pub(crate) enum Exit {
     ConnectFailed = 6,
 }
 
-/// The exit statuses, for `--help` and the README.
+/// The exit statuses, for `--help` and docs/cli.md.
 pub(crate) const EXIT_HELP: &str = "Exit status:\n  \
     0  the path works (whole MTU, or PMTUD works) and, with --port, the port is open\n  \
     1  bad input, or the probe could not run (no route, no CAP_NET_RAW)\n  \

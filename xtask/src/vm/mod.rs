@@ -18,7 +18,7 @@
 //! guest's root is a Debian arm64 userland, with the workspace shared at its host path.
 //! Each run leaves `target/vm/runs/<kernel>-<arch>/` (console log, doctor report,
 //! results) and the matrix's outcome in `target/vm/results.json` and `results.md`, the
-//! table the README's kernel support section records.
+//! table docs/kernels.md's kernel support section records.
 
 mod arch;
 mod arm64;
@@ -77,7 +77,7 @@ pub struct Options {
     #[arg(long, value_name = "MINUTES", default_value_t = DEFAULT_TIMEOUT.as_secs() / 60,
           value_parser = clap::value_parser!(u64).range(1..=600))]
     pub timeout: u64,
-    /// Record the outcome in README.md's kernel support table (`--kernel all` always
+    /// Record the outcome in docs/kernels.md's kernel support table (`--kernel all` always
     /// does).
     #[arg(long)]
     pub update_readme: bool,
@@ -188,7 +188,8 @@ pub fn run(options: &Options) -> Result<()> {
 }
 
 /// Runs the matrix `options` asks for and records it (`target/vm/results.*`, and the
-/// README's table with --update-readme); returns what each entry ran, passed or not.
+/// table in docs/kernels.md with --update-readme); returns what each entry ran, passed or
+/// not.
 pub fn run_matrix(options: &Options) -> Result<Vec<Ran>> {
     let entries = entries(&options.kernels, options.arch)?;
     if !cmd::is_root() {
@@ -294,7 +295,7 @@ pub fn run_matrix(options: &Options) -> Result<Vec<Ran>> {
     )?;
     println!("\n{table}");
     if options.update_readme || options.kernels.iter().any(|k| k == "all") {
-        let readme = cmd::metadata()?.workspace_root.join("README.md");
+        let readme = cmd::metadata()?.workspace_root.join("docs").join("kernels.md");
         let text = fs::read_to_string(&readme)?;
         fs::write(&readme, merge_readme(&text, &outcomes)?)?;
         say(format_args!("recorded in {readme}"));

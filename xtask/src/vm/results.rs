@@ -1,6 +1,6 @@
 //! What a matrix run leaves: each entry's outcome, the markdown table of them (in
-//! `target/vm/results.md`, and merged into the README's kernel support section) and the
-//! doctor's verdict as that table shows it.
+//! `target/vm/results.md`, and merged into docs/kernels.md's kernel support section)
+//! and the doctor's verdict as that table shows it.
 
 use anyhow::{Result, bail};
 use serde::Serialize;
@@ -104,17 +104,17 @@ pub(super) fn table(outcomes: &[Outcome]) -> String {
     t
 }
 
-/// Markers around the README's kernel support table.
+/// Markers around docs/kernels.md's kernel support table.
 pub(super) const README_BEGIN: &str = "<!-- kernel-support:begin -->";
 pub(super) const README_END: &str = "<!-- kernel-support:end -->";
 pub(super) const TABLE_HEAD: &str =
     "| kernel | arch | release | accel | TC attach | doctor | suite | result | wall time |";
 
-/// The README with this run's rows in its kernel support table: a row per (kernel,
+/// docs/kernels.md with this run's rows in its kernel support table: a row per (kernel,
 /// arch), replaced when run again, others kept; host first, then by kernel and arch.
 pub(super) fn merge_readme(readme: &str, outcomes: &[Outcome]) -> Result<String> {
     let (Some(begin), Some(end)) = (readme.find(README_BEGIN), readme.find(README_END)) else {
-        bail!("README.md has no {README_BEGIN} … {README_END} block");
+        bail!("docs/kernels.md has no {README_BEGIN} … {README_END} block");
     };
     let block = &readme[begin + README_BEGIN.len()..end];
     let mut rows: Vec<(String, String)> = block
