@@ -1,23 +1,24 @@
 //! `cargo xtask test`: the whole suite, inside CI's budget on a 2-core machine.
 //!
 //! ```text
-//! prereqs → fmt → build → integration tests (build)
-//!   ├─ builds (nice 19):    build (release) → clippy → unit tests → cross builds
-//!   │    └─ VM guests (nice 10), on the release agent: the 6.1 kernel subset in two
-//!   │       guests, the 5.10 fallback subset in one
-//!   └─ deploy checks → host suite (debug agent)
+//! prereqs → fmt → build (release) → integration tests (build)
+//!   ├─ VM guests (nice 5), two at a time: the 6.1 kernel subset split across two
+//!   │    guests, then the 5.10 fallback subset
+//!   ├─ builds (nice 19): clippy → unit tests → cross builds
+//!   └─ deploy checks → host suite
 //! → bench smoke (once the builds are done) → the guests' results → the step table
 //! ```
 //!
 //! The integration tests load the real eBPF programs and so need root: on this kernel
 //! (the host suite), and their kernel subsets in Debian 6.1 and 5.10 guests (`vm/`).
-//! What runs at once is chosen by what each part waits on. The host suite and the
-//! guests spend most of their time waiting on the tests' clocks (SYN retransmits,
-//! timeouts, the agent's ticks), the builds only need CPU: so the guests, each its own
-//! kernel, run beside the host suite, and the builds take what CPU is left, at the
-//! lowest priority, while the host tests, whose waits have no scale, keep theirs. The
-//! host suite and the guests run copies of the binaries (`target/xtask-test/bin`), so
-//! the builds beside them can replace what cargo built without touching what runs.
+//! They drive the release agent, the one that ships. What runs at once is chosen by
+//! what each part needs. The host suite spends most of its time waiting on the tests'
+//! clocks (SYN retransmits, timeouts, the agent's ticks); a guest under TCG keeps about
+//! one core busy; the builds only need CPU. So two guests, each its own kernel, run
+//! beside the host suite, and the builds take what CPU is left, at the lowest priority,
+//! while the host tests, whose waits have no time scale, keep theirs. The host suite
+//! and the guests run hard links of the binaries (`target/xtask-test/bin`), so the
+//! builds beside them cannot replace what runs.
 //!
 //! A failing step stops the steps after it and the guests still running. At the end
 //! (failed or not) the steps' table is printed, and written with its JSON to
@@ -27,10 +28,7 @@ use std::{
     fs,
     path::{Path, PathBuf},
     process::Command,
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        mpsc,
-    },
+    sync::atomic::{AtomicBool, Ordering},
     thread,
 };
 
@@ -51,14 +49,16 @@ const EBPF_PACKAGE: &str = "node-diag-ebpf";
 /// the integration tests. Both steps name the same set, so cargo unifies the same
 /// features and the unit tests reuse what the build step compiled.
 const EXCLUDED: &[&str] = &["--exclude", EBPF_PACKAGE, "--exclude", TESTS_PACKAGE];
-/// Niceness of the guests: below the host suite, whose waits have no time scale, above
-/// the builds, which only need CPU.
-const VM_NICENESS: i32 = 10;
+/// Niceness of the guests: below the host suite, whose waits have no time scale, far
+/// above the builds, which only need CPU.
+const VM_NICENESS: i32 = 5;
 /// Niceness of the builds that run beside the tests.
 const BUILD_NICENESS: i32 = 19;
-/// Guests the 6.1 kernel subset is split across: it is the longest step, and a guest
-/// under TCG mostly waits.
+/// Guests the 6.1 kernel subset is split across: it is the longest step.
 const KERNEL_SUBSET_SHARDS: u32 = 2;
+/// Guests at once: a guest under TCG keeps about one core busy, and a guest starved of
+/// CPU fails tests whose waits its time scale does not cover.
+const MAX_GUESTS: u32 = 2;
 /// Where the run's record and the binaries under test go, under the target directory.
 const OUT_DIR: &str = "xtask-test";
 /// The guests' step, when it did not run.
@@ -149,16 +149,19 @@ impl Run<'_> {
             Ok(((), None))
         })?;
         self.command("fmt", cmd::cargo_with(&["fmt", "--all", "--", "--check"]))?;
-        let mut build = cmd::cargo_with(&["build", "--workspace"]);
-        build.args(EXCLUDED);
-        self.command("build", build)?;
+        // The release agent: what ships, what every integration test drives (here and in
+        // the guests), the cross build's x86_64 binary and the bench's.
+        self.command(
+            "build (release)",
+            cmd::cargo_with(&["build", "--release", "-p", agent::PACKAGE]),
+        )?;
 
         let staged = match &privilege {
             Some(_) => Some(self.step("integration tests (build)", || {
                 let (manifest_dir, binaries) = integration_tests::build_test_binaries()?;
                 let staged = stage(
                     &self.out.join("bin"),
-                    &agent::binary(false)?,
+                    &agent::binary(true)?,
                     manifest_dir,
                     &binaries,
                 )?;
@@ -167,32 +170,17 @@ impl Run<'_> {
             None => None,
         };
 
-        // The guests start once the release agent they run is built, by the builds.
-        let (release_tx, release_rx) = mpsc::channel::<PathBuf>();
         thread::scope(|scope| {
             let guests = match &staged {
                 Some(staged) if !kernels.is_empty() => {
-                    Some(scope.spawn(move || match release_rx.recv() {
-                        Ok(agent) => self.guests(
-                            &kernels,
-                            &vm::Build {
-                                agent,
-                                ..staged.clone()
-                            },
-                        ),
-                        Err(_) => {
-                            self.record.skip(GUESTS, "the release build did not finish");
-                            Ok(())
-                        }
-                    }))
+                    Some(scope.spawn(|| self.guests(&kernels, staged)))
                 }
                 _ => {
                     self.skip_guests(&kernels);
                     None
                 }
             };
-            let release_tx = guests.is_some().then_some(release_tx);
-            let builds = scope.spawn(move || self.builds(release_tx));
+            let builds = scope.spawn(|| self.builds());
             let host = self.host(privilege.as_ref(), staged.as_ref());
             if host.is_err() {
                 // Nothing else is worth waiting for.
@@ -246,10 +234,9 @@ impl Run<'_> {
         self.record.skip(STEP, why);
     }
 
-    /// The guests, at once, each its kernel's subset (the 6.1 one split in two), with
-    /// a row per kernel in the record. They run the release agent: under emulation
-    /// the debug build's start alone (BTF, the programs' relocations) costs about ten
-    /// seconds of CPU per test, which the host suite's debug agent does not need there.
+    /// The guests, two at a time (a guest under TCG takes about a core), each its
+    /// kernel's subset (the 6.1 one split in two, booted first), with a row per kernel
+    /// in the record.
     fn guests(&self, kernels: &[String], staged: &vm::Build) -> Result<()> {
         const STEP: &str = GUESTS;
         let subset = !self.options.vm_whole_suite && self.options.filter.is_none();
@@ -263,14 +250,16 @@ impl Run<'_> {
             update_readme: false,
             parallel: true,
             shards: if subset { KERNEL_SUBSET_SHARDS } else { 1 },
+            max_guests: MAX_GUESTS,
             niceness: VM_NICENESS,
             prebuilt: Some(staged.clone()),
         };
         say(format_args!(
-            "{STEP}: cargo xtask integration --kernel {}{} --parallel --shards {}, beside the host suite",
+            "{STEP}: cargo xtask integration --kernel {}{} --parallel --shards {} --max-guests {}, beside the host suite",
             kernels.join(" --kernel "),
             if subset { " --subset" } else { "" },
             options.shards,
+            options.max_guests,
         ));
         let start = self.record.elapsed();
         let ran = vm::run_matrix(&options);
@@ -291,7 +280,7 @@ impl Run<'_> {
         for guest in &ran {
             self.record.push(
                 format!("VM {}", guest.name),
-                start,
+                start + guest.queued as f64,
                 guest.seconds as f64,
                 if guest.passed {
                     Status::Passed
@@ -314,24 +303,9 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// What only needs CPU, at the lowest priority, beside the tests: the release agent
-    /// (sent on `release` for the guests, staged), clippy, the unit tests, the cross
-    /// builds (whose x86_64 one is then built already).
-    fn builds(&self, release: Option<mpsc::Sender<PathBuf>>) -> Result<()> {
-        let agent = self.step("build (release)", || {
-            let mut build = cmd::cargo_with(&["build", "--release", "-p", agent::PACKAGE]);
-            cmd::lower_priority(&mut build, BUILD_NICENESS);
-            say(format_args!("build (release): {}", cmd::display(&build)));
-            cmd::run(&mut build)?;
-            let dir = self.out.join("bin").join("release");
-            let staged = stage(&dir, &agent::binary(true)?, PathBuf::new(), &[])?;
-            Ok((staged.agent, None))
-        })?;
-        if let Some(release) = release {
-            // The guests' thread waits for it; it has gone only if it failed already.
-            let _ = release.send(agent);
-        }
-
+    /// What only needs CPU, at the lowest priority, beside the tests: clippy, the unit
+    /// tests, the cross builds (whose x86_64 one is built already).
+    fn builds(&self) -> Result<()> {
         let mut clippy = cmd::cargo_with(&["clippy", "--workspace", "--all-targets"]);
         clippy.args(["--exclude", EBPF_PACKAGE, "--", "-D", "warnings"]);
         cmd::lower_priority(&mut clippy, BUILD_NICENESS);

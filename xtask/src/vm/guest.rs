@@ -138,8 +138,10 @@ ip link set lo up
 modprobe -a {modules} 2>&1 | sed 's/^/modprobe: /'
 echo "ND-VM: kernel $(uname -r) ($(uname -m)), $(nproc) CPUs, user space ready"
 AGENT={agent}
+# Once, as JSON (each run loads every program: seconds under emulation), shown as is.
 "$AGENT" doctor -o json > "$OUT/doctor.json" 2>"$OUT/doctor.err"
-"$AGENT" doctor 2>&1
+cat "$OUT/doctor.json" "$OUT/doctor.err"
+echo
 "#,
         modules = MODULES.join(" "),
         agent = quote(agent),

@@ -35,7 +35,7 @@ use std::{
     collections::HashMap,
     fmt, fs,
     path::{Path, PathBuf},
-    sync::{Mutex, PoisonError},
+    sync::{Condvar, Mutex, PoisonError},
     thread,
     time::{Duration, Instant},
 };
@@ -92,6 +92,10 @@ pub struct Options {
     #[arg(long, value_name = "N", default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..=4))]
     pub shards: u32,
+    /// At most N guests at once with --parallel or --shards (0: no limit); the others
+    /// wait their turn, in the matrix's order. A guest under TCG takes about a core.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub max_guests: u32,
     /// Scheduling niceness of the guests (`cargo xtask test` lowers them below the
     /// host's own tests, which wait on time without a scale).
     #[arg(long, value_name = "N", default_value_t = 0, hide = true,
@@ -218,73 +222,81 @@ pub fn run_matrix(options: &Options) -> Result<Vec<Ran>> {
     for arch in &vm_arches {
         builds.get(*arch)?;
     }
-    let parallel = options.parallel || options.shards > 1;
     let mut outcomes = Vec::new();
     for entry in entries.iter().filter(|e| **e == Entry::Host) {
         outcomes.push(timed(*entry, || run_host(options)));
     }
-    let guests: Vec<(kernel::Series, Arch)> = entries
-        .iter()
-        .filter_map(|e| match e {
-            Entry::Vm(series, arch) => Some((*series, *arch)),
-            Entry::Host => None,
-        })
-        .collect();
-    let builds = &builds;
-    let root_ref = &root;
-    let run_guest = |series: kernel::Series, arch: Arch| {
-        let entry = Entry::Vm(series, arch);
-        timed(entry, || {
+    // Every guest of every entry, in the matrix's order: each entry's shards, then the
+    // next entry's. They boot in that order, as many at once as the gate lets.
+    let mut jobs = Vec::new();
+    for entry in &entries {
+        if let Entry::Vm(series, arch) = *entry {
             let build = builds.built(arch)?;
-            let shards = shards(options, series, arch, build);
-            if shards.len() == 1 {
-                return run_vm(series, arch, build, root_ref, options, &shards[0]);
+            for shard in shards(options, series, arch, build) {
+                jobs.push((series, arch, build, shard));
             }
-            let parts: Vec<Outcome> = thread::scope(|scope| {
-                let handles: Vec<_> = shards
-                    .iter()
-                    .map(|shard| {
-                        scope.spawn(move || {
-                            run_vm(series, arch, build, root_ref, options, shard)
-                                .unwrap_or_else(|err| failed(entry, &err))
-                        })
-                    })
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|h| {
-                        h.join().unwrap_or_else(|_| {
-                            failed(entry, &anyhow::anyhow!("its thread panicked"))
-                        })
-                    })
-                    .collect()
-            });
-            Ok(merge_shards(parts))
-        })
-    };
-    if parallel {
-        outcomes.extend(thread::scope(|scope| {
-            let handles: Vec<_> = guests
-                .iter()
-                .map(|&(series, arch)| scope.spawn(move || run_guest(series, arch)))
-                .collect();
-            handles
-                .into_iter()
-                .zip(&guests)
-                .map(|(h, &(series, arch))| {
-                    h.join().unwrap_or_else(|_| {
-                        failed(
-                            Entry::Vm(series, arch),
-                            &anyhow::anyhow!("its thread panicked"),
-                        )
-                    })
-                })
-                .collect::<Vec<_>>()
-        }));
-    } else {
-        for &(series, arch) in &guests {
-            outcomes.push(run_guest(series, arch));
         }
+    }
+    let parallel = options.parallel || options.shards > 1;
+    let gate = Gate::new(match (parallel, options.max_guests) {
+        (false, _) => 1,
+        (true, 0) => usize::MAX,
+        (true, n) => n as usize,
+    });
+    let matrix_start = Instant::now();
+    let parts: Vec<(Entry, Outcome)> = thread::scope(|scope| {
+        let handles: Vec<_> = jobs
+            .iter()
+            .enumerate()
+            .map(|(turn, (series, arch, build, shard))| {
+                let (gate, root) = (&gate, &root);
+                scope.spawn(move || {
+                    let entry = Entry::Vm(*series, *arch);
+                    let _pass = gate.enter(turn);
+                    let queued = matrix_start.elapsed().as_secs();
+                    if shard.of.0 == 1 {
+                        say(format_args!("=== {entry}: starting"));
+                    }
+                    let mut outcome = run_vm(*series, *arch, build, root, options, shard)
+                        .unwrap_or_else(|err| failed(entry, &err));
+                    outcome.queued = queued;
+                    (entry, outcome)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .zip(&jobs)
+            .map(|(h, (series, arch, _, _))| {
+                let entry = Entry::Vm(*series, *arch);
+                h.join().unwrap_or_else(|_| {
+                    (
+                        entry,
+                        failed(entry, &anyhow::anyhow!("its thread panicked")),
+                    )
+                })
+            })
+            .collect()
+    });
+    // One row per entry, in order, whatever its shards; its time is its longest guest's.
+    let mut parts = parts;
+    for entry in &entries {
+        let (mine, rest): (Vec<_>, Vec<_>) = parts
+            .into_iter()
+            .partition(|(e, _)| e == entry && *e != Entry::Host);
+        parts = rest;
+        if mine.is_empty() {
+            continue;
+        }
+        let outcome = merge_shards(mine.into_iter().map(|(_, o)| o).collect());
+        say(format_args!(
+            "=== {entry}: {} in {} ({} tests passed, {} failed)",
+            if outcome.passed { "PASSED" } else { "FAILED" },
+            minutes(outcome.seconds),
+            outcome.counts.passed,
+            outcome.counts.failed,
+        ));
+        outcomes.push(outcome);
     }
     fs::create_dir_all(&root)?;
     let table = table(&outcomes);
@@ -295,7 +307,10 @@ pub fn run_matrix(options: &Options) -> Result<Vec<Ran>> {
     )?;
     println!("\n{table}");
     if options.update_readme || options.kernels.iter().any(|k| k == "all") {
-        let readme = cmd::metadata()?.workspace_root.join("docs").join("kernels.md");
+        let readme = cmd::metadata()?
+            .workspace_root
+            .join("docs")
+            .join("kernels.md");
         let text = fs::read_to_string(&readme)?;
         fs::write(&readme, merge_readme(&text, &outcomes)?)?;
         say(format_args!("recorded in {readme}"));
@@ -314,6 +329,8 @@ pub struct Ran {
     pub name: String,
     pub passed: bool,
     pub seconds: u64,
+    /// Seconds its first guest waited for its turn (`--max-guests`).
+    pub queued: u64,
     pub tests: Counts,
     pub error: Option<String>,
 }
@@ -355,6 +372,51 @@ fn failed(entry: Entry, err: &anyhow::Error) -> Outcome {
         passed: false,
         seconds: 0,
         error: Some(format!("{err:#}")),
+        queued: 0,
+    }
+}
+
+/// Lets guests boot in their turn, at most `max` at once.
+struct Gate {
+    /// (the next turn to start, how many run)
+    state: Mutex<(usize, usize)>,
+    turn: Condvar,
+    max: usize,
+}
+
+/// A guest's place in the gate, given back when dropped.
+struct Pass<'a>(&'a Gate);
+
+impl Gate {
+    fn new(max: usize) -> Gate {
+        Gate {
+            state: Mutex::new((0, 0)),
+            turn: Condvar::new(),
+            max: max.max(1),
+        }
+    }
+
+    /// Waits until it is `turn`'s turn and a place is free.
+    fn enter(&self, turn: usize) -> Pass<'_> {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        while state.0 != turn || state.1 >= self.max {
+            state = self
+                .turn
+                .wait(state)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        state.0 += 1;
+        state.1 += 1;
+        self.turn.notify_all();
+        Pass(self)
+    }
+}
+
+impl Drop for Pass<'_> {
+    fn drop(&mut self) {
+        let mut state = self.0.state.lock().unwrap_or_else(PoisonError::into_inner);
+        state.1 -= 1;
+        self.0.turn.notify_all();
     }
 }
 
@@ -369,15 +431,23 @@ struct Shard {
     binaries: Vec<PathBuf>,
 }
 
+/// Names a guest gets at least when a list of names is split: each guest boots and
+/// starts every test binary once (about a minute under TCG), which a few tests do not
+/// repay (the 5.10 fallback subset stays in one guest, the 6.1 kernel subset splits).
+const MIN_NAMES_PER_SHARD: usize = 30;
+
 /// How an entry's tests are split across `--shards` guests: by name where names select
 /// them (a subset or filters), dealt in turn so that each guest gets some of every
-/// binary's; else by binary. Never more guests than there are things to split.
+/// binary's, at least [`MIN_NAMES_PER_SHARD`] each; else by binary. Never more guests
+/// than there are things to split.
 fn shards(options: &Options, series: kernel::Series, arch: Arch, build: &Build) -> Vec<Shard> {
     let filters = guest_filters(&options.filters, options.subset, arch, series.subset);
     let n = if filters.is_empty() {
         options.shards.min(build.binaries.len().max(1) as u32)
     } else {
-        options.shards.min(filters.len() as u32)
+        options
+            .shards
+            .min((filters.len() / MIN_NAMES_PER_SHARD).max(1) as u32)
     }
     .max(1);
     (0..n)
@@ -424,6 +494,7 @@ fn merge_shards(parts: Vec<Outcome>) -> Outcome {
     for part in parts {
         merged.passed &= part.passed;
         merged.seconds = merged.seconds.max(part.seconds);
+        merged.queued = merged.queued.min(part.queued);
         merged.tests.extend(part.tests);
         merged.counts.add(part.counts);
         merged.error = match (merged.error.take(), part.error) {
@@ -532,6 +603,7 @@ fn run_host(options: &Options) -> Result<Outcome> {
         passed: ok,
         seconds: 0,
         error: (!ok).then(|| "a test failed (output above)".to_owned()),
+        queued: 0,
     })
 }
 
@@ -615,6 +687,7 @@ fn run_vm(
         passed: error.is_none(),
         seconds: guest.seconds,
         error,
+        queued: 0,
     })
 }
 
@@ -959,6 +1032,7 @@ mod tests {
             update_readme: false,
             parallel: true,
             shards,
+            max_guests: 0,
             niceness: 0,
             prebuilt: None,
         }
@@ -1006,10 +1080,15 @@ mod tests {
             [PathBuf::from("/t/a-1"), "/t/c-3".into()]
         );
         assert_eq!(split[1].binaries, [PathBuf::from("/t/b-2")]);
-        // One filter: one guest, whatever --shards says.
+        // One filter: one guest, whatever --shards says; so is the 5.10 fallback subset.
         let one = shards(&options(3, false, &["mtu"]), series, Arch::X86_64, &build);
         assert_eq!(one.len(), 1);
         assert_eq!(one[0].filters, ["mtu"]);
+        let fallback = kernel::series("5.10").unwrap();
+        assert_eq!(
+            shards(&options(2, true, &[]), fallback, Arch::X86_64, &build).len(),
+            1
+        );
     }
 
     #[test]

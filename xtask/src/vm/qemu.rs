@@ -131,7 +131,8 @@ impl Machine<'_> {
     }
 
     /// Boots the guest, echoing its console as `prefix line` (unless `quiet`) and into
-    /// `log`; kills it at `deadline`. `watch` lists substrings whose lines are returned.
+    /// `log` (each line after the seconds since the boot); kills it at `deadline`.
+    /// `watch` lists substrings whose lines are returned.
     pub fn boot(
         &self,
         prefix: &str,
@@ -164,7 +165,9 @@ impl Machine<'_> {
         let exited = loop {
             match rx.recv_timeout(Duration::from_millis(200)) {
                 Ok(text) => {
-                    let _ = writeln!(log_file, "{text}");
+                    // Seconds since the boot, so a slow test shows in the log.
+                    let at = started.elapsed().as_secs_f64();
+                    let _ = writeln!(log_file, "{at:7.1} {text}");
                     if !quiet {
                         println!("{prefix} {text}");
                     }

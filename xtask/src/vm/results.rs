@@ -30,6 +30,9 @@ pub(super) struct Outcome {
     pub seconds: u64,
     /// Why it failed, when it did not get as far as a test failure.
     pub error: Option<String>,
+    /// Seconds its first guest waited for its turn to boot.
+    #[serde(skip)]
+    pub queued: u64,
 }
 
 impl Outcome {
@@ -41,6 +44,7 @@ impl Outcome {
                 .to_owned(),
             passed: self.passed,
             seconds: self.seconds,
+            queued: self.queued,
             tests: self.counts,
             error: self.error.clone(),
         }
@@ -163,6 +167,7 @@ mod tests {
             passed,
             seconds: 61,
             error: None,
+            queued: 0,
         }
     }
 
