@@ -1091,6 +1091,40 @@ mod tests {
         );
     }
 
+    /// Runs five guests' turns through a gate of `places`, spawned last turn first;
+    /// returns the order they came in and the most inside at once.
+    fn through_gate(places: usize) -> (Vec<usize>, usize) {
+        use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+        let gate = Gate::new(places);
+        let (log, running, most) = (
+            Mutex::new(Vec::new()),
+            AtomicUsize::new(0),
+            AtomicUsize::new(0),
+        );
+        thread::scope(|scope| {
+            for turn in (0..5).rev() {
+                let (gate, log, running, most) = (&gate, &log, &running, &most);
+                scope.spawn(move || {
+                    let _pass = gate.enter(turn);
+                    log.lock().unwrap().push(turn);
+                    most.fetch_max(running.fetch_add(1, SeqCst) + 1, SeqCst);
+                    thread::sleep(Duration::from_millis(20));
+                    running.fetch_sub(1, SeqCst);
+                });
+            }
+        });
+        (log.into_inner().unwrap(), most.load(SeqCst))
+    }
+
+    #[test]
+    fn the_gate_lets_guests_in_by_turn_and_never_more_than_its_places() {
+        // One place: strictly in turn, whatever the spawn order.
+        assert_eq!(through_gate(1), (vec![0, 1, 2, 3, 4], 1));
+        let (log, most) = through_gate(2);
+        assert!(most <= 2, "{most} guests at once");
+        assert_eq!(log.len(), 5);
+    }
+
     #[test]
     fn shards_merge_into_one_row_that_passes_only_when_all_did() {
         let part = |k: u32, passed: bool, seconds: u64, passed_tests: u64| {
