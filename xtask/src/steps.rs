@@ -149,18 +149,14 @@ impl Record {
         tests: Option<Counts>,
         note: Option<String>,
     ) {
-        let row = Step {
-            start_seconds: round(step.at.duration_since(self.started).as_secs_f64()),
-            seconds: round(step.at.elapsed().as_secs_f64()),
-            name: step.name,
+        self.push(
+            step.name,
+            step.at.duration_since(self.started).as_secs_f64(),
+            step.at.elapsed().as_secs_f64(),
             status,
             tests,
             note,
-        };
-        self.steps
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(row);
+        );
     }
 
     /// Records a step that ran elsewhere: from `start_seconds` (since the run's start)

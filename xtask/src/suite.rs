@@ -317,14 +317,9 @@ impl Run<'_> {
                 guest.error.clone(),
             );
         }
-        let failed: Vec<String> = ran
-            .iter()
-            .filter(|g| !g.passed)
-            .map(|g| format!("{}: {}", g.name, g.error.as_deref().unwrap_or("failed")))
-            .collect();
-        if !failed.is_empty() {
+        if let Some(failed) = vm::failures(&ran) {
             self.failed.store(true, Ordering::Relaxed);
-            bail!("test step `{STEP}` failed on {}", failed.join("; "));
+            bail!("test step `{STEP}` failed on {failed}");
         }
         Ok(())
     }
@@ -421,10 +416,7 @@ impl Run<'_> {
 
     /// Runs `f` as step `name` unless a step failed already; `f` returns the tests it
     /// counted, if any.
-    fn step<T>(&self, name: &str, f: impl FnOnce() -> Result<(T, Option<Counts>)>) -> Result<T>
-    where
-        T: Sized,
-    {
+    fn step<T>(&self, name: &str, f: impl FnOnce() -> Result<(T, Option<Counts>)>) -> Result<T> {
         if self.failed.load(Ordering::Relaxed) {
             self.record.skip(name, "an earlier step failed");
             bail!("test step `{name}` not run: an earlier step failed");
