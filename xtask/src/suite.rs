@@ -13,11 +13,9 @@
 //! (the host suite), and their kernel subsets in Debian 6.1 and 5.10 guests (`vm/`).
 //! The guests drive the release agent, the one that ships (the debug agent's start
 //! costs seconds of emulated CPU per test); the host suite the debug agent, with its
-//! debug assertions (with the release agent a host test that wants a pod named within
-//! 2 s failed twice under this load, and passed with the debug agent: to be read).
-//! What runs at once is chosen by what each part needs. The host suite spends most of its time waiting on the tests'
-//! clocks (SYN retransmits, timeouts, the agent's ticks); a guest under TCG keeps about
-//! one core busy; the builds only need CPU. So two guests, each its own kernel, run
+//! debug assertions. What runs at once is chosen by what each part needs. The host
+//! suite spends most of its time waiting on the tests' clocks (SYN retransmits,
+//! timeouts, the agent's ticks); a guest under TCG keeps about one core busy; the builds only need CPU. So two guests, each its own kernel, run
 //! beside the host suite, and the builds take what CPU is left, at the lowest priority,
 //! while the host tests, whose waits have no time scale, keep theirs. The host suite
 //! and the guests run hard links of the binaries (`target/xtask-test/bin`), so the
@@ -187,13 +185,6 @@ impl Run<'_> {
             None => None,
         };
 
-        // The host tests with a latency budget of their own, before anything runs beside
-        // them.
-        if let (Some(privilege), Some((host, _))) = (&privilege, &staged) {
-            let alone: Vec<PathBuf> = host.binaries.iter().filter(|b| alone(b)).cloned().collect();
-            self.host_binaries("host suite (alone)", privilege, host, &alone)?;
-        }
-
         thread::scope(|scope| {
             let guests = match &staged {
                 Some((_, staged)) if !kernels.is_empty() => {
@@ -356,13 +347,7 @@ impl Run<'_> {
             self.record.skip(STEP, "--skip-integration");
             return Ok(());
         };
-        let rest: Vec<PathBuf> = staged
-            .binaries
-            .iter()
-            .filter(|b| !alone(b))
-            .cloned()
-            .collect();
-        self.host_binaries(STEP, privilege, staged, &rest)
+        self.host_binaries(STEP, privilege, staged, &staged.binaries)
     }
 
     /// The host suite's binaries in `binaries`, as step `name`.
@@ -452,16 +437,6 @@ impl Run<'_> {
         say(format_args!("{name}: skipped ({why})"));
         self.record.skip(name, why);
     }
-}
-
-/// Host test binaries that run before the guests and builds start, on an idle
-/// machine: `pods` wants a pod named within 2 s of its creation, which the runtime's
-/// once-a-second listing leaves little room for, and failed beside a nice-19 clippy.
-const ALONE: &[&str] = &["pods"];
-
-/// Whether the test binary `binary` is one of [`ALONE`].
-fn alone(binary: &Path) -> bool {
-    ALONE.contains(&vm::test_name(binary).as_str())
 }
 
 /// Hard links (copies across file systems) of the agent and the test binaries into

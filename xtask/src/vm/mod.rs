@@ -48,7 +48,7 @@ use self::{
 };
 use crate::{agent, cmd, integration_tests, prereqs, say::integration as say, steps::Counts};
 
-pub use self::{guest::test_name, qemu::cancel};
+pub use self::qemu::cancel;
 
 /// How long a guest may run: the whole suite under TCG takes most of it.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(75 * 60);
