@@ -72,9 +72,21 @@ pub const MAP_RETRANS: &str = "RETRANS";
 pub const MAP_NAT: &str = "NAT";
 /// Per-CPU array of `u64` counters indexed by the [`counter`] constants.
 pub const MAP_COUNTERS: &str = "COUNTERS";
-/// Hash map netns inode -> 1: the namespaces this node's agent reports for. Only consulted
-/// when [`Config::scope_enabled`] is set.
+/// Hash map netns inode -> [`scope_value`]: the namespaces this node's agent reports for
+/// ([`scope_value::IN`]) and those it has judged not to be this node's
+/// ([`scope_value::OUT`]); a namespace it has not looked at yet has no entry. Only
+/// consulted when [`Config::scope_enabled`] is set.
 pub const MAP_SCOPE: &str = "SCOPE";
+
+/// Values of [`MAP_SCOPE`].
+pub mod scope_value {
+    /// This node's: its sockets and packets are reported.
+    pub const IN: u32 = 1;
+    /// Looked at and not this node's (a router's or another node's namespace on the same
+    /// kernel): ignored in the kernel. Absent, a namespace's connects are still tracked,
+    /// so that a pod connecting before the agent's next look is judged.
+    pub const OUT: u32 = 0;
+}
 /// Hash map [`VerdictKey`] -> [`VerdictAgg`]: connect verdicts aggregated in the kernel.
 /// A storm of identical verdicts sends one [`Event`] per [`Config::verdict_window_ns`]
 /// and CPU, and counts the rest here; the agent reads the counts and deletes entries it

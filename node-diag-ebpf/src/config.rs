@@ -4,7 +4,7 @@
 //! clock, and the namespace scope check every hook applies.
 
 use aya_ebpf::{Global, helpers::bpf_ktime_get_ns};
-use node_diag_common::{Config, DropSlot, IMM_MARK, scope_memo};
+use node_diag_common::{Config, DropSlot, IMM_MARK, scope_memo, scope_value};
 
 use crate::maps::{SCOPE, SCOPE_GEN, SCOPE_MEMO};
 
@@ -90,9 +90,21 @@ pub fn in_scope(netns: u32) -> bool {
     }
 }
 
-/// The hash map's answer alone, for a caller that memoises it itself.
+/// The hash map's answer alone, for a caller that memoises it itself: in scope when the
+/// agent wrote [`scope_value::IN`] for the namespace.
 #[inline(always)]
 fn scope_lookup(netns: u32) -> bool {
+    // SAFETY: a pointer from the map, to a `u32` value, read once.
+    SCOPE
+        .get_ptr(&netns)
+        .is_some_and(|v| unsafe { core::ptr::read_volatile(v) } == scope_value::IN)
+}
+
+/// Whether the agent has judged `netns` not to be this node's ([`scope_value::OUT`]):
+/// false for a namespace it has never looked at, which may be a pod whose veth appeared
+/// after its last look. Only for a caller that [`in_scope`] already told "not in".
+#[inline(always)]
+pub fn known_out_of_scope(netns: u32) -> bool {
     SCOPE.get_ptr(&netns).is_some()
 }
 

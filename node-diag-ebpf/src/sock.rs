@@ -31,7 +31,7 @@ use node_diag_common::{
 };
 
 use crate::{
-    config::{config, imm, in_scope, now},
+    config::{config, imm, in_scope, known_out_of_scope, now},
     emit::{Extra, connect_evidence, emit, evidence_gen, inc, note_evidence, store_lru, syn_drop},
     kernel::{btf_read, btf_read_at, kread, sock_netns, sock_read, sock_tuple, sock_tuple_btf},
     maps::{CONNECTS, ICMP_ERR_RCVD, ICMP_SENT, RETRANS},
@@ -65,9 +65,12 @@ fn try_set_state(ctx: &RawTracePointContext) -> Option<()> {
         }
         // Sockets are reused (SLAB_TYPESAFE_BY_RCU): every attempt starts a fresh entry,
         // and an attempt out of scope must not find a previous socket's entry at error
-        // time.
+        // time. A namespace the agent has not looked at yet (a pod connecting the moment
+        // its veth appeared, before the scope refresh that veth set off) is tracked: the
+        // agent judges its verdict against a fresh look at the node, and marks it out of
+        // scope if it is not this node's.
         let netns = sock_netns(sk);
-        if !in_scope(netns) {
+        if !in_scope(netns) && known_out_of_scope(netns) {
             if let Some(connect) = live_connect(sk) {
                 // SAFETY: the pointer comes from CONNECTS.
                 unsafe { end_connect(connect) };

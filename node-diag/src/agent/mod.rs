@@ -452,6 +452,8 @@ struct Agent {
     /// The agent's own listeners: what befalls their connections is not reported.
     own: own_endpoints::OwnEndpoints,
     verdicts: verdicts::VerdictTracker,
+    /// The kernel's clock when the agent last looked at the node for its scope.
+    scope_looked_ns: u64,
     inbound: inbound::InboundTracker,
     blackholes: BlackholeWatch,
     stalls: blackholes::StallRecheck,
@@ -557,6 +559,7 @@ impl Agent {
                 std::iter::once(local).chain(findings_local).collect(),
             ),
             verdicts: verdicts::VerdictTracker::default(),
+            scope_looked_ns: 0,
             inbound: inbound::InboundTracker::default(),
             blackholes: BlackholeWatch::default(),
             stalls: blackholes::StallRecheck::default(),
@@ -717,6 +720,9 @@ impl Agent {
             self.on_inbound(&ev);
             return;
         }
+        if kind.is_connect() && !self.scope_admits(&ev) {
+            return;
+        }
         if self.own.owns(&ev) {
             // A connection one of the agent's own listeners accepted (a scraper or
             // `node-diag findings` resetting it, say): node-diag's, not the workload's.
@@ -745,6 +751,32 @@ impl Agent {
             return;
         }
         self.judge(kind, ev).await;
+    }
+
+    /// Whether a connect verdict's namespace is this node's. The programs track the
+    /// connects of namespaces the agent has not looked at yet (a pod connecting the moment
+    /// its veth appeared, before the refresh that veth set off), so one may not be: the
+    /// node is looked at again unless a look since the verdict was stamped already
+    /// answered, and a namespace still not in the scope is marked out of it in the
+    /// kernel (its next connects untracked) and its verdict accounted as nobody's.
+    fn scope_admits(&mut self, ev: &Event) -> bool {
+        if self.maps.scope_has(ev.netns) != Some(false) {
+            return true;
+        }
+        if self.scope_looked_ns < ev.ts_ns {
+            self.on_scope();
+        }
+        if self.maps.scope_has(ev.netns) != Some(false) {
+            return true;
+        }
+        debug!(
+            netns = ev.netns,
+            dport = ev.flow.dport,
+            "connect verdict from a namespace not this node's; namespace marked out of scope"
+        );
+        self.maps.mark_out_of_scope(ev.netns);
+        self.verdicts.event(ev, None);
+        false
     }
 
     /// The segments sent smaller after a stall whose fate their sockets now show: those
@@ -1043,6 +1075,7 @@ impl Agent {
     /// pod's veth brings its namespace in before its first connect), the namespaces whose
     /// conntrack counters are read, and the classifier's interfaces.
     fn on_scope(&mut self) {
+        self.scope_looked_ns = monotonic_ns();
         let node = self.refresh_namespaces();
         self.follow_kept(node.as_ref());
     }

@@ -33,6 +33,22 @@ pub(crate) enum EventKind {
     InboundSynDropped,
 }
 
+impl EventKind {
+    /// Verdicts on a connect, from the programs' tracking of connecting sockets (which
+    /// includes namespaces the agent has not looked at yet).
+    pub(crate) fn is_connect(self) -> bool {
+        matches!(
+            self,
+            Self::ConnectRefused
+                | Self::ConnectTimeout
+                | Self::ConnectUnreachable
+                | Self::ConnectGaveUp
+                | Self::ConnectAbandoned
+                | Self::ConnectLate
+        )
+    }
+}
+
 /// A record whose kind this agent does not know: a mismatched build of the programs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("unknown event kind {0}")]

@@ -22,7 +22,8 @@ use node_diag_common::{
     InboundKey, MAP_COUNTERS, MAP_DROP_REASONS, MAP_DROPS, MAP_EVENTS, MAP_FRAG_DROPPED,
     MAP_ICMP_RCVD, MAP_ICMP_SENT, MAP_INBOUND, MAP_NAT, MAP_OVERSIZE, MAP_OVERSIZE_BY_DEV,
     MAP_POD_LINKS, MAP_RETRANS, MAP_SCOPE, MAP_SCOPE_GEN, MAP_SYN_DROPS, MAP_VERDICT_AGG, NatInfo,
-    RETRANS_REPORTED_PMTUD, RetransState, VerdictAgg, VerdictKey, counter, pod_link,
+    RETRANS_REPORTED_PMTUD, RetransState, SCOPE_MAP_ENTRIES, VerdictAgg, VerdictKey, counter,
+    pod_link, scope_value,
 };
 use tracing::{debug, info, warn};
 
@@ -34,6 +35,10 @@ pub(crate) struct ReportedBlackhole {
     /// Since its last retransmit.
     pub(crate) quiet_ns: u64,
 }
+
+/// At most this many namespaces are marked out of scope at once: a quarter of the scope
+/// map, the rest kept for this node's pods.
+const SCOPE_OUT_MAX: usize = SCOPE_MAP_ENTRIES as usize / 4;
 
 /// `BPF_EXIST`: update an element only if it is still there.
 const BPF_EXIST: u64 = 2;
@@ -91,6 +96,8 @@ pub(crate) struct KernelMaps {
     /// several times a second, and 110 pods made that hundreds of syscalls each time).
     /// `None` until the first write, which reads the map.
     scope_written: Option<BTreeSet<u32>>,
+    /// The namespaces written as [`scope_value::OUT`]: looked at and not this node's.
+    scope_out: BTreeSet<u32>,
     pod_links_written: Option<HashMap<u64, u32>>,
     inbound: BpfHashMap<MapData, InboundKey, InboundAgg>,
 }
@@ -158,6 +165,7 @@ impl KernelMaps {
                 scope_gen: take(ebpf, MAP_SCOPE_GEN, Array::try_from)?,
                 pod_links: take(ebpf, MAP_POD_LINKS, BpfHashMap::try_from)?,
                 scope_written: None,
+                scope_out: BTreeSet::new(),
                 pod_links_written: None,
                 inbound: take(ebpf, MAP_INBOUND, BpfHashMap::try_from)?,
             },
@@ -394,7 +402,13 @@ impl KernelMaps {
     pub(crate) fn set_scope(&mut self, scope: &BTreeSet<u32>) {
         let written = match self.scope_written.take() {
             Some(w) => w,
-            None => self.scope.keys().flatten().collect::<BTreeSet<u32>>(),
+            None => self
+                .scope
+                .iter()
+                .flatten()
+                .filter(|(_, v)| *v == scope_value::IN)
+                .map(|(k, _)| k)
+                .collect::<BTreeSet<u32>>(),
         };
         if written != *scope {
             debug!(
@@ -415,9 +429,11 @@ impl KernelMaps {
             now.remove(ns);
         }
         for ns in scope.difference(&written) {
-            match self.scope.insert(ns, 1, 0) {
+            // Overwrites a namespace marked out of scope, now this node's.
+            match self.scope.insert(ns, scope_value::IN, 0) {
                 Ok(()) => {
                     now.insert(*ns);
+                    self.scope_out.remove(ns);
                 }
                 Err(e) => warn!(netns = ns, error = %e, "scope map full; namespace not watched"),
             }
@@ -429,6 +445,32 @@ impl KernelMaps {
         let generation = self.scope_gen.get(&0, 0).unwrap_or(0);
         if let Err(e) = self.scope_gen.set(0, generation.wrapping_add(1), 0) {
             warn!(error = %e, "cannot bump the scope generation; drop counts may use a stale scope");
+        }
+    }
+
+    /// Whether `netns` is in the scope last written: `None` when no scope is kept (every
+    /// namespace watched, or none written yet). Namespace 0 (unknown to the programs) is
+    /// never filtered out.
+    pub(crate) fn scope_has(&self, netns: u32) -> Option<bool> {
+        let written = self.scope_written.as_ref()?;
+        Some(netns == 0 || written.contains(&netns))
+    }
+
+    /// Writes `netns` as [`scope_value::OUT`], so that the programs stop tracking its
+    /// connects. The marks are bounded ([`SCOPE_OUT_MAX`]): past it they are all cleared
+    /// (namespaces that went away leave theirs behind), and a namespace still there is
+    /// marked again at its next verdict.
+    pub(crate) fn mark_out_of_scope(&mut self, netns: u32) {
+        if self.scope_out.len() >= SCOPE_OUT_MAX {
+            for ns in std::mem::take(&mut self.scope_out) {
+                let _ = self.scope.remove(&ns);
+            }
+        }
+        match self.scope.insert(netns, scope_value::OUT, 0) {
+            Ok(()) => {
+                self.scope_out.insert(netns);
+            }
+            Err(e) => debug!(netns, error = %e, "cannot mark a namespace out of scope"),
         }
     }
 }
