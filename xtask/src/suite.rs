@@ -1,25 +1,27 @@
 //! `cargo xtask test`: the whole suite, inside CI's budget on a 2-core machine.
 //!
 //! ```text
-//! prereqs → fmt → build (release) → build (debug) → integration tests (build)
-//!   ├─ VM guests (nice 15), two at a time: the 6.1 kernel subset split across two
-//!   │    guests, then the 5.10 fallback subset
+//! prereqs → fmt → build (release) → integration tests (build)
+//!   ├─ VM guests (nice 15), two at a time: the 6.1 kernel subset split across three
+//!   │    guests, and the 5.10 fallback subset
 //!   ├─ builds (nice 19): clippy → unit tests → cross builds
-//!   └─ deploy checks → host suite (debug agent)
+//!   └─ deploy checks → host suite
 //! → the guests' results → bench smoke, alone → the step table
 //! ```
 //!
 //! The integration tests load the real eBPF programs and so need root: on this kernel
 //! (the host suite), and their kernel subsets in Debian 6.1 and 5.10 guests (`vm/`).
-//! The guests drive the release agent, the one that ships (the debug agent's start
-//! costs seconds of emulated CPU per test); the host suite the debug agent, with its
-//! debug assertions. What runs at once is chosen by what each part needs. The host
+//! Every one drives the release agent, the one that ships: one build of the agent, and
+//! the guests start as soon as it and the test binaries are built (the debug agent's
+//! start also cost seconds of emulated CPU per guest test). Debug assertions stay on in
+//! the unit tests. What runs at once is chosen by what each part needs. The host
 //! suite spends most of its time waiting on the tests' clocks (SYN retransmits,
-//! timeouts, the agent's ticks); a guest under TCG keeps about one core busy; the builds only need CPU. So two guests, each its own kernel, run
-//! beside the host suite, and the builds take what CPU is left, at the lowest priority,
-//! while the host tests, whose waits have no time scale, keep theirs. The host suite
-//! and the guests run hard links of the binaries (`target/xtask-test/bin`), so the
-//! builds beside them cannot replace what runs.
+//! timeouts, the agent's ticks); a guest under TCG keeps about one core busy; the
+//! builds only need CPU. So two guests, each its own kernel, run beside the host suite,
+//! and the builds take what CPU is left, at the lowest priority, while the host tests,
+//! whose waits have no time scale, keep theirs. The host suite and the guests run hard
+//! links of the binaries (`target/xtask-test/bin`), so the builds beside them cannot
+//! replace what runs.
 //!
 //! A failing step stops the steps after it and the guests still running. At the end
 //! (failed or not) the steps' table is printed, and written with its JSON to
@@ -56,8 +58,9 @@ const EXCLUDED: &[&str] = &["--exclude", EBPF_PACKAGE, "--exclude", TESTS_PACKAG
 const VM_NICENESS: i32 = 15;
 /// Niceness of the builds that run beside the tests.
 const BUILD_NICENESS: i32 = 19;
-/// Guests the 6.1 kernel subset is split across: it is the longest step.
-const KERNEL_SUBSET_SHARDS: u32 = 2;
+/// Guests the 6.1 kernel subset is split across: it is the longest step, and in three
+/// parts it and the 5.10 guest make four of about the same length for two at a time.
+const KERNEL_SUBSET_SHARDS: u32 = 3;
 /// Guests at once: a guest under TCG keeps about one core busy, and a guest starved of
 /// CPU fails tests whose waits its time scale does not cover.
 const MAX_GUESTS: u32 = 2;
@@ -157,37 +160,26 @@ impl Run<'_> {
             "build (release)",
             cmd::cargo_with(&["build", "--release", "-p", agent::PACKAGE]),
         )?;
-        // The debug agent, which the host suite drives (its debug assertions on).
-        self.command("build", cmd::cargo_with(&["build", "-p", agent::PACKAGE]))?;
 
-        // (the host suite's binaries, the guests' binaries)
+        // The integration tests' binaries, with the agent they drive, for the host suite
+        // and the guests alike.
         let staged = match &privilege {
             Some(_) => Some(self.step("integration tests (build)", || {
                 let (manifest_dir, binaries) = integration_tests::build_test_binaries()?;
-                let host = stage(
+                let staged = stage(
                     &self.out.join("bin"),
-                    &agent::binary(false)?,
+                    &agent::binary(true)?,
                     manifest_dir,
                     &binaries,
                 )?;
-                let release = stage(
-                    &self.out.join("bin").join("release"),
-                    &agent::binary(true)?,
-                    PathBuf::new(),
-                    &[],
-                )?;
-                let guests = vm::Build {
-                    agent: release.agent,
-                    ..host.clone()
-                };
-                Ok(((host, guests), None))
+                Ok((staged, None))
             })?),
             None => None,
         };
 
         thread::scope(|scope| {
             let guests = match &staged {
-                Some((_, staged)) if !kernels.is_empty() => {
+                Some(staged) if !kernels.is_empty() => {
                     Some(scope.spawn(|| self.guests(&kernels, staged)))
                 }
                 _ => {
@@ -196,7 +188,7 @@ impl Run<'_> {
                 }
             };
             let builds = scope.spawn(|| self.builds());
-            let host = self.host(privilege.as_ref(), staged.as_ref().map(|(host, _)| host));
+            let host = self.host(privilege.as_ref(), staged.as_ref());
             if host.is_err() {
                 // Nothing else is worth waiting for.
                 vm::cancel();
@@ -252,7 +244,7 @@ impl Run<'_> {
     }
 
     /// The guests, two at a time (a guest under TCG takes about a core), each its
-    /// kernel's subset (the 6.1 one split in two, booted first), with a row per kernel
+    /// kernel's subset (the 6.1 one split in three, booted first), with a row per kernel
     /// in the record.
     fn guests(&self, kernels: &[String], staged: &vm::Build) -> Result<()> {
         const STEP: &str = GUESTS;
