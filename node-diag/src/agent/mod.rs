@@ -472,7 +472,7 @@ impl Agent {
     /// agent is ready and its events arrive on the receiver.
     async fn start(
         opts: RunOptions,
-    ) -> Result<(Self, mpsc::UnboundedReceiver<(EventKind, Event)>), AgentError> {
+    ) -> Result<(Self, mpsc::Receiver<(EventKind, Event)>), AgentError> {
         // Before anything is loaded: a bad web config is the operator's to fix first.
         let web = WebConfigs {
             scrape: load_web_config(opts.web_config_file.as_deref())?,
@@ -582,7 +582,7 @@ impl Agent {
         drop(node);
 
         agent.serve(listener, findings_listener, web);
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = mpsc::channel(crate::kernel::ring::QUEUE);
         let drain = crate::kernel::ring::drain(ring, tx, agent.bad_records.clone());
         agent.tasks.push(tokio::spawn(async move {
             if let Err(e) = drain.await {

@@ -30,33 +30,77 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<(EventKind, Event), DecodeError> {
     Ok((EventKind::try_from(ev.kind)?, ev))
 }
 
-/// Drains `ring` into `tx` until the receiver goes away. Undecodable records are counted
-/// by the caller through `bad`.
+/// Events queued between the ring buffer's reader and the agent's loop at most: a node's
+/// worst burst so far (20,000 refusals to distinct ports, one event each, while a slow
+/// node's loop handles a few thousand a second) with room to spare: 272 bytes an event,
+/// about 9 MiB when full (tokio allocates its blocks as they fill). Past it events are
+/// dropped and counted as lost: the loop is behind, and the memory of a node under a
+/// storm is not the agent's to take.
+pub(crate) const QUEUE: usize = 32_768;
+
+/// Drains `ring` into `tx` until the receiver goes away. Undecodable records, and events
+/// the full queue turned away, are counted through `lost`.
 pub(crate) async fn drain(
     ring: RingBuf<MapData>,
-    tx: mpsc::UnboundedSender<(EventKind, Event)>,
-    bad: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    tx: mpsc::Sender<(EventKind, Event)>,
+    lost: std::sync::Arc<std::sync::atomic::AtomicU64>,
 ) -> std::io::Result<()> {
     // SAFETY: the AsyncFd owns the RingBuf, which owns the map fd, so the fd stays open
     // and unchanged for as long as it is registered.
     let mut fd = unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }?;
+    let mut overflowing = false;
     loop {
         let mut guard = fd.readable_mut().await?;
         let ring = guard.get_inner_mut();
         while let Some(item) = ring.next() {
             match decode(&item) {
-                Ok(ev) => {
-                    if tx.send(ev).is_err() {
-                        return Ok(());
+                Ok(ev) => match forward(&tx, ev) {
+                    Forward::Queued => overflowing = false,
+                    Forward::Dropped { lost: n } => {
+                        if !overflowing {
+                            tracing::warn!(
+                                capacity = QUEUE,
+                                "kernel event queue full: events dropped and counted as lost until the agent catches up"
+                            );
+                            overflowing = true;
+                        }
+                        lost.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
                     }
-                }
+                    Forward::Closed => return Ok(()),
+                },
                 Err(e) => {
                     tracing::warn!(error = %e, "undecodable ring buffer record");
-                    bad.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    lost.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
             }
         }
         guard.clear_ready();
+    }
+}
+
+/// What became of one event offered to the agent's queue.
+#[derive(Debug, PartialEq, Eq)]
+enum Forward {
+    Queued,
+    /// The queue was full; `lost` verdicts are to count as lost now. An aggregated
+    /// event's verdicts are not: its key, never seen by the agent, is counted lost whole
+    /// when the agent gives it up (`VerdictTracker::read`), and counting it here too
+    /// would count it twice.
+    Dropped {
+        lost: u64,
+    },
+    /// The agent's loop is gone.
+    Closed,
+}
+
+fn forward(tx: &mpsc::Sender<(EventKind, Event)>, ev: (EventKind, Event)) -> Forward {
+    let aggregated = ev.1.count > 0;
+    match tx.try_send(ev) {
+        Ok(()) => Forward::Queued,
+        Err(mpsc::error::TrySendError::Full(_)) => Forward::Dropped {
+            lost: u64::from(!aggregated),
+        },
+        Err(mpsc::error::TrySendError::Closed(_)) => Forward::Closed,
     }
 }
 
@@ -88,6 +132,37 @@ mod tests {
         assert_eq!(
             decode(&bytes_of(&ev)),
             Err(DecodeError::Kind(UnknownKind(99)))
+        );
+    }
+
+    #[test]
+    fn a_full_queue_drops_and_counts_each_unaggregated_event_once() {
+        let (tx, mut rx) = mpsc::channel(1);
+        let plain = fixtures::event(event_kind::CONNECT_REFUSED, 111);
+        let mut aggregated = plain;
+        aggregated.count = 7;
+        assert_eq!(
+            forward(&tx, (EventKind::ConnectRefused, plain)),
+            Forward::Queued
+        );
+        assert_eq!(
+            forward(&tx, (EventKind::ConnectRefused, plain)),
+            Forward::Dropped { lost: 1 }
+        );
+        // Its key's seven verdicts are counted when the agent gives the key up.
+        assert_eq!(
+            forward(&tx, (EventKind::ConnectRefused, aggregated)),
+            Forward::Dropped { lost: 0 }
+        );
+        assert_eq!(rx.try_recv().unwrap().1, plain);
+        assert_eq!(
+            forward(&tx, (EventKind::ConnectRefused, aggregated)),
+            Forward::Queued
+        );
+        drop(rx);
+        assert_eq!(
+            forward(&tx, (EventKind::ConnectRefused, plain)),
+            Forward::Closed
         );
     }
 
