@@ -719,4 +719,70 @@ mod tests {
                 .contains("node_diag_container_runtime_up{")
         );
     }
+
+    /// docs/metrics.md is the metrics' reference: every family the agent registers is
+    /// there (a counter under its `_total` name), and every `node_diag_` metric it lists
+    /// is registered.
+    #[test]
+    fn every_registered_metric_is_in_the_reference_and_back() {
+        use syn::visit::{self, Visit};
+
+        /// The names this file registers (`registry.register("name", ..)`): a family
+        /// with labels and no series yet is not in the exposition.
+        struct Registered(Vec<String>);
+        impl<'ast> Visit<'ast> for Registered {
+            fn visit_expr_method_call(&mut self, call: &'ast syn::ExprMethodCall) {
+                if call.method.to_string().starts_with("register")
+                    && let Some(syn::Expr::Lit(syn::ExprLit {
+                        lit: syn::Lit::Str(name),
+                        ..
+                    })) = call.args.first()
+                {
+                    self.0.push(name.value());
+                }
+                visit::visit_expr_method_call(self, call);
+            }
+        }
+        let mut names = Registered(Vec::new());
+        names.visit_file(&syn::parse_file(include_str!("metrics.rs")).unwrap());
+        // And what collectors add (the process metrics).
+        let text = Metrics::new().encode().unwrap();
+        names.0.extend(
+            text.lines()
+                .filter_map(|l| l.strip_prefix("# TYPE "))
+                .filter_map(|l| l.split_whitespace().next())
+                .map(str::to_owned),
+        );
+        let registered: Vec<&str> = names.0.iter().map(String::as_str).collect();
+        assert!(
+            registered.contains(&"node_diag_http_connections") && registered.len() > 25,
+            "{registered:?}"
+        );
+        let doc = include_str!("../../../docs/metrics.md");
+        for name in &registered {
+            assert!(
+                ["", "_total", "_info"]
+                    .iter()
+                    .any(|suffix| doc.contains(&format!("`{name}{suffix}`"))),
+                "{name} is registered but not in docs/metrics.md"
+            );
+        }
+        let listed: Vec<&str> = doc
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .filter(|w| w.starts_with("node_diag_") && !w.contains(['{', ' ', '=']))
+            .collect();
+        assert!(listed.len() > 20, "{listed:?}");
+        for name in listed {
+            let base = name
+                .strip_suffix("_total")
+                .or_else(|| name.strip_suffix("_info"))
+                .unwrap_or(name);
+            assert!(
+                registered.contains(&name) || registered.contains(&base),
+                "docs/metrics.md lists {name}, which the agent does not register"
+            );
+        }
+    }
 }
