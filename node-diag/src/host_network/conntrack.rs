@@ -127,7 +127,7 @@ pub(crate) fn translated_destination(
     sock.bind_auto()?;
     sock.connect(&NlAddr::new(0, 0))?;
     // A finding waits for this answer: never longer than a moment.
-    super::monitor::set_recv_timeout(&sock, std::time::Duration::from_millis(250))?;
+    super::nlmsg::set_recv_timeout(&sock, std::time::Duration::from_millis(250))?;
     let mut answer = None;
     let reply = (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_NEW;
     match exchange(

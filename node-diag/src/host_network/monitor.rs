@@ -421,28 +421,3 @@ pub(crate) fn watch() -> Result<LinkWatch, MonitorError> {
         .map_err(MonitorError::Thread)?;
     Ok(LinkWatch { changes: rx, links })
 }
-
-/// Sets `SO_RCVTIMEO` on a netlink socket, so a blocking receive returns after `timeout`.
-pub(super) fn set_recv_timeout(
-    sock: &impl std::os::fd::AsRawFd,
-    timeout: std::time::Duration,
-) -> std::io::Result<()> {
-    let tv = libc::timeval {
-        tv_sec: timeout.as_secs() as libc::time_t,
-        tv_usec: timeout.subsec_micros() as libc::suseconds_t,
-    };
-    // SAFETY: setsockopt reads `size_of::<timeval>()` bytes from a live timeval.
-    let rc = unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&raw const tv).cast(),
-            size_of::<libc::timeval>() as libc::socklen_t,
-        )
-    };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
-}

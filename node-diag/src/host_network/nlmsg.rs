@@ -16,6 +16,14 @@ const NLA_F_NET_BYTEORDER: u16 = 0x4000;
 const NLA_TYPE_MASK: u16 = !(NLA_F_NESTED | NLA_F_NET_BYTEORDER);
 const NLMSG_HDRLEN: usize = 16;
 
+/// Sets `SO_RCVTIMEO` on a netlink socket, so a blocking receive returns after `timeout`.
+pub(crate) fn set_recv_timeout(
+    sock: &impl std::os::fd::AsFd,
+    timeout: std::time::Duration,
+) -> std::io::Result<()> {
+    socket2::SockRef::from(sock).set_read_timeout(Some(timeout))
+}
+
 fn align4(n: usize) -> usize {
     (n + 3) & !3
 }

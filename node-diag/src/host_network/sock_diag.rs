@@ -138,7 +138,7 @@ pub(crate) fn tcp_progress(
     let mut sock = Socket::new(NETLINK_SOCK_DIAG)?;
     sock.bind_auto()?;
     sock.connect(&NlAddr::new(0, 0))?;
-    super::monitor::set_recv_timeout(&sock, std::time::Duration::from_millis(250))?;
+    super::nlmsg::set_recv_timeout(&sock, std::time::Duration::from_millis(250))?;
     let mut found = None;
     match exchange(&sock, &request(family, src, dst), false, |kind, payload| {
         if kind == SOCK_DIAG_BY_FAMILY {

@@ -83,7 +83,7 @@ fn genl_socket() -> Result<Socket, NetlinkError> {
     let mut sock = Socket::new(NETLINK_GENERIC)?;
     sock.bind_auto()?;
     sock.connect(&SocketAddr::new(0, 0))?;
-    super::monitor::set_recv_timeout(&sock, std::time::Duration::from_secs(1))?;
+    super::nlmsg::set_recv_timeout(&sock, std::time::Duration::from_secs(1))?;
     Ok(sock)
 }
 
