@@ -137,6 +137,7 @@ hostname nd-vm
 ip link set lo up
 modprobe -a {modules} 2>&1 | sed 's/^/modprobe: /'
 echo "ND-VM: kernel $(uname -r) ($(uname -m)), $(nproc) CPUs, user space ready"
+echo "ND-VM: clocksource $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource), CPU mitigations: $(grep -h Mitigation /sys/devices/system/cpu/vulnerabilities/* 2>/dev/null | wc -l)"
 AGENT={agent}
 # Once, as JSON (each run loads every program: seconds under emulation), shown as is.
 "$AGENT" doctor -o json > "$OUT/doctor.json" 2>"$OUT/doctor.err"
