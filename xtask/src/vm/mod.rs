@@ -434,8 +434,8 @@ struct Shard {
 }
 
 /// Names a guest gets at least when a list of names is split: each guest boots and
-/// starts every test binary once (about a minute under TCG), which a few tests do not
-/// repay (the 5.10 fallback subset, 22 names, stays in one guest; the 6.1 kernel subset
+/// starts each test binary with a test to run once, which a few tests do not repay
+/// (the 5.10 fallback subset, 22 names, stays in one guest; the 6.1 kernel subset
 /// splits in up to three).
 const MIN_NAMES_PER_SHARD: usize = 20;
 
@@ -468,15 +468,14 @@ fn shards(options: &Options, series: kernel::Series, arch: Arch, build: &Build) 
                         .collect(),
                 )
             } else {
-                (
-                    filters
-                        .iter()
-                        .enumerate()
-                        .filter(|(i, _)| pick(*i))
-                        .map(|(_, f)| f.clone())
-                        .collect(),
-                    build.binaries.clone(),
-                )
+                let filters: Vec<String> = filters
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| pick(*i))
+                    .map(|(_, f)| f.clone())
+                    .collect();
+                let binaries = selecting(&build.binaries, &filters, arch);
+                (filters, binaries)
             };
             Shard {
                 of: (k + 1, n),
@@ -485,6 +484,40 @@ fn shards(options: &Options, series: kernel::Series, arch: Arch, build: &Build) 
             }
         })
         .collect()
+}
+
+/// The binaries of `binaries` that have a test `filters` select, as each binary lists
+/// them (natively: only binaries built for this machine can be asked); one that cannot
+/// be asked is kept. A guest starts every binary it is given, a second or more each
+/// under TCG, even one with nothing to run.
+fn selecting(binaries: &[PathBuf], filters: &[String], arch: Arch) -> Vec<PathBuf> {
+    if filters.is_empty() || !arch.is_host() {
+        return binaries.to_vec();
+    }
+    binaries
+        .iter()
+        .filter(|binary| lists_any(binary, filters) != Some(false))
+        .cloned()
+        .collect()
+}
+
+/// Whether the libtest binary `binary` has a test `filters` select (`--list`); `None`
+/// when it cannot be asked.
+fn lists_any(binary: &Path, filters: &[String]) -> Option<bool> {
+    let out = std::process::Command::new(binary)
+        .arg("--list")
+        .args(filters)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    Some(
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .any(|l| l.ends_with(": test")),
+    )
 }
 
 /// The shards' outcomes as one row of the matrix: passed when all passed, the longest
@@ -1069,6 +1102,29 @@ mod tests {
         let whole = shards(&options(1, true, &[]), series, Arch::X86_64, &build);
         assert_eq!(whole.len(), 1);
         assert_eq!(whole[0].filters.len(), series.subset.len());
+    }
+
+    /// A guest is not given a binary with no test its names select: this test binary,
+    /// asked as the guests' are, lists this test for its name and nothing for another.
+    #[test]
+    fn a_guest_gets_only_the_binaries_its_names_select() {
+        let me = std::env::current_exe().unwrap();
+        let name = "a_guest_gets_only_the_binaries_its_names_select".to_owned();
+        assert_eq!(lists_any(&me, std::slice::from_ref(&name)), Some(true));
+        assert_eq!(lists_any(&me, &["no_test_is_named_so".into()]), Some(false));
+        assert_eq!(lists_any(Path::new("/t/missing"), &[name.clone()]), None);
+        let binaries = [me.clone(), "/t/missing".into()];
+        // Kept: the binary that selects it, and the one that cannot be asked.
+        assert_eq!(selecting(&binaries, &[name], Arch::X86_64), binaries);
+        assert_eq!(
+            selecting(&binaries, &["no_test_is_named_so".into()], Arch::X86_64),
+            [PathBuf::from("/t/missing")]
+        );
+        // Another architecture's binaries cannot be asked here: all kept.
+        assert_eq!(
+            selecting(&binaries, &["no_test_is_named_so".into()], Arch::Aarch64),
+            binaries
+        );
     }
 
     #[test]
