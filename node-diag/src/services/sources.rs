@@ -130,11 +130,22 @@ pub(crate) fn read_one(kind: Kind) -> (ServiceCatalog, Source) {
             } else {
                 ("ip6tables-nft-save", "ip6tables-save")
             };
-            let (name, path) = match find_tool(nft_tool) {
-                Some(path) => (nft_tool, Some(path)),
-                None => (plain_tool, find_tool(plain_tool)),
+            let family = if kind == Kind::IptablesNft4 {
+                "ip"
+            } else {
+                "ip6"
             };
-            dump(name, path, &[], &mut catalog)
+            match find_tool(nft_tool) {
+                // iptables-nft prints only its family's nftables tables: with none, it
+                // would print nothing, and is not run (a process start is the read's
+                // whole cost on a node without rules).
+                Some(_) if nft_table(|t| t.family == family) == Some(false) => {
+                    Source::new(nft_tool, SourceStatus::Read { services: 0 })
+                }
+                Some(path) => dump(nft_tool, Some(path), &[], &mut catalog),
+                // Plain iptables-save may be the legacy one: always run.
+                None => dump(plain_tool, find_tool(plain_tool), &[], &mut catalog),
+            }
         }
         Kind::IptablesLegacy4 | Kind::IptablesLegacy6 => {
             let (tool, names_file) = if kind == Kind::IptablesLegacy4 {
@@ -174,6 +185,11 @@ fn nft_kube_proxy(family: Family, catalog: &mut ServiceCatalog) -> Source {
     let Some(nft) = find_tool("nft") else {
         return unavailable(&name, "nft is not installed");
     };
+    // No table, no maps: not one `nft` run per map to hear it (an iptables-mode node's
+    // every read).
+    if nft_table(|t| t.family == fam && t.name == nftables::TABLE) == Some(false) {
+        return Source::new(name, SourceStatus::Absent);
+    }
     let mut found = ServiceCatalog::new();
     let mut maps = 0;
     for map in nftables::MAPS {
@@ -213,6 +229,14 @@ fn nft_kube_proxy(family: Family, catalog: &mut ServiceCatalog) -> Source {
     debug!(source = name, services, "read kube-proxy rules");
     catalog.merge(&found);
     Source::new(name, SourceStatus::Read { services })
+}
+
+/// Whether an nftables table `which` accepts exists in the calling thread's network
+/// namespace; `None` when the table list cannot be dumped (the tools are run then).
+fn nft_table(which: impl Fn(&nft_netlink::Table) -> bool) -> Option<bool> {
+    nft_netlink::tables(DEADLINE)
+        .ok()
+        .map(|tables| tables.iter().any(which))
 }
 
 /// The legacy x_tables tables the kernel lists for the calling thread's namespace
