@@ -15,7 +15,7 @@ use super::{
 /// two measurements of a pair lie closer together the shorter they are. On a baseline
 /// throughput series taken here, 21 pairs of 3 s put the median of the pair ratios
 /// within about ±2 % (one standard deviation) of what it would be with a free agent;
-/// 7 pairs of 10 s, about ±5 % (docs/benchmarks.md, "Noise").
+/// 7 pairs of 10 s, about ±5 % (a run recorded in the history of docs/benchmarks.md).
 pub(super) const DEFAULT_RUNS: u32 = 21;
 pub(super) const DEFAULT_DURATION_S: u64 = 3;
 /// Shortest profile measurement: a hook that runs rarely in a workload (the retransmit
