@@ -20,6 +20,7 @@ use syn::visit::{self, Visit};
 
 /// This crate's top-level modules, lowest first.
 const LAYERS: &[&str] = &[
+    "cli_reference",
     "host_network",
     "services",
     "pods",

@@ -17,6 +17,7 @@
 //!   `probe` (`node-diag probe`): the other commands.
 
 mod agent;
+mod cli_reference;
 mod client;
 mod doctor;
 mod findings;
@@ -54,6 +55,7 @@ struct Cli {
         global = true,
         env = "NODE_DIAG_LOG",
         default_value = "info",
+        hide_env_values = true,
         value_parser = parse_log_filter,
         value_name = "FILTER"
     )]
@@ -123,6 +125,20 @@ enum Command {
         after_help = "Examples:\n  node-diag services\n  node-diag services --lookup 10.96.0.10:53 --proto udp\n  ip netns exec NODE node-diag services -o json | jq '.services[].name'"
     )]
     Services(ServicesArgs),
+    /// Print a shell completion script: `node-diag completion bash > /etc/bash_completion.d/node-diag`.
+    #[command(
+        after_help = "Examples:\n  node-diag completion bash > /etc/bash_completion.d/node-diag\n  node-diag completion zsh > \"${fpath[1]}/_node-diag\"\n  node-diag completion fish > ~/.config/fish/completions/node-diag.fish"
+    )]
+    Completion {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Write the man pages (node-diag.1 and one per subcommand) into DIR.
+    #[command(hide = true)]
+    Man {
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
+    },
 }
 
 #[derive(clap::Args)]
@@ -454,6 +470,18 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             match args.format {
                 OutputFormat::Text => print!("{}", report.text()),
                 OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Completion { shell } => {
+            use clap::CommandFactory as _;
+            cli_reference::completion(&mut Cli::command(), shell, &mut std::io::stdout());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Man { dir } => {
+            use clap::CommandFactory as _;
+            for page in cli_reference::man_pages(&Cli::command(), &dir)? {
+                println!("{}", page.display());
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -230,7 +230,7 @@ pub(crate) struct RunOptions {
     path_probe_window: u64,
     /// This node's name, carried by every finding (`node`). The DaemonSet sets NODE_NAME
     /// from the downward API (`spec.nodeName`); without either, the hostname.
-    #[arg(long, env = "NODE_NAME", value_name = "NAME")]
+    #[arg(long, env = "NODE_NAME", hide_env_values = true, value_name = "NAME")]
     node_name: Option<String>,
 }
 
