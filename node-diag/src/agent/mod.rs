@@ -77,7 +77,7 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-use node_diag_common::{Event, FlowKey};
+use node_diag_common::Event;
 use tokio::{
     signal::unix::{SignalKind, signal},
     sync::mpsc,
@@ -98,11 +98,9 @@ use self::{
 };
 use crate::{
     findings::{
-        Finding, Kind, Layer, Status, Store,
-        correlate::{
-            Context, ShrunkBy, Withdrawal, addr, correlate, inbound as inbound_verdict,
-            path::reprobed, superseded, withdrawn,
-        },
+        Finding, Layer, Store,
+        correlate::{Context, ShrunkBy, correlate, inbound as inbound_verdict, path::reprobed},
+        ledger::{self, Effect},
         names::Names,
     },
     host_network::{LocalNode, PodReads},
@@ -816,21 +814,6 @@ impl Agent {
             drop_site,
         };
         let mut finding = correlate(kind, &ev, &ctx);
-        if kind == EventKind::MssShrunk {
-            // The stall it ends was the path's, and the flow moves again: the stall, and a
-            // black hole the path probe found for it first, give way to the recovered one.
-            let stalled = self.shared.store().resolve(
-                |f| {
-                    (f.kind == Kind::TcpStall
-                        || (f.kind == Kind::PmtudBlackhole && f.layer == Layer::Path))
-                        && flow_matches(f, &ev.flow)
-                },
-                SystemTime::now(),
-            );
-            for f in stalled {
-                print_finding(&f, self.opts.format);
-            }
-        }
         if kind == EventKind::TcpStall && ev.mtu != 0 && ev.len >= ev.mtu {
             // A full-size segment: its MTU evidence may follow the retransmit the
             // programs judged it on (an agent started mid-stall sees none before).
@@ -842,33 +825,43 @@ impl Agent {
         // Before the verdict tracker keeps it as the template of later counts.
         let finding = finding.map(|f| self.path_probes.judge_cached(f));
         let made = finding.is_some();
-        if let Some(finding) = self.verdicts.event(&ev, finding) {
-            if let Some(cause) = finding.evidence.conntrack_cause() {
-                self.shared
-                    .metrics()
-                    .conntrack_drops(cause.as_str(), ev.drop.count);
-            }
-            let reason = self.names.drop_reason(ev.drop.reason);
-            let mut finding = finding;
-            if finding.layer == Layer::Firewall
-                && let Some(program) = self.rules.program(&ev, &reason)
-            {
-                finding.evidence.set_program(program);
-            }
-            self.rules.verdict(&finding, &ev, &reason);
-            match superseded(kind, &ev) {
-                Some(w) => {
-                    // The attempt's last word: its timeout is withdrawn, and the attempt
-                    // stays counted once, as that timeout.
-                    self.withdraw(w, Status::Superseded);
-                    self.keep(finding);
+        let finding = match self.verdicts.event(&ev, finding) {
+            Some(mut finding) => {
+                if let Some(cause) = finding.evidence.conntrack_cause() {
+                    self.shared
+                        .metrics()
+                        .conntrack_drops(cause.as_str(), ev.drop.count);
                 }
-                None => self.record(finding),
+                let reason = self.names.drop_reason(ev.drop.reason);
+                if finding.layer == Layer::Firewall
+                    && let Some(program) = self.rules.program(&ev, &reason)
+                {
+                    finding.evidence.set_program(program);
+                }
+                self.rules.verdict(&finding, &ev, &reason);
+                Some(finding)
             }
-        } else if !made && let Some(w) = withdrawn(kind, &ev) {
-            // The connect that was timing out got through: a slow listener or a
-            // transient drop, not a standing failure.
-            self.withdraw(w, Status::Resolved);
+            None => None,
+        };
+        self.apply(ledger::verdict(kind, &ev, made, finding));
+    }
+
+    /// Carries out what the ledger decided for the findings held.
+    fn apply(&self, effects: impl IntoIterator<Item = Effect>) {
+        for effect in effects {
+            match effect {
+                Effect::Record(finding) => self.record(finding),
+                Effect::Keep(finding) => self.keep(finding),
+                Effect::End(which, status) => {
+                    let ended =
+                        self.shared
+                            .store()
+                            .end_as(status, |f| which.covers(f), SystemTime::now());
+                    for f in ended {
+                        print_finding(&f, self.opts.format);
+                    }
+                }
+            }
         }
     }
 
@@ -969,17 +962,6 @@ impl Agent {
         }
     }
 
-    /// Ends the findings `w` covers with `status` and prints them again.
-    fn withdraw(&self, w: Withdrawal, status: Status) {
-        let ended = self
-            .shared
-            .store()
-            .end_as(status, |f| w.covers(f), SystemTime::now());
-        for f in ended {
-            print_finding(&f, self.opts.format);
-        }
-    }
-
     /// Every 500 ms: the verdict counts the kernel aggregated, the counters (and with
     /// them whether ICMP is watched), the black holes still open. `queued`: events wait.
     fn on_tick(&mut self, queued: bool) {
@@ -1026,17 +1008,7 @@ impl Agent {
         metrics.sync_kernel(totals);
         metrics.set_blackholes(blackholes.len() + on_path);
         drop(metrics);
-        let resolved = self.shared.store().resolve(
-            |f| {
-                f.kind == Kind::PmtudBlackhole
-                    && f.layer != Layer::Path
-                    && !blackholes.iter().any(|k| flow_matches(f, k))
-            },
-            SystemTime::now(),
-        );
-        for f in resolved {
-            print_finding(&f, self.opts.format);
-        }
+        self.apply([ledger::blackholes_open(blackholes.into_iter().collect())]);
     }
 
     /// When the pod index changed: the held findings that name no pod yet are named from
@@ -1099,13 +1071,7 @@ impl Agent {
                 continue;
             };
             self.maps.mark_blackhole(&ev.flow);
-            let stalled = self.shared.store().resolve(
-                |f| f.kind == Kind::TcpStall && flow_matches(f, &ev.flow),
-                SystemTime::now(),
-            );
-            for f in stalled {
-                print_finding(&f, self.opts.format);
-            }
+            self.apply([ledger::stall_was_blackhole(ev.flow)]);
             self.on_event(EventKind::PmtudStall, blackhole).await;
         }
     }
@@ -1207,12 +1173,6 @@ async fn next_change(rx: &mut Option<tokio::sync::mpsc::Receiver<()>>) -> Option
         Some(rx) => rx.recv().await,
         None => std::future::pending().await,
     }
-}
-
-/// Whether a flow finding is about `key`.
-fn flow_matches(f: &Finding, key: &FlowKey) -> bool {
-    let addr = |b: &[u8; 16]| addr(key, b);
-    f.src == Some(addr(&key.saddr)) && f.dst == Some(addr(&key.daddr)) && f.dport == Some(key.dport)
 }
 
 /// Makes the kernel's scope map this node's current set of network namespaces, and

@@ -20,6 +20,7 @@ pub(crate) mod correlate;
 pub(crate) mod evidence;
 #[cfg(test)]
 pub(crate) mod fixtures;
+pub(crate) mod ledger;
 pub(crate) mod names;
 pub(crate) mod query;
 pub(crate) mod store;
