@@ -22,7 +22,11 @@ use node_diag_common::{Event, FlowKey};
 
 use super::{
     Finding, Kind, Layer, Status,
-    correlate::{Withdrawal, addr, superseded, withdrawn},
+    correlate::{
+        Withdrawal, addr,
+        path::{PathVerdict, settled_here, withdrawn_meanwhile, withdraws},
+        superseded, withdrawn,
+    },
 };
 use crate::kernel::event::EventKind;
 
@@ -50,6 +54,8 @@ pub(crate) enum Ends {
     StallAndPathHole(FlowKey),
     /// Local black holes whose flow is none of these (the flows still stuck).
     BlackholesExcept(Vec<FlowKey>),
+    /// The verdict a path probe's run replaces: the finding it asked about.
+    Replaced(Box<Finding>),
 }
 
 impl Ends {
@@ -67,6 +73,7 @@ impl Ends {
                     && f.layer != Layer::Path
                     && !open.iter().any(|k| on_flow(f, k))
             }
+            Ends::Replaced(original) => withdraws(original, f),
         }
     }
 }
@@ -127,6 +134,39 @@ pub(crate) fn stall_was_blackhole(flow: FlowKey) -> Effect {
 /// flows whose sockets are still stuck) are resolved.
 pub(crate) fn blackholes_open(stuck: Vec<FlowKey>) -> Effect {
     Effect::End(Ends::BlackholesExcept(stuck), Status::Resolved)
+}
+
+/// A path probe's `verdict` on `original` (the finding it asked about), beside the
+/// findings `held` and whether the entry `original` aggregates into is resolved: the
+/// verdict recorded and what it replaces resolved, or why it is dropped.
+///
+/// # Errors
+///
+/// The reason the verdict is dropped: the kernel showed the black hole here itself, the
+/// timeout it asked about was withdrawn meanwhile, or the finding resolved meanwhile
+/// (the flow moved on; a healed path black hole is resolved on purpose, by its run).
+pub(crate) fn path_verdict(
+    original: &Finding,
+    verdict: PathVerdict,
+    held: &[Finding],
+    original_resolved: bool,
+) -> Result<Vec<Effect>, &'static str> {
+    if held.iter().any(|s| settled_here(original, s)) {
+        return Err("the kernel's black hole stands");
+    }
+    if held.iter().any(|s| withdrawn_meanwhile(original, s)) {
+        return Err("the timeout was withdrawn meanwhile");
+    }
+    if !matches!(verdict, PathVerdict::Healed(_)) && original_resolved {
+        return Err("its finding resolved meanwhile");
+    }
+    let replaced = || Effect::End(Ends::Replaced(Box::new(original.clone())), Status::Resolved);
+    Ok(match verdict {
+        PathVerdict::Replace(f) => vec![replaced(), Effect::Record(f)],
+        PathVerdict::Annotate(f) => vec![Effect::Record(f)],
+        // With the run that showed it healed in its evidence.
+        PathVerdict::Healed(f) => vec![Effect::Record(f), replaced()],
+    })
 }
 
 #[cfg(test)]
@@ -248,6 +288,40 @@ mod tests {
         };
         assert!(which.covers(&finding(Kind::TcpStall, Layer::Unknown, &stall)));
         assert!(!which.covers(&finding(Kind::PmtudBlackhole, Layer::OverlayMtu, &stall)));
+    }
+
+    #[test]
+    fn a_path_probe_replaces_annotates_or_heals_unless_settled_meanwhile() {
+        let timeout = event(event_kind::CONNECT_TIMEOUT, 0);
+        let original = finding(Kind::TcpTimeout, Layer::Unknown, &timeout);
+        let path = finding(Kind::TcpTimeout, Layer::Path, &timeout);
+        let replaced = Effect::End(Ends::Replaced(Box::new(original.clone())), Status::Resolved);
+        assert_eq!(
+            path_verdict(&original, PathVerdict::Replace(path.clone()), &[], false),
+            Ok(vec![replaced.clone(), Effect::Record(path.clone())])
+        );
+        assert_eq!(
+            path_verdict(&original, PathVerdict::Annotate(path.clone()), &[], false),
+            Ok(vec![Effect::Record(path.clone())])
+        );
+        assert_eq!(
+            path_verdict(&original, PathVerdict::Healed(path.clone()), &[], true),
+            Ok(vec![Effect::Record(path.clone()), replaced])
+        );
+        // The replaced verdict is the original's entry, not the path's.
+        let Effect::End(which, _) =
+            &path_verdict(&original, PathVerdict::Replace(path.clone()), &[], false).unwrap()[0]
+        else {
+            panic!()
+        };
+        assert!(which.covers(&original));
+        assert!(!which.covers(&path));
+        // The flow moved on meanwhile: nothing reopens.
+        assert!(path_verdict(&original, PathVerdict::Replace(path.clone()), &[], true).is_err());
+        // The timeout withdrawn while the probe ran.
+        let mut withdrawn = original.clone();
+        withdrawn.status = Status::Resolved;
+        assert!(path_verdict(&original, PathVerdict::Replace(path), &[withdrawn], false).is_err());
     }
 
     /// RTO backoff: a black hole whose socket is still stuck stays open however long
