@@ -17,9 +17,32 @@ use node_diag_tests::{Agent, ConnectOutcome, ServerMode, TcpServer, Topology, cm
 use serde_json::Value;
 
 const STEP: Duration = Duration::from_secs(3);
+/// A rejected client's attempts after its first, a second apart, until the rule is named.
+const ATTEMPTS: usize = 4;
 
 fn on_flow(kind: &'static str, flow: (Ipv4Addr, Ipv4Addr, u16)) -> impl Fn(&Value) -> bool {
     move |f| field(f, "kind") == kind && flow_is(f, flow.0, flow.1, flow.2)
+}
+
+/// Polls `/findings` for `timeout` (scaled) for the finding of `kind` on `flow` naming
+/// a rule.
+fn try_named(
+    agent: &Agent,
+    kind: &'static str,
+    flow: (Ipv4Addr, Ipv4Addr, u16),
+    timeout: Duration,
+) -> Option<Value> {
+    let deadline = Instant::now() + node_diag_tests::agent::scaled(timeout);
+    loop {
+        let found = agent
+            .findings_endpoint()
+            .into_iter()
+            .find(|f| on_flow(kind, flow)(f) && f["evidence"].get("rule").is_some());
+        if found.is_some() || Instant::now() >= deadline {
+            return found;
+        }
+        thread::sleep(Duration::from_millis(200));
+    }
 }
 
 /// Polls `/findings` until the finding of `kind` on `flow` names a rule; panics with
@@ -69,11 +92,24 @@ fn rejected_rule_is_named(install: impl FnOnce(&Topology, u16), port: u16) -> Va
         "no baseline yet: {f:#}"
     );
 
-    // The client tries again, as clients do: this attempt's drop is the one counted.
-    thread::sleep(Duration::from_secs(1));
-    let outcome = tcp_connect(&topo.pod_a, topo.pod_b_addr(port), STEP);
-    assert!(outcome.is_refused_by_icmp(), "{outcome:?}");
-    let f = wait_named(&agent, "tcp_refused", flow, Duration::from_secs(5));
+    // The client tries again, as clients do: the first attempt whose drop comes after the
+    // agent's baseline read is the one counted. The read runs the rule sets' tools, a
+    // second or more in an emulated guest, so an attempt a second later may still fall
+    // inside it; the client keeps trying, a second apart, as a retrying client would.
+    let mut named = None;
+    for _attempt in 0..ATTEMPTS {
+        thread::sleep(Duration::from_secs(1));
+        let outcome = tcp_connect(&topo.pod_a, topo.pod_b_addr(port), STEP);
+        assert!(outcome.is_refused_by_icmp(), "{outcome:?}");
+        named = try_named(&agent, "tcp_refused", flow, Duration::from_secs(2));
+        if named.is_some() {
+            break;
+        }
+    }
+    let f = match named {
+        Some(f) => f,
+        None => wait_named(&agent, "tcp_refused", flow, Duration::from_secs(2)),
+    };
     assert_eq!(field(&f, "layer"), "firewall", "{f:#}");
     let evidence = &f["evidence"];
     assert_eq!(evidence["policy"], "default/deny-db", "{f:#}");
