@@ -441,6 +441,54 @@ mod tests {
         }
     }
 
+    /// Lines of a file that count: not blank, and before its test module (a
+    /// `#[cfg(test)]` followed by `mod`). Files that are test modules themselves
+    /// (`tests.rs`, `fixtures.rs`) do not count.
+    fn code_lines(text: &str) -> usize {
+        let lines: Vec<&str> = text.lines().collect();
+        let end = (0..lines.len())
+            .find(|&i| {
+                lines[i].trim() == "#[cfg(test)]"
+                    && lines
+                        .get(i + 1)
+                        .is_some_and(|next| next.trim_start().starts_with("mod "))
+            })
+            .unwrap_or(lines.len());
+        lines[..end].iter().filter(|l| !l.trim().is_empty()).count()
+    }
+
+    #[test]
+    fn no_file_is_over_600_lines_of_code() {
+        fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+            for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    walk(&path, out);
+                } else if path.extension().is_some_and(|e| e == "rs")
+                    && !["tests.rs", "fixtures.rs"]
+                        .iter()
+                        .any(|t| path.ends_with(t))
+                {
+                    out.push(path);
+                }
+            }
+        }
+        let mut files = Vec::new();
+        walk(&workspace().join("node-diag/src"), &mut files);
+        assert!(files.len() > 100);
+        let over: Vec<String> = files
+            .iter()
+            .map(|f| (code_lines(&std::fs::read_to_string(f).unwrap()), f))
+            .filter(|(n, _)| *n > 600)
+            .map(|(n, f)| format!("{}: {n}", f.display()))
+            .collect();
+        assert!(over.is_empty(), "split these: {over:#?}");
+        assert_eq!(
+            code_lines("fn a() {}\n\n// b\n#[cfg(test)]\nmod tests {\n}\n"),
+            2
+        );
+    }
+
     #[test]
     fn reading_nothing_or_what_does_not_parse_fails() {
         assert!(sources(&workspace().join("no-such-crate/src")).is_err());

@@ -20,6 +20,7 @@
 //! scrape listener only over a connection whose client certificate was verified
 //! (`RequireAndVerifyClientCert`).
 
+mod basic_auth;
 pub(crate) mod web_config;
 
 use std::{
