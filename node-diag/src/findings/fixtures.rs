@@ -6,6 +6,18 @@ use node_diag_common::{AF_INET, Event, FlowKey};
 
 use super::{Finding, Kind, Layer, Severity};
 
+/// A bare `kind/layer` warning seen at the epoch, with no flow or evidence yet.
+pub(crate) fn finding(kind: Kind, layer: Layer) -> Finding {
+    Finding::new(
+        kind,
+        layer,
+        Severity::Warning,
+        "s".into(),
+        "r".into(),
+        SystemTime::UNIX_EPOCH,
+    )
+}
+
 /// A `tcp_refused/listener` finding for 10.0.0.1:`sport` -> 10.0.0.2:80 in netns 1,
 /// seen at the epoch.
 pub(crate) fn refused(sport: u16) -> Finding {

@@ -174,21 +174,14 @@ mod tests {
     use node_diag_common::{event_flag, event_kind};
 
     use super::*;
-    use crate::findings::{Severity, fixtures::event};
+    use crate::findings::fixtures::{self, event};
 
     fn kind(ev: &Event) -> EventKind {
         EventKind::try_from(ev.kind).unwrap()
     }
 
     fn finding(kind: Kind, layer: Layer, ev: &Event) -> Finding {
-        let mut f = Finding::new(
-            kind,
-            layer,
-            Severity::Warning,
-            "s".into(),
-            "r".into(),
-            std::time::SystemTime::UNIX_EPOCH,
-        );
+        let mut f = fixtures::finding(kind, layer);
         f.src = Some(addr(&ev.flow, &ev.flow.saddr));
         f.dst = Some(addr(&ev.flow, &ev.flow.daddr));
         f.dport = Some(ev.flow.dport);

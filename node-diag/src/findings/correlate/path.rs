@@ -413,14 +413,7 @@ mod tests {
     const ROUTER: IpAddr = IpAddr::V4(Ipv4Addr::new(192, 168, 77, 254));
 
     fn flow(kind: Kind, layer: Layer, evidence: Evidence) -> Finding {
-        let mut f = Finding::new(
-            kind,
-            layer,
-            Severity::Warning,
-            "s".into(),
-            "r".into(),
-            SystemTime::UNIX_EPOCH,
-        );
+        let mut f = crate::findings::fixtures::finding(kind, layer);
         f.src = Some([10, 244, 1, 7].into());
         f.dst = Some(POD_B);
         f.sport = Some(40000);
