@@ -996,21 +996,34 @@ impl FlowKey {
 #[cfg(feature = "user")]
 mod user {
     use super::*;
-    // SAFETY: all types are repr(C), integer-only, with explicit padding.
-    unsafe impl aya::Pod for FlowKey {}
-    unsafe impl aya::Pod for FlowState {}
-    unsafe impl aya::Pod for DropSlot {}
-    unsafe impl aya::Pod for DropSite {}
-    unsafe impl aya::Pod for Shot {}
-    unsafe impl aya::Pod for DropInfo {}
-    unsafe impl aya::Pod for IcmpInfo {}
-    unsafe impl aya::Pod for DropKey {}
-    unsafe impl aya::Pod for Event {}
-    unsafe impl aya::Pod for RetransState {}
-    unsafe impl aya::Pod for NatInfo {}
-    unsafe impl aya::Pod for VerdictKey {}
-    unsafe impl aya::Pod for VerdictAgg {}
-    unsafe impl aya::Pod for InboundKey {}
-    unsafe impl aya::Pod for InboundAgg {}
-    unsafe impl aya::Pod for Config {}
+    /// Marks each type plain old data for aya's map and global APIs.
+    macro_rules! pod {
+        ($($t:ty),* $(,)?) => {
+            $(
+                // SAFETY: the type is repr(C), integer-only, with its padding explicit
+                // (size asserts beside each): every bit pattern is a valid value, and
+                // no byte is uninitialised.
+                unsafe impl aya::Pod for $t {}
+            )*
+        };
+    }
+
+    pod!(
+        FlowKey,
+        FlowState,
+        DropSlot,
+        DropSite,
+        Shot,
+        DropInfo,
+        IcmpInfo,
+        DropKey,
+        Event,
+        RetransState,
+        NatInfo,
+        VerdictKey,
+        VerdictAgg,
+        InboundKey,
+        InboundAgg,
+        Config,
+    );
 }
