@@ -73,6 +73,14 @@ impl Family {
             Family::Ip6 => 10,
         }
     }
+
+    /// nft's name of the family, as [`Table::family`] holds it.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Family::Ip => "ip",
+            Family::Ip6 => "ip6",
+        }
+    }
 }
 
 /// One table: its family as nft names it (`ip`, `inet`...) and its name.

@@ -125,21 +125,16 @@ pub(crate) fn read_one(kind: Kind) -> (ServiceCatalog, Source) {
     let mut catalog = ServiceCatalog::new();
     let source = match kind {
         Kind::IptablesNft4 | Kind::IptablesNft6 => {
-            let (nft_tool, plain_tool) = if kind == Kind::IptablesNft4 {
-                ("iptables-nft-save", "iptables-save")
+            let (nft_tool, plain_tool, family) = if kind == Kind::IptablesNft4 {
+                ("iptables-nft-save", "iptables-save", Family::Ip)
             } else {
-                ("ip6tables-nft-save", "ip6tables-save")
-            };
-            let family = if kind == Kind::IptablesNft4 {
-                "ip"
-            } else {
-                "ip6"
+                ("ip6tables-nft-save", "ip6tables-save", Family::Ip6)
             };
             match find_tool(nft_tool) {
                 // iptables-nft prints only its family's nftables tables: with none, it
                 // would print nothing, and is not run (a process start is the read's
                 // whole cost on a node without rules).
-                Some(_) if nft_table(|t| t.family == family) == Some(false) => {
+                Some(_) if nft_table(|t| t.family == family.name()) == Some(false) => {
                     Source::new(nft_tool, SourceStatus::Read { services: 0 })
                 }
                 Some(path) => dump(nft_tool, Some(path), &[], &mut catalog),
@@ -177,10 +172,7 @@ pub(crate) fn read_one(kind: Kind) -> (ServiceCatalog, Source) {
 /// run each, and the backends from a netlink dump of its rules. Absent when none of the
 /// maps exists (no table, or not kube-proxy's).
 fn nft_kube_proxy(family: Family, catalog: &mut ServiceCatalog) -> Source {
-    let fam = match family {
-        Family::Ip => "ip",
-        Family::Ip6 => "ip6",
-    };
+    let fam = family.name();
     let name = format!("nft {fam} {}", nftables::TABLE);
     let Some(nft) = find_tool("nft") else {
         return unavailable(&name, "nft is not installed");
