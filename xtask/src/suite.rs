@@ -339,23 +339,12 @@ impl Run<'_> {
             self.record.skip(STEP, "--skip-integration");
             return Ok(());
         };
-        self.host_binaries(STEP, privilege, staged, &staged.binaries)
-    }
-
-    /// The host suite's binaries in `binaries`, as step `name`.
-    fn host_binaries(
-        &self,
-        name: &str,
-        privilege: &cmd::Privilege,
-        staged: &vm::Build,
-        binaries: &[PathBuf],
-    ) -> Result<()> {
-        self.step(name, || {
+        self.step(STEP, || {
             let (counts, result) = integration_tests::run_binaries(
                 privilege,
                 &staged.agent,
                 &staged.manifest_dir,
-                binaries,
+                &staged.binaries,
                 self.options.filter.as_slice(),
             );
             result.map(|()| ((), Some(counts))).map_err(|err| {
