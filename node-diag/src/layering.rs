@@ -241,6 +241,18 @@ fn resolve(module: &[String], path: &[String]) -> Option<Vec<String>> {
 /// Every `.rs` file under `dir`, parsed, its test files left out. Fails when there is
 /// none or one does not parse.
 fn sources(dir: &Path) -> Result<Vec<Source>, String> {
+    let mut texts = Vec::new();
+    for path in rust_files(dir) {
+        let rel = path.strip_prefix(dir).map_err(|e| e.to_string())?;
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        texts.push((module_of(rel), text));
+    }
+    parse(texts).map_err(|e| format!("{}: {e}", dir.display()))
+}
+
+/// Every `.rs` file under `dir`, at any depth.
+fn rust_files(dir: &Path) -> Vec<PathBuf> {
     fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
         for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
             let path = entry.path();
@@ -253,14 +265,7 @@ fn sources(dir: &Path) -> Result<Vec<Source>, String> {
     }
     let mut files = Vec::new();
     walk(dir, &mut files);
-    let mut texts = Vec::new();
-    for path in files {
-        let rel = path.strip_prefix(dir).map_err(|e| e.to_string())?;
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        texts.push((module_of(rel), text));
-    }
-    parse(texts).map_err(|e| format!("{}: {e}", dir.display()))
+    files
 }
 
 /// [`Source`]s from `(module, text)` pairs; the files of test modules left out.
@@ -459,22 +464,10 @@ mod tests {
 
     #[test]
     fn no_file_is_over_600_lines_of_code() {
-        fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
-            for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-                let path = entry.path();
-                if path.is_dir() {
-                    walk(&path, out);
-                } else if path.extension().is_some_and(|e| e == "rs")
-                    && !["tests.rs", "fixtures.rs"]
-                        .iter()
-                        .any(|t| path.ends_with(t))
-                {
-                    out.push(path);
-                }
-            }
-        }
-        let mut files = Vec::new();
-        walk(&workspace().join("node-diag/src"), &mut files);
+        let files: Vec<PathBuf> = rust_files(&workspace().join("node-diag/src"))
+            .into_iter()
+            .filter(|f| !["tests.rs", "fixtures.rs"].iter().any(|t| f.ends_with(t)))
+            .collect();
         assert!(files.len() > 100);
         let over: Vec<String> = files
             .iter()
